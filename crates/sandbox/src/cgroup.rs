@@ -1,0 +1,404 @@
+//! Per-run cgroups on v1 and v2: detection, creation with limits, accounting, removal.
+//!
+//! This module only touches cgroupfs files under the directories it is given, so tests and
+//! non-standard hosts can point it anywhere. It never kills anything but the processes
+//! listed in a cgroup it owns.
+
+use crate::protocol::{CgroupPlacement, Limits};
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Where run cgroups are created: detected once by the server at start.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CgroupRoot {
+    V1 {
+        memory: PathBuf,
+        pids: PathBuf,
+        cpu: Option<PathBuf>,
+        cpuacct: Option<PathBuf>,
+    },
+    V2 {
+        base: PathBuf,
+    },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("no usable cgroup hierarchy: need cgroup v2 with the memory and pids controllers, or cgroup v1 with memory and pids mounted")]
+    NotFound,
+    #[error("cgroup {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> CgroupError + '_ {
+    move |source| CgroupError::Io { path: path.to_path_buf(), source }
+}
+
+/// A cgroup filesystem mount read from /proc/self/mountinfo.
+#[derive(Debug, Clone, PartialEq)]
+struct CgroupMount {
+    path: PathBuf,
+    v2: bool,
+    controllers: Vec<String>,
+}
+
+fn parse_mountinfo(text: &str) -> Vec<CgroupMount> {
+    let mut mounts = Vec::new();
+    for line in text.lines() {
+        let Some((left, right)) = line.split_once(" - ") else { continue };
+        let mount_point = left.split(' ').nth(4);
+        let mut right = right.split(' ');
+        let (fstype, _source, options) = (right.next(), right.next(), right.next());
+        let (Some(mount_point), Some(fstype)) = (mount_point, fstype) else { continue };
+        let path = PathBuf::from(unescape_mountinfo(mount_point));
+        match fstype {
+            "cgroup2" => mounts.push(CgroupMount { path, v2: true, controllers: Vec::new() }),
+            "cgroup" => {
+                let controllers = options
+                    .unwrap_or("")
+                    .split(',')
+                    .filter(|o| !o.contains('=') && !matches!(*o, "rw" | "ro"))
+                    .map(str::to_owned)
+                    .collect();
+                mounts.push(CgroupMount { path, v2: false, controllers });
+            }
+            _ => {}
+        }
+    }
+    mounts
+}
+
+/// mountinfo escapes space, tab, newline and backslash as octal.
+fn unescape_mountinfo(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let bytes = s.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' && i + 3 < bytes.len() {
+            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8) {
+                out.push(v as char);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(bytes[i] as char);
+        i += 1;
+    }
+    out
+}
+
+impl CgroupRoot {
+    /// Finds the hierarchy to use, preferring v2 when its memory and pids controllers are
+    /// available. `instance` names this server's own subtree (one per data dir), so that
+    /// several servers on a machine never touch each other's cgroups.
+    pub fn detect(instance: &str) -> Result<Self, CgroupError> {
+        let text = fs::read_to_string("/proc/self/mountinfo").map_err(io_err(Path::new("/proc/self/mountinfo")))?;
+        let mounts = parse_mountinfo(&text);
+        if let Some(v2) = mounts.iter().find(|m| m.v2) {
+            let controllers = fs::read_to_string(v2.path.join("cgroup.controllers")).unwrap_or_default();
+            let has = |c: &str| controllers.split_whitespace().any(|x| x == c);
+            if has("memory") && has("pids") {
+                return Ok(CgroupRoot::V2 { base: v2.path.join(instance) });
+            }
+        }
+        let v1 = |name: &str| {
+            mounts
+                .iter()
+                .find(|m| !m.v2 && m.controllers.iter().any(|c| c == name))
+                .map(|m| m.path.join(instance))
+        };
+        match (v1("memory"), v1("pids")) {
+            (Some(memory), Some(pids)) => Ok(CgroupRoot::V1 { memory, pids, cpu: v1("cpu"), cpuacct: v1("cpuacct") }),
+            _ => Err(CgroupError::NotFound),
+        }
+    }
+
+    /// Uses an explicitly configured v2 directory (a delegated subtree, for example).
+    pub fn v2_at(base: PathBuf) -> Self {
+        CgroupRoot::V2 { base }
+    }
+
+    pub fn version(&self) -> &'static str {
+        match self {
+            CgroupRoot::V1 { .. } => "v1",
+            CgroupRoot::V2 { .. } => "v2",
+        }
+    }
+
+    /// The instance directories, one per hierarchy.
+    pub fn bases(&self) -> Vec<PathBuf> {
+        match self {
+            CgroupRoot::V1 { memory, pids, cpu, cpuacct } => {
+                let mut v = vec![memory.clone(), pids.clone()];
+                v.extend(cpu.iter().cloned());
+                v.extend(cpuacct.iter().cloned());
+                v.dedup();
+                v
+            }
+            CgroupRoot::V2 { base } => vec![base.clone()],
+        }
+    }
+
+    /// Creates the instance directories (and on v2 enables the controllers for them).
+    pub fn ensure(&self) -> Result<(), CgroupError> {
+        for base in self.bases() {
+            fs::create_dir_all(&base).map_err(io_err(&base))?;
+        }
+        if let CgroupRoot::V2 { base } = self {
+            // Controllers must be enabled in every ancestor's subtree_control for the
+            // run cgroups below `base` to get them.
+            if let Some(parent) = base.parent() {
+                enable_v2_controllers(parent)?;
+            }
+            enable_v2_controllers(base)?;
+        }
+        Ok(())
+    }
+
+    /// Where the cgroup of run `run_id` lives.
+    pub fn placement(&self, run_id: &str) -> CgroupPlacement {
+        match self {
+            CgroupRoot::V1 { memory, pids, cpu, cpuacct } => CgroupPlacement::V1 {
+                memory: memory.join(run_id),
+                pids: pids.join(run_id),
+                cpu: cpu.as_ref().map(|p| p.join(run_id)),
+                cpuacct: cpuacct.as_ref().map(|p| p.join(run_id)),
+            },
+            CgroupRoot::V2 { base } => CgroupPlacement::V2 { path: base.join(run_id) },
+        }
+    }
+
+    /// Removes every run cgroup left under this instance by an earlier server (one that
+    /// crashed or was killed), killing whatever still runs in them. Returns how many.
+    pub fn sweep(&self) -> usize {
+        let mut removed = 0;
+        for base in self.bases() {
+            let Ok(entries) = fs::read_dir(&base) else { continue };
+            for entry in entries.flatten() {
+                if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                    kill_all(&entry.path());
+                    if remove_when_empty(&entry.path(), Duration::from_secs(2)).is_ok() {
+                        removed += 1;
+                    }
+                }
+            }
+        }
+        removed
+    }
+
+    /// Run cgroups currently present under this instance (for leak accounting).
+    pub fn count_runs(&self) -> usize {
+        self.bases()
+            .iter()
+            .filter_map(|b| fs::read_dir(b).ok())
+            .map(|d| d.flatten().filter(|e| e.path().is_dir()).count())
+            .sum()
+    }
+}
+
+fn enable_v2_controllers(dir: &Path) -> Result<(), CgroupError> {
+    let available = fs::read_to_string(dir.join("cgroup.controllers")).map_err(io_err(dir))?;
+    for c in ["memory", "pids", "cpu"] {
+        if available.split_whitespace().any(|x| x == c) {
+            let file = dir.join("cgroup.subtree_control");
+            // Already enabled is fine; a failure for "cpu" (realtime tasks present) is
+            // tolerated, memory and pids are required.
+            if let Err(e) = fs::write(&file, format!("+{c}")) {
+                if c != "cpu" {
+                    return Err(CgroupError::Io { path: file, source: e });
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn write(dir: &Path, file: &str, value: &str) -> Result<(), CgroupError> {
+    let path = dir.join(file);
+    fs::write(&path, value).map_err(io_err(&path))
+}
+
+fn read_u64(path: &Path) -> Option<u64> {
+    fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// Value of `key` in a flat-keyed file such as memory.events or cpu.stat.
+fn read_keyed(path: &Path, key: &str) -> Option<u64> {
+    let text = fs::read_to_string(path).ok()?;
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once(' ')?;
+        (k == key).then(|| v.trim().parse().ok()).flatten()
+    })
+}
+
+/// Sends SIGKILL to every process listed in a cgroup.
+fn kill_all(dir: &Path) {
+    if fs::write(dir.join("cgroup.kill"), "1").is_ok() {
+        return;
+    }
+    if let Ok(procs) = fs::read_to_string(dir.join("cgroup.procs")) {
+        for pid in procs.lines().filter_map(|p| p.trim().parse::<i32>().ok()) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
+
+/// rmdir of a cgroup fails with EBUSY until its last process has exited; killed
+/// processes take a moment to go.
+fn remove_when_empty(dir: &Path, wait: Duration) -> Result<(), CgroupError> {
+    let start = Instant::now();
+    loop {
+        match fs::remove_dir(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if start.elapsed() >= wait => return Err(CgroupError::Io { path: dir.to_path_buf(), source: e }),
+            Err(_) => {
+                kill_all(dir);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+    }
+}
+
+/// One run's cgroup, created with its limits.
+#[derive(Debug)]
+pub struct RunCgroup {
+    placement: CgroupPlacement,
+}
+
+/// What the kernel accounted for a run.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Usage {
+    pub cpu_time_ms: u64,
+    pub memory_peak_bytes: u64,
+    pub oom_killed: bool,
+}
+
+impl RunCgroup {
+    pub fn create(placement: &CgroupPlacement, limits: &Limits) -> Result<Self, CgroupError> {
+        let cg = RunCgroup { placement: placement.clone() };
+        for dir in cg.dirs() {
+            fs::create_dir(&dir).map_err(io_err(&dir))?;
+        }
+        let mem = limits.memory_bytes.to_string();
+        let quota = (limits.cpus * 100_000.0).round().max(1000.0) as u64;
+        match placement {
+            CgroupPlacement::V1 { memory, pids, cpu, .. } => {
+                write(memory, "memory.limit_in_bytes", &mem)?;
+                // memsw exists only with swap accounting; without it there is no swap to use.
+                if memory.join("memory.memsw.limit_in_bytes").exists() {
+                    write(memory, "memory.memsw.limit_in_bytes", &mem)?;
+                }
+                let _ = write(memory, "memory.swappiness", "0");
+                write(pids, "pids.max", &limits.max_processes.to_string())?;
+                if let Some(cpu) = cpu {
+                    write(cpu, "cpu.cfs_period_us", "100000")?;
+                    write(cpu, "cpu.cfs_quota_us", &quota.to_string())?;
+                }
+            }
+            CgroupPlacement::V2 { path } => {
+                write(path, "memory.max", &mem)?;
+                if path.join("memory.swap.max").exists() {
+                    write(path, "memory.swap.max", "0")?;
+                }
+                write(path, "pids.max", &limits.max_processes.to_string())?;
+                if path.join("cpu.max").exists() {
+                    write(path, "cpu.max", &format!("{quota} 100000"))?;
+                }
+            }
+        }
+        Ok(cg)
+    }
+
+    fn dirs(&self) -> Vec<PathBuf> {
+        match &self.placement {
+            CgroupPlacement::V1 { memory, pids, cpu, cpuacct } => {
+                let mut v = vec![memory.clone(), pids.clone()];
+                v.extend(cpu.iter().cloned());
+                v.extend(cpuacct.iter().cloned());
+                v.dedup();
+                v
+            }
+            CgroupPlacement::V2 { path } => vec![path.clone()],
+        }
+    }
+
+    /// Moves a process into the run's cgroup (in every hierarchy).
+    pub fn add(&self, pid: i32) -> Result<(), CgroupError> {
+        for dir in self.dirs() {
+            write(&dir, "cgroup.procs", &pid.to_string())?;
+        }
+        Ok(())
+    }
+
+    pub fn cpu_time_ms(&self) -> u64 {
+        match &self.placement {
+            CgroupPlacement::V1 { cpuacct, .. } => cpuacct
+                .as_ref()
+                .and_then(|d| read_u64(&d.join("cpuacct.usage")))
+                .map_or(0, |ns| ns / 1_000_000),
+            CgroupPlacement::V2 { path } => read_keyed(&path.join("cpu.stat"), "usage_usec").map_or(0, |us| us / 1000),
+        }
+    }
+
+    pub fn usage(&self) -> Usage {
+        let (memory_peak_bytes, oom_kills) = match &self.placement {
+            CgroupPlacement::V1 { memory, .. } => (
+                read_u64(&memory.join("memory.max_usage_in_bytes")).unwrap_or(0),
+                read_keyed(&memory.join("memory.oom_control"), "oom_kill").unwrap_or(0),
+            ),
+            CgroupPlacement::V2 { path } => (
+                read_u64(&path.join("memory.peak")).unwrap_or(0),
+                read_keyed(&path.join("memory.events"), "oom_kill").unwrap_or(0),
+            ),
+        };
+        Usage { cpu_time_ms: self.cpu_time_ms(), memory_peak_bytes, oom_killed: oom_kills > 0 }
+    }
+
+    /// Kills whatever is left and removes the cgroup directories.
+    pub fn destroy(self) -> Result<(), CgroupError> {
+        let mut first_err = None;
+        for dir in self.dirs() {
+            kill_all(&dir);
+            if let Err(e) = remove_when_empty(&dir, Duration::from_secs(5)) {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_v1_and_v2_mounts() {
+        let text = "32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu\n\
+                    35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n\
+                    40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,name=systemd\n\
+                    41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n\
+                    42 31 0:39 / /sys/fs/cgroup/cpu\\040acct rw - cgroup cgroup rw,cpu,cpuacct\n\
+                    22 27 0:21 / /proc rw,relatime - proc proc rw\n";
+        let m = parse_mountinfo(text);
+        assert_eq!(m.len(), 5);
+        assert_eq!(m[0].controllers, vec!["cpu"]);
+        assert_eq!(m[1].path, PathBuf::from("/sys/fs/cgroup/memory"));
+        assert!(m[2].controllers.is_empty());
+        assert!(m[3].v2);
+        assert_eq!(m[4].path, PathBuf::from("/sys/fs/cgroup/cpu acct"));
+        assert_eq!(m[4].controllers, vec!["cpu", "cpuacct"]);
+    }
+
+    #[test]
+    fn reads_keyed_values() {
+        let dir = std::env::temp_dir().join(format!("sandcall-cg-test-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("memory.oom_control"), "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n").unwrap();
+        assert_eq!(read_keyed(&dir.join("memory.oom_control"), "oom_kill"), Some(2));
+        assert_eq!(read_keyed(&dir.join("memory.oom_control"), "missing"), None);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

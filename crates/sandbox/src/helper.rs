@@ -1,0 +1,729 @@
+//! The sandbox helper: a single-threaded process, started by the server for each run,
+//! that builds the sandbox, runs one program in it and reclaims everything afterwards.
+//!
+//! Three processes take part:
+//! - the helper (this file, `run_helper`): host root or the invoking user, in its own
+//!   mount namespace so that its staging mounts vanish with it; owns the run's cgroup;
+//! - the sandbox's init (`init_main`): pid 1 of the new pid namespace, holding the
+//!   capabilities of the new user namespace only; builds the root and reaps children;
+//! - the program (`exec_program`): forked by init, stripped of every capability and
+//!   filtered by seccomp before it execs the interpreter.
+//!
+//! When init exits the kernel kills every other process of its pid namespace, so a run
+//! ends entirely when its program ends, is killed, or its helper dies.
+
+use crate::cgroup::RunCgroup;
+use crate::io::{read_some, set_nonblocking, timeout_of, wait_readable, write_all, Capture, Lines};
+use crate::mounts::{build_root, RootSpec};
+use crate::protocol::{Event, Limits, Prepare, Run, RunResult};
+use crate::seccomp::Policy;
+use nix::fcntl::OFlag;
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::poll::{poll, PollFd, PollFlags};
+use nix::sched::{clone, unshare, CloneFlags};
+use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::{pipe2, Pid};
+use serde::{Deserialize, Serialize};
+use std::ffi::CString;
+use std::fs;
+use std::io::{self, Write};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// The uid and gid of the program inside its user namespace.
+const SANDBOX_ID: u32 = 1000;
+/// How often the run's CPU time is compared with its budget.
+const CPU_CHECK_EVERY: Duration = Duration::from_millis(50);
+/// How long init may take to build the root before the run is given up.
+const SETUP_TIMEOUT: Duration = Duration::from_secs(20);
+/// After init is gone, how long to wait for the output pipes to close.
+const DRAIN_GRACE: Duration = Duration::from_secs(2);
+/// Stack of the init process created by clone(2); it runs plain Rust code.
+const INIT_STACK_BYTES: usize = 8 << 20;
+
+/// Entry point of `sandcall sandbox-helper`. Returns the process exit code.
+pub fn run_helper() -> i32 {
+    // SAFETY: fds 0 and 1 are the pipes the server set up; nothing else owns them.
+    let control = unsafe { OwnedFd::from_raw_fd(0) };
+    let mut control = Lines::new(control);
+    let prepare: Prepare = match read_message(&mut control) {
+        Ok(Some(p)) => p,
+        Ok(None) => return 0,
+        Err(e) => {
+            emit(&Event::Failed { message: format!("bad prepare message: {e}") });
+            return 1;
+        }
+    };
+    // If the server dies, so do we, and with us the sandbox's init (see init_main).
+    let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
+
+    let mut sandbox = match Sandbox::build(&prepare) {
+        Ok(sb) => sb,
+        Err((e, partial)) => {
+            partial.teardown();
+            emit(&Event::Failed { message: e });
+            return 1;
+        }
+    };
+    emit(&Event::Ready);
+
+    let run: Run = match read_message(&mut control) {
+        Ok(Some(r)) => r,
+        Ok(None) => {
+            sandbox.teardown();
+            return 0;
+        }
+        Err(e) => {
+            sandbox.teardown();
+            emit(&Event::Failed { message: format!("bad run message: {e}") });
+            return 1;
+        }
+    };
+    let outcome = sandbox.run(&run, &mut control);
+    let usage = sandbox.cgroup.as_ref().map(|c| c.usage()).unwrap_or_default();
+    sandbox.teardown();
+    match outcome {
+        Ok(mut result) => {
+            result.cpu_time_ms = usage.cpu_time_ms;
+            result.memory_peak_bytes = usage.memory_peak_bytes;
+            result.oom_killed = usage.oom_killed;
+            emit(&Event::Finished { result });
+            0
+        }
+        Err(message) => {
+            emit(&Event::Failed { message });
+            1
+        }
+    }
+}
+
+fn read_message<T: for<'de> Deserialize<'de>>(lines: &mut Lines) -> Result<Option<T>, String> {
+    match lines.read_line().map_err(|e| e.to_string())? {
+        None => Ok(None),
+        Some(line) => serde_json::from_slice(&line).map(Some).map_err(|e| e.to_string()),
+    }
+}
+
+fn emit(event: &Event) {
+    let mut out = io::stdout().lock();
+    let _ = serde_json::to_writer(&mut out, event);
+    let _ = out.write_all(b"\n");
+    let _ = out.flush();
+}
+
+fn errstr(what: &str) -> impl FnOnce(nix::Error) -> String + '_ {
+    move |e| format!("{what}: {e}")
+}
+
+/// What init sends back to the helper, one JSON line each.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "init", rename_all = "snake_case")]
+enum InitReport {
+    Ready,
+    SetupFailed { message: String },
+    Exited { code: i32 },
+    Signaled { signal: i32 },
+}
+
+/// The message init waits for before it forks the program.
+#[derive(Debug, Serialize, Deserialize)]
+struct InitRun {
+    argv: Vec<String>,
+    env: Vec<(String, String)>,
+}
+
+/// The helper's side of one sandbox.
+struct Sandbox {
+    staging: PathBuf,
+    staging_mounted: bool,
+    work_mounted: bool,
+    cgroup: Option<RunCgroup>,
+    init: Option<Pid>,
+    to_init: Option<OwnedFd>,
+    from_init: Option<Lines>,
+    stdin_w: Option<OwnedFd>,
+    stdout_r: Option<OwnedFd>,
+    stderr_r: Option<OwnedFd>,
+    limits: Limits,
+    max_code_bytes: u64,
+}
+
+/// Everything init and the program need, captured before clone(2).
+struct InitContext<'a> {
+    to_init_r: RawFd,
+    from_init_w: RawFd,
+    stdin_r: RawFd,
+    stdout_w: RawFd,
+    stderr_w: RawFd,
+    staging: &'a Path,
+    policy: &'a Policy,
+    limits: &'a Limits,
+    extra_runtime_paths: &'a [PathBuf],
+}
+
+impl Sandbox {
+    fn empty(prepare: &Prepare) -> Self {
+        Sandbox {
+            staging: prepare.staging_dir.clone(),
+            staging_mounted: false,
+            work_mounted: false,
+            cgroup: None,
+            init: None,
+            to_init: None,
+            from_init: None,
+            stdin_w: None,
+            stdout_r: None,
+            stderr_r: None,
+            limits: prepare.limits.clone(),
+            max_code_bytes: prepare.max_code_bytes,
+        }
+    }
+
+    /// The isolation sequence, in order. On failure, returns what was built so far so
+    /// that it can be torn down.
+    fn build(prepare: &Prepare) -> Result<Self, (String, Self)> {
+        let mut sb = Sandbox::empty(prepare);
+        match sb.build_steps(prepare) {
+            Ok(()) => Ok(sb),
+            Err(e) => Err((e, sb)),
+        }
+    }
+
+    fn build_steps(&mut self, prepare: &Prepare) -> Result<(), String> {
+        // 1. A mount namespace of our own, private: the staging tmpfs mounts below are
+        //    invisible to the host and disappear with this process, whatever happens.
+        unshare(CloneFlags::CLONE_NEWNS).map_err(errstr("unshare mount namespace"))?;
+        mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
+            .map_err(errstr("make / private"))?;
+
+        // 2. Staging: a small tmpfs for the code, and a size-limited tmpfs that becomes the
+        //    working directory. Owned by the host uid the sandbox user maps to.
+        fs::create_dir(&self.staging).map_err(|e| format!("create staging dir: {e}"))?;
+        fs::set_permissions(&self.staging, fs::Permissions::from_mode(0o700)).map_err(|e| format!("chmod staging: {e}"))?;
+        let code_size = prepare.max_code_bytes + (1 << 20);
+        mount(
+            Some("tmpfs"),
+            &self.staging,
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some(format!("size={code_size},mode=0755").as_str()),
+        )
+        .map_err(errstr("mount staging tmpfs"))?;
+        self.staging_mounted = true;
+        let work = self.staging.join("work");
+        let code = self.staging.join("code");
+        for dir in [&work, &code, &self.staging.join("root")] {
+            fs::create_dir(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+        }
+        mount(
+            Some("tmpfs"),
+            &work,
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some(
+                format!(
+                    "size={},mode=0755,uid={},gid={}",
+                    prepare.limits.workspace_bytes, prepare.host_uid, prepare.host_gid
+                )
+                .as_str(),
+            ),
+        )
+        .map_err(errstr("mount workspace tmpfs"))?;
+        self.work_mounted = true;
+        crate::mounts::prepare_skeleton(&self.staging.join("root"), &prepare.extra_runtime_paths).map_err(|e| e.to_string())?;
+
+        // 3. The cgroup, with its limits set before any process joins it.
+        self.cgroup = Some(RunCgroup::create(&prepare.cgroup, &prepare.limits).map_err(|e| e.to_string())?);
+
+        // 4. Pipes and directory handles that init inherits. All are close-on-exec: the
+        //    program gets only its three stdio pipes, which init dup2()s into place.
+        let cloexec = OFlag::O_CLOEXEC;
+        let (to_init_r, to_init_w) = pipe2(cloexec).map_err(errstr("pipe"))?;
+        let (from_init_r, from_init_w) = pipe2(cloexec).map_err(errstr("pipe"))?;
+        let (stdin_r, stdin_w) = pipe2(cloexec).map_err(errstr("pipe"))?;
+        let (stdout_r, stdout_w) = pipe2(cloexec).map_err(errstr("pipe"))?;
+        let (stderr_r, stderr_w) = pipe2(cloexec).map_err(errstr("pipe"))?;
+
+        // 5. The seccomp policy is compiled here, where errors can still be reported.
+        let policy = Policy::compile().map_err(|e| e.to_string())?;
+
+        // 6. clone(2) init straight into new user, pid, mount, network, IPC and UTS
+        //    namespaces. The cgroup namespace comes later, from init itself, once the
+        //    helper has moved it into the run's cgroup (so that cgroup is its root).
+        let ctx = InitContext {
+            to_init_r: to_init_r.as_raw_fd(),
+            from_init_w: from_init_w.as_raw_fd(),
+            stdin_r: stdin_r.as_raw_fd(),
+            stdout_w: stdout_w.as_raw_fd(),
+            stderr_w: stderr_w.as_raw_fd(),
+            staging: &self.staging,
+            policy: &policy,
+            limits: &prepare.limits,
+            extra_runtime_paths: &prepare.extra_runtime_paths,
+        };
+        let flags = CloneFlags::CLONE_NEWUSER
+            | CloneFlags::CLONE_NEWPID
+            | CloneFlags::CLONE_NEWNS
+            | CloneFlags::CLONE_NEWNET
+            | CloneFlags::CLONE_NEWIPC
+            | CloneFlags::CLONE_NEWUTS;
+        let mut stack = vec![0u8; INIT_STACK_BYTES];
+        // SAFETY: this process is single-threaded, so the child's copy of memory (heap
+        // locks included) is consistent; the child runs init_main on its own stack.
+        let pid = unsafe { clone(Box::new(|| init_main(&ctx)), &mut stack, flags, Some(libc::SIGCHLD)) }
+            .map_err(errstr("clone into new namespaces"))?;
+        self.init = Some(pid);
+        drop((to_init_r, from_init_w, stdin_r, stdout_w, stderr_w));
+        self.stdin_w = Some(stdin_w);
+        self.stdout_r = Some(stdout_r);
+        self.stderr_r = Some(stderr_r);
+        self.from_init = Some(Lines::new(from_init_r));
+
+        // 7. Identity: uid and gid 1000 inside map to the configured host ids. setgroups
+        //    is denied first, as the kernel requires for unprivileged gid maps.
+        let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+        fs::write(proc_dir.join("uid_map"), format!("{SANDBOX_ID} {} 1\n", prepare.host_uid))
+            .map_err(|e| format!("write uid_map: {e}"))?;
+        fs::write(proc_dir.join("setgroups"), "deny").map_err(|e| format!("write setgroups: {e}"))?;
+        fs::write(proc_dir.join("gid_map"), format!("{SANDBOX_ID} {} 1\n", prepare.host_gid))
+            .map_err(|e| format!("write gid_map: {e}"))?;
+
+        // 8. Into the cgroup before init starts anything: every later process inherits it.
+        if let Some(cg) = &self.cgroup {
+            cg.add(pid.as_raw()).map_err(|e| e.to_string())?;
+        }
+
+        // 9. Let init go on, and wait until it reports the root built.
+        write_all(&to_init_w, b"go\n").map_err(|e| format!("start init: {e}"))?;
+        self.to_init = Some(to_init_w);
+        match self.read_init_report(SETUP_TIMEOUT)? {
+            InitReport::Ready => Ok(()),
+            InitReport::SetupFailed { message } => Err(format!("sandbox setup: {message}")),
+            other => Err(format!("sandbox init: unexpected report {other:?}")),
+        }
+    }
+
+    fn read_init_report(&mut self, wait: Duration) -> Result<InitReport, String> {
+        let lines = self.from_init.as_mut().ok_or("init pipe closed")?;
+        let deadline = Instant::now() + wait;
+        loop {
+            if let Some(line) = lines.take_line() {
+                return serde_json::from_slice(&line).map_err(|e| format!("bad init report: {e}"));
+            }
+            if lines.eof {
+                return Err("sandbox init exited during setup".into());
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || !wait_readable(&lines.fd, left).map_err(|e| e.to_string())? {
+                return Err("sandbox init did not finish setup in time".into());
+            }
+            lines.fill().map_err(|e| e.to_string())?;
+        }
+    }
+
+    /// Runs the program and collects its output until it ends, its time runs out, or
+    /// the server aborts.
+    fn run(&mut self, run: &Run, control: &mut Lines) -> Result<RunResult, String> {
+        if run.code.len() as u64 > self.max_code_bytes {
+            return Err("code larger than max_code_bytes".into());
+        }
+        if run.code_file.contains('/') || run.code_file.is_empty() {
+            return Err("bad code file name".into());
+        }
+        let code_path = self.staging.join("code").join(&run.code_file);
+        fs::write(&code_path, &run.code).map_err(|e| format!("write code: {e}"))?;
+        fs::set_permissions(&code_path, fs::Permissions::from_mode(0o644)).map_err(|e| format!("chmod code: {e}"))?;
+
+        let message = serde_json::to_vec(&InitRun { argv: run.argv.clone(), env: run.env.clone() })
+            .map_err(|e| e.to_string())?;
+        let to_init = self.to_init.take().ok_or("init pipe closed")?;
+        write_all(&to_init, &message).and_then(|()| write_all(&to_init, b"\n")).map_err(|e| format!("start program: {e}"))?;
+        drop(to_init);
+
+        let start = Instant::now();
+        let deadline = start + Duration::from_millis(run.timeout_ms);
+        let cap = self.limits.max_output_bytes as usize;
+        let cpu_budget = self.limits.cpu_time_ms;
+        let mut result = RunResult::default();
+        let (mut out, mut err) = (Capture::default(), Capture::default());
+        let mut stdin_data: &[u8] = run.stdin.as_bytes();
+        let mut stdin_w = self.stdin_w.take();
+        if stdin_data.is_empty() {
+            stdin_w = None;
+        }
+        if let Some(w) = &stdin_w {
+            set_nonblocking(w).map_err(|e| e.to_string())?;
+        }
+        let mut stdout_r = self.stdout_r.take();
+        let mut stderr_r = self.stderr_r.take();
+        for fd in [&stdout_r, &stderr_r].into_iter().flatten() {
+            set_nonblocking(fd).map_err(|e| e.to_string())?;
+        }
+        let mut control_open = true;
+        let mut killed = false;
+        let mut ended_at: Option<Instant> = None;
+        let mut next_cpu_check = start + CPU_CHECK_EVERY;
+        let mut chunk = vec![0u8; 64 * 1024];
+
+        loop {
+            let init_open = self.from_init.as_ref().is_some_and(|l| !l.eof);
+            if !init_open && stdout_r.is_none() && stderr_r.is_none() {
+                break;
+            }
+            let now = Instant::now();
+            if let Some(t) = ended_at {
+                if now >= t + DRAIN_GRACE {
+                    break;
+                }
+            }
+            // Decide what to wait for, and for how long.
+            let mut wake = if killed || ended_at.is_some() {
+                ended_at.unwrap_or(now) + DRAIN_GRACE
+            } else {
+                deadline
+            };
+            if !killed && cpu_budget > 0 {
+                wake = wake.min(next_cpu_check);
+            }
+            let mut fds = Vec::with_capacity(5);
+            let mut slots = [usize::MAX; 5];
+            add_poll(&mut slots, 0, stdout_r.as_ref(), PollFlags::POLLIN, &mut fds);
+            add_poll(&mut slots, 1, stderr_r.as_ref(), PollFlags::POLLIN, &mut fds);
+            add_poll(&mut slots, 2, stdin_w.as_ref(), PollFlags::POLLOUT, &mut fds);
+            add_poll(&mut slots, 3, self.from_init.as_ref().filter(|l| !l.eof).map(|l| &l.fd), PollFlags::POLLIN, &mut fds);
+            add_poll(&mut slots, 4, control_open.then_some(&control.fd), PollFlags::POLLIN, &mut fds);
+            let ready = match poll(&mut fds, timeout_of(Some(wake.saturating_duration_since(now)))) {
+                Ok(n) => n,
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => return Err(format!("poll: {e}")),
+            };
+            let revents: Vec<PollFlags> = fds.iter().map(|f| f.revents().unwrap_or(PollFlags::empty())).collect();
+            drop(fds);
+            let fired = |slot: usize| slots[slot] != usize::MAX && !revents[slots[slot]].is_empty();
+
+            if ready > 0 {
+                for (slot, pipe, capture) in [(0, &mut stdout_r, &mut out), (1, &mut stderr_r, &mut err)] {
+                    if fired(slot) {
+                        if let Some(fd) = pipe.as_ref() {
+                            match read_some(fd, &mut chunk) {
+                                Ok(0) => *pipe = None,
+                                Ok(n) => capture.push(&chunk[..n], cap),
+                                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                                Err(_) => *pipe = None,
+                            }
+                        }
+                    }
+                }
+                if fired(2) {
+                    if let Some(w) = stdin_w.as_ref() {
+                        match nix::unistd::write(w, &stdin_data[..stdin_data.len().min(64 * 1024)]) {
+                            Ok(n) => stdin_data = &stdin_data[n..],
+                            Err(nix::errno::Errno::EAGAIN) | Err(nix::errno::Errno::EINTR) => {}
+                            Err(_) => stdin_data = &[],
+                        }
+                        if stdin_data.is_empty() {
+                            stdin_w = None;
+                        }
+                    }
+                }
+                if fired(3) {
+                    let lines = self.from_init.as_mut().ok_or("init pipe closed")?;
+                    let _ = lines.fill();
+                    while let Some(line) = lines.take_line() {
+                        match serde_json::from_slice::<InitReport>(&line) {
+                            Ok(InitReport::Exited { code }) => {
+                                result.exit_code = Some(code);
+                                ended_at.get_or_insert_with(Instant::now);
+                            }
+                            Ok(InitReport::Signaled { signal }) => {
+                                result.signal = Some(signal_name(signal));
+                                ended_at.get_or_insert_with(Instant::now);
+                            }
+                            _ => {}
+                        }
+                    }
+                    if lines.eof {
+                        ended_at.get_or_insert_with(Instant::now);
+                    }
+                }
+                if fired(4) {
+                    // Any message or end of file on the control pipe during a run means
+                    // abort (tool-call messages arrive here in a later protocol version).
+                    let _ = control.fill();
+                    if control.eof {
+                        control_open = false;
+                        if !killed && ended_at.is_none() {
+                            result.aborted = true;
+                            self.kill_init();
+                            killed = true;
+                            ended_at = Some(Instant::now());
+                        }
+                    }
+                }
+            }
+
+            let now = Instant::now();
+            if !killed && ended_at.is_none() {
+                if now >= deadline {
+                    result.timed_out = true;
+                    self.kill_init();
+                    killed = true;
+                    ended_at = Some(deadline);
+                } else if cpu_budget > 0 && now >= next_cpu_check {
+                    next_cpu_check = now + CPU_CHECK_EVERY;
+                    if self.cgroup.as_ref().is_some_and(|c| c.cpu_time_ms() > cpu_budget) {
+                        result.cpu_limit_exceeded = true;
+                        self.kill_init();
+                        killed = true;
+                        ended_at = Some(now);
+                    }
+                }
+            }
+        }
+        if killed && result.exit_code.is_none() && result.signal.is_none() {
+            result.signal = Some("SIGKILL".into());
+        }
+        result.wall_time_ms = ended_at.unwrap_or_else(Instant::now).saturating_duration_since(start).as_millis() as u64;
+        result.stdout = out.text();
+        result.stderr = err.text();
+        result.stdout_truncated = out.truncated;
+        result.stderr_truncated = err.truncated;
+        Ok(result)
+    }
+
+    fn kill_init(&self) {
+        if let Some(pid) = self.init {
+            // Killing pid 1 of the namespace makes the kernel kill every process in it.
+            let _ = kill(pid, Signal::SIGKILL);
+        }
+    }
+
+    /// Kills what is left and removes every trace: processes, cgroup, mounts, directory.
+    fn teardown(mut self) {
+        self.kill_init();
+        if let Some(pid) = self.init.take() {
+            let _ = waitpid(pid, Some(WaitPidFlag::__WALL));
+        }
+        self.to_init = None;
+        self.from_init = None;
+        if let Some(cg) = self.cgroup.take() {
+            if let Err(e) = cg.destroy() {
+                eprintln!("sandcall helper: removing cgroup: {e}");
+            }
+        }
+        if self.work_mounted {
+            let _ = umount2(&self.staging.join("work"), MntFlags::MNT_DETACH);
+        }
+        if self.staging_mounted {
+            let _ = umount2(&self.staging, MntFlags::MNT_DETACH);
+        }
+        // Only the empty host directory is left under the mounts; removing it
+        // refuses if anything unexpected is in it.
+        if let Err(e) = fs::remove_dir(&self.staging) {
+            if e.kind() != io::ErrorKind::NotFound {
+                eprintln!("sandcall helper: removing {}: {e}", self.staging.display());
+            }
+        }
+    }
+}
+
+/// Adds `fd` to a poll set and remembers at which index it sits.
+fn add_poll<'a>(slots: &mut [usize; 5], slot: usize, fd: Option<&'a OwnedFd>, flags: PollFlags, fds: &mut Vec<PollFd<'a>>) {
+    if let Some(fd) = fd {
+        slots[slot] = fds.len();
+        fds.push(PollFd::new(fd.as_fd(), flags));
+    }
+}
+
+pub(crate) fn signal_name(signal: i32) -> String {
+    Signal::try_from(signal).map(|s| s.as_str().to_owned()).unwrap_or_else(|_| format!("SIG{signal}"))
+}
+
+/// The sandbox's init: pid 1 of the new pid namespace.
+fn init_main(ctx: &InitContext) -> isize {
+    // SAFETY: these raw fds were inherited through clone(2) and belong to this process.
+    let report_fd = unsafe { OwnedFd::from_raw_fd(ctx.from_init_w) };
+    let report = |r: &InitReport| {
+        let mut line = serde_json::to_vec(r).unwrap_or_default();
+        line.push(b'\n');
+        let _ = write_all(&report_fd, &line);
+    };
+    // SAFETY: as above.
+    let mut commands = Lines::new(unsafe { OwnedFd::from_raw_fd(ctx.to_init_r) });
+    match init_setup(ctx, &mut commands) {
+        Ok(Some(run)) => {
+            let status = init_run(ctx, run);
+            report(&status);
+            0
+        }
+        Ok(None) => 0,
+        Err(message) => {
+            report(&InitReport::SetupFailed { message });
+            1
+        }
+    }
+}
+
+fn init_setup(ctx: &InitContext, commands: &mut Lines) -> Result<Option<InitRun>, String> {
+    // If the helper dies, init dies, and the kernel kills the rest of the namespace.
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(errstr("pdeathsig"))?;
+    // Wait until the helper has written the id maps and placed us in the cgroup.
+    match commands.read_line() {
+        Ok(Some(_)) => {}
+        _ => return Ok(None),
+    }
+    // Make the run's cgroup the root of our cgroup view: the helper has placed us in it.
+    unshare(CloneFlags::CLONE_NEWCGROUP).map_err(errstr("unshare cgroup namespace"))?;
+    // The root is built while init still has the host uid it was cloned with, because the
+    // staging directories sit in the data directory, which only that uid may enter.
+    build_root(&RootSpec {
+        new_root: &ctx.staging.join("root"),
+        workspace: &ctx.staging.join("work"),
+        code: &ctx.staging.join("code"),
+        extra_runtime_paths: ctx.extra_runtime_paths,
+        tmp_bytes: ctx.limits.tmp_bytes,
+    })
+    .map_err(|e| e.to_string())?;
+    nix::unistd::sethostname("sandcall").map_err(errstr("sethostname"))?;
+    // Become the sandbox user: from here on the host sees only the mapped unprivileged
+    // uid. The capabilities of the new user namespace are kept (uid 0 is not mapped, so
+    // the kernel does not clear them) until the program drops them.
+    let id = nix::unistd::Gid::from_raw(SANDBOX_ID);
+    nix::unistd::setresgid(id, id, id).map_err(errstr("setresgid"))?;
+    let id = nix::unistd::Uid::from_raw(SANDBOX_ID);
+    nix::unistd::setresuid(id, id, id).map_err(errstr("setresuid"))?;
+    // The program runs as the same uid: keep it from ptracing or reading init's memory.
+    nix::sys::prctl::set_dumpable(false).map_err(errstr("set_dumpable"))?;
+
+    // SAFETY: from_init_w is ours; borrowed only for this write.
+    let report_fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(ctx.from_init_w) };
+    let mut line = serde_json::to_vec(&InitReport::Ready).map_err(|e| e.to_string())?;
+    line.push(b'\n');
+    let mut written = 0;
+    while written < line.len() {
+        written += nix::unistd::write(report_fd, &line[written..]).map_err(errstr("report ready"))?;
+    }
+
+    // The warm-sandbox seam: everything above can happen before a request arrives.
+    match commands.read_line() {
+        Ok(Some(line)) => serde_json::from_slice(&line).map(Some).map_err(|e| format!("bad run message: {e}")),
+        _ => Ok(None),
+    }
+}
+
+/// Forks the program, then reaps every process of the namespace until the program ends.
+fn init_run(ctx: &InitContext, run: InitRun) -> InitReport {
+    // SAFETY: init is single-threaded; the child only sets itself up and execs.
+    match unsafe { nix::unistd::fork() } {
+        Ok(nix::unistd::ForkResult::Child) => {
+            let message = exec_program(ctx, &run);
+            let _ = nix::unistd::write(
+                unsafe { std::os::fd::BorrowedFd::borrow_raw(2) },
+                format!("sandcall: cannot start the program: {message}\n").as_bytes(),
+            );
+            // SAFETY: _exit never returns and runs no destructors of the forked copy.
+            unsafe { libc::_exit(126) }
+        }
+        Ok(nix::unistd::ForkResult::Parent { child }) => {
+            for fd in [ctx.stdin_r, ctx.stdout_w, ctx.stderr_w] {
+                let _ = nix::unistd::close(fd);
+            }
+            loop {
+                match waitpid(None, Some(WaitPidFlag::__WALL)) {
+                    Ok(WaitStatus::Exited(pid, code)) if pid == child => return InitReport::Exited { code },
+                    Ok(WaitStatus::Signaled(pid, sig, _)) if pid == child => {
+                        return InitReport::Signaled { signal: sig as i32 }
+                    }
+                    Ok(_) => {}
+                    Err(nix::errno::Errno::EINTR) => {}
+                    Err(_) => return InitReport::Signaled { signal: libc::SIGKILL },
+                }
+            }
+        }
+        Err(e) => InitReport::SetupFailed { message: format!("fork: {e}") },
+    }
+}
+
+/// The last steps before exec, in the program's own process. Returns only on failure.
+fn exec_program(ctx: &InitContext, run: &InitRun) -> String {
+    match exec_program_steps(ctx, run) {
+        Ok(never) => match never {},
+        Err(e) => e,
+    }
+}
+
+enum Never {}
+
+fn exec_program_steps(ctx: &InitContext, run: &InitRun) -> Result<Never, String> {
+    // Own session: job control and terminal signals of the helper never reach it.
+    nix::unistd::setsid().map_err(errstr("setsid"))?;
+    for (from, to) in [(ctx.stdin_r, 0), (ctx.stdout_w, 1), (ctx.stderr_w, 2)] {
+        nix::unistd::dup2(from, to).map_err(errstr("dup2"))?;
+    }
+    // Every other descriptor goes: the program gets stdio and nothing else.
+    // SAFETY: plain syscall; closes fds 3.. of this process only.
+    if unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) } != 0 {
+        return Err(format!("close_range: {}", io::Error::last_os_error()));
+    }
+    reset_signals();
+    set_rlimits(ctx.limits)?;
+    // Capabilities last among the privileged steps: the bounding set can only be
+    // cleared while CAP_SETPCAP is still held.
+    for set in [caps::CapSet::Bounding, caps::CapSet::Ambient, caps::CapSet::Inheritable, caps::CapSet::Effective, caps::CapSet::Permitted] {
+        caps::clear(None, set).map_err(|e| format!("drop capabilities ({set:?}): {e}"))?;
+    }
+    // no_new_privs: setuid binaries and file capabilities give nothing; it is also what
+    // allows an unprivileged process to install a seccomp filter.
+    nix::sys::prctl::set_no_new_privs().map_err(errstr("no_new_privs"))?;
+    // seccomp is the very last step: from here on only execve and the program's own
+    // calls happen, all of them under the filter.
+    ctx.policy.apply().map_err(|e| e.to_string())?;
+    let argv: Vec<CString> = run.argv.iter().map(|a| cstring(a)).collect::<Result<_, _>>()?;
+    let env: Vec<CString> = run.env.iter().map(|(k, v)| cstring(&format!("{k}={v}"))).collect::<Result<_, _>>()?;
+    let path = argv.first().ok_or("empty argv")?;
+    match nix::unistd::execve(path, &argv, &env) {
+        Err(e) => Err(format!("execve {}: {e}", run.argv[0])),
+        Ok(never) => match never {},
+    }
+}
+
+fn cstring(s: &str) -> Result<CString, String> {
+    CString::new(s).map_err(|_| "argument or environment contains a NUL byte".to_string())
+}
+
+/// The helper runs with Rust's SIGPIPE disposition (ignored); programs expect defaults.
+fn reset_signals() {
+    use nix::sys::signal::{sigaction, sigprocmask, SaFlags, SigAction, SigHandler, SigSet, SigmaskHow};
+    let dfl = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
+    for sig in Signal::iterator() {
+        if sig != Signal::SIGKILL && sig != Signal::SIGSTOP {
+            // SAFETY: installing the default disposition.
+            let _ = unsafe { sigaction(sig, &dfl) };
+        }
+    }
+    let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
+}
+
+fn set_rlimits(limits: &Limits) -> Result<(), String> {
+    use nix::sys::resource::{setrlimit, Resource};
+    let cpu_s = limits.cpu_time_ms.div_ceil(1000).max(1) + 1;
+    for (res, value) in [
+        (Resource::RLIMIT_NOFILE, limits.max_open_files),
+        (Resource::RLIMIT_FSIZE, limits.file_size_bytes),
+        (Resource::RLIMIT_NPROC, limits.max_processes),
+        (Resource::RLIMIT_CORE, 0),
+        // A backstop per process; the helper enforces the run's total CPU time.
+        (Resource::RLIMIT_CPU, cpu_s),
+    ] {
+        setrlimit(res, value, value).map_err(|e| format!("setrlimit {res:?}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Whether a path exists, for `doctor`-style checks from the server.
+pub fn exists(path: &Path) -> bool {
+    path.exists()
+}

@@ -1,0 +1,16 @@
+//! sandcall's sandbox: everything that isolates a program, and nothing else.
+//!
+//! Invariants:
+//! - This crate never uses tokio and never starts a thread: `helper::run_helper` runs in a
+//!   single-threaded process of its own (`sandcall sandbox-helper`), so fork and clone
+//!   are safe there. The server only spawns that process and talks JSON lines to it.
+//! - The isolation sequence is `helper::Sandbox::build_steps` followed by
+//!   `mounts::build_root` (in init) and `helper::exec_program_steps` (in the program),
+//!   in that order; ARCHITECTURE.md explains the order.
+
+pub mod cgroup;
+pub mod helper;
+mod io;
+pub mod mounts;
+pub mod protocol;
+pub mod seccomp;

@@ -1,0 +1,118 @@
+//! The messages between the server and the sandbox helper, one JSON object per line.
+//!
+//! The server writes a [`Prepare`] and later a [`Run`] to the helper's stdin; the helper
+//! answers on its stdout with [`Event`]s. Closing the helper's stdin at any time means
+//! "abort": the helper kills the sandbox, reclaims everything and exits.
+//!
+//! The split between `Prepare` and `Run` is the seam for warm sandboxes: everything that
+//! does not depend on the request happens before `Run` arrives.
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// Which cgroup hierarchy the run's cgroup lives in, with the directories to create.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "version", rename_all = "snake_case")]
+pub enum CgroupPlacement {
+    /// cgroup v1: one directory per controller hierarchy.
+    V1 {
+        memory: PathBuf,
+        pids: PathBuf,
+        cpu: Option<PathBuf>,
+        cpuacct: Option<PathBuf>,
+    },
+    /// cgroup v2: one directory in the unified hierarchy.
+    V2 { path: PathBuf },
+}
+
+/// Resource limits of one run. Every field is already clamped by the server.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Limits {
+    /// Memory of all the run's processes together, tmpfs pages included; no swap.
+    pub memory_bytes: u64,
+    /// Processes and threads together.
+    pub max_processes: u64,
+    /// RLIMIT_NOFILE of every process.
+    pub max_open_files: u64,
+    /// RLIMIT_FSIZE: the largest file a process may write.
+    pub file_size_bytes: u64,
+    /// Size of the working directory (`/mnt/data`), a tmpfs.
+    pub workspace_bytes: u64,
+    /// Size of `/tmp` and of `/dev/shm`, each a tmpfs.
+    pub tmp_bytes: u64,
+    /// CPU time of all processes together, in milliseconds.
+    pub cpu_time_ms: u64,
+    /// Share of one CPU the run may use at most (1.0 = one core).
+    pub cpus: f64,
+    /// Bytes kept of stdout and of stderr, each.
+    pub max_output_bytes: u64,
+}
+
+/// Everything needed to build a sandbox before knowing which program it will run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Prepare {
+    /// The run's id: names its cgroup and its staging directory.
+    pub run_id: String,
+    /// A directory that does not exist yet, on the host, that the helper creates and
+    /// removes again; the run's private tmpfs mounts live on it inside the helper's own
+    /// mount namespace and are never visible to the host.
+    pub staging_dir: PathBuf,
+    pub cgroup: CgroupPlacement,
+    pub limits: Limits,
+    /// Host directories bound read-only into the sandbox at the same path, besides the
+    /// defaults (`/usr` and the merged-usr links `/bin`, `/lib`, ...).
+    pub extra_runtime_paths: Vec<PathBuf>,
+    /// The host uid and gid that the sandbox's user (uid 1000 inside) maps to.
+    pub host_uid: u32,
+    pub host_gid: u32,
+    /// The most bytes of code a run may bring.
+    pub max_code_bytes: u64,
+}
+
+/// The program to run in a prepared sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Run {
+    /// Source text, written to `/run/sandcall/<code_file>` (read-only inside).
+    pub code: String,
+    pub code_file: String,
+    /// The full argv; `argv[0]` is the interpreter's absolute path.
+    pub argv: Vec<String>,
+    /// The program's whole environment.
+    pub env: Vec<(String, String)>,
+    /// Bytes fed to standard input, which is then closed.
+    pub stdin: String,
+    /// Wall-clock budget from the start of the program, in milliseconds.
+    pub timeout_ms: u64,
+}
+
+/// What happened to a run. Output is already decoded (invalid UTF-8 replaced).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct RunResult {
+    pub exit_code: Option<i32>,
+    pub signal: Option<String>,
+    pub timed_out: bool,
+    pub oom_killed: bool,
+    /// The run's CPU time budget ran out.
+    pub cpu_limit_exceeded: bool,
+    /// The helper was told to abort (server shutting down, session cancelled).
+    pub aborted: bool,
+    pub stdout: String,
+    pub stderr: String,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    pub cpu_time_ms: u64,
+    pub memory_peak_bytes: u64,
+    pub wall_time_ms: u64,
+}
+
+/// A message from the helper to the server.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    /// The sandbox is built and waits for its program.
+    Ready,
+    /// The program ended; the sandbox is being reclaimed.
+    Finished { result: RunResult },
+    /// The sandbox could not be built or run. `message` is for the log, not the client.
+    Failed { message: String },
+}

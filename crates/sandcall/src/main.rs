@@ -1,0 +1,87 @@
+//! The `sandcall` binary: `serve`, `doctor`, and the hidden `sandbox-helper` that the
+//! server re-executes for every sandbox.
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "sandcall", version, about = "Runs untrusted Python and Bash programs for AI applications")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start the HTTP server.
+    Serve(ServeArgs),
+    /// Check that this machine can run sandboxes, and say how to fix what is missing.
+    Doctor(ServeArgs),
+    /// Internal: build and run one sandbox, driven over stdin/stdout by the server.
+    #[command(hide = true)]
+    SandboxHelper,
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// TOML configuration file.
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// Address to listen on (overrides `listen` and SANDCALL_LISTEN).
+    #[arg(long)]
+    listen: Option<String>,
+    /// Data directory (overrides `data_dir` and SANDCALL_DATA_DIR).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::SandboxHelper => ExitCode::from(sandcall_sandbox::helper::run_helper() as u8),
+        Command::Serve(args) => run_async(serve(args)),
+        Command::Doctor(args) => run_async(doctor(args)),
+    }
+}
+
+fn run_async(fut: impl std::future::Future<Output = anyhow::Result<ExitCode>>) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SANDCALL_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("sandcall: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(fut) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("sandcall: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn load(args: &ServeArgs) -> anyhow::Result<sandcall_server::config::Config> {
+    let overrides = sandcall_server::config::Overrides { listen: args.listen.clone(), data_dir: args.data_dir.clone() };
+    Ok(sandcall_server::config::Config::load(args.config.as_deref(), &overrides)?)
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let config = load(&args)?;
+    sandcall_server::serve(config).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn doctor(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let config = load(&args)?;
+    let report = sandcall_server::doctor::run(&config).await;
+    print!("{}", report.render());
+    Ok(if report.all_passed() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}

@@ -1,0 +1,297 @@
+//! Configuration: defaults, then the TOML file, then `SANDCALL_*` environment variables,
+//! then command-line flags. docs/configuration.md lists every key; a test keeps the two
+//! in step.
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// Every server setting. Each field's doc comment gives its unit and default.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Address and port to listen on. Default `127.0.0.1:3112`.
+    pub listen: String,
+    /// Directory for the server's state and the runs' staging directories.
+    /// Default `./sandcall-data`.
+    pub data_dir: PathBuf,
+    /// Runs executing at once. Default: number of cores × 4.
+    pub max_concurrent_runs: usize,
+    /// Runs waiting for a slot; beyond this a request gets 503 `at_capacity`.
+    /// Default: `max_concurrent_runs` × 4.
+    pub max_queued_runs: usize,
+    /// Longest wait for a slot, in ms, before 503 `at_capacity`. Default 10000.
+    pub queue_timeout_ms: u64,
+    /// Wall-clock budget of a run when the request names none, in ms. Default 300000.
+    pub run_timeout_ms: u64,
+    /// Most wall-clock time a request may ask for, in ms. Default 300000.
+    pub max_run_timeout_ms: u64,
+    /// Largest `code`, in bytes. Default 1048576 (1 MiB).
+    pub max_code_bytes: u64,
+    /// Largest `stdin`, in bytes. Default 1048576 (1 MiB).
+    pub max_stdin_bytes: u64,
+    /// Bytes kept of stdout and of stderr, each. Default 65536.
+    pub max_output_bytes: u64,
+    /// Memory of a run, tmpfs contents included, in MiB; no swap. Default 512.
+    pub memory_limit_mb: u64,
+    /// Processes and threads of a run. Default 128.
+    pub max_processes: u64,
+    /// Open files per process. Default 1024.
+    pub max_open_files: u64,
+    /// Largest file a process may write, in MiB. Default 256.
+    pub file_size_limit_mb: u64,
+    /// Size of the working directory `/mnt/data`, in MiB. Default 256.
+    pub workspace_limit_mb: u64,
+    /// Size of `/tmp` and of `/dev/shm`, each, in MiB. Default 128.
+    pub tmp_limit_mb: u64,
+    /// CPU time of a run, all processes together, in ms. Default 300000.
+    pub cpu_time_limit_ms: u64,
+    /// CPU share of a run (1.0 = one core). Default 1.0.
+    pub cpus: f64,
+    /// The most a request's `limits` may ask for; each defaults to the value above.
+    pub ceilings: Ceilings,
+    /// Python interpreter, an absolute path inside the runtime. Default `/usr/bin/python3`.
+    pub python: PathBuf,
+    /// Bash interpreter. Default `/usr/bin/bash`.
+    pub bash: PathBuf,
+    /// More host paths bound read-only into every sandbox (an interpreter outside /usr,
+    /// say). Default none.
+    pub extra_runtime_paths: Vec<PathBuf>,
+    /// Host uid the sandbox user maps to. Default 65534 (nobody) as root, else your uid.
+    pub sandbox_uid: Option<u32>,
+    /// Host gid the sandbox user maps to. Default 65534 as root, else your gid.
+    pub sandbox_gid: Option<u32>,
+    /// A cgroup v2 directory to create run cgroups in (a delegated subtree). Default:
+    /// detected, `<hierarchy>/sandcall-<hash of data_dir>`.
+    pub cgroup_root: Option<PathBuf>,
+}
+
+/// Ceilings for the limits a request may set in `limits`. Unset means "the default".
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Ceilings {
+    pub memory_limit_mb: Option<u64>,
+    pub max_processes: Option<u64>,
+    pub max_open_files: Option<u64>,
+    pub max_output_bytes: Option<u64>,
+    pub cpu_time_limit_ms: Option<u64>,
+    pub workspace_limit_mb: Option<u64>,
+    pub file_size_limit_mb: Option<u64>,
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: "127.0.0.1:3112".into(),
+            data_dir: PathBuf::from("./sandcall-data"),
+            max_concurrent_runs: cores() * 4,
+            max_queued_runs: cores() * 16,
+            queue_timeout_ms: 10_000,
+            run_timeout_ms: 300_000,
+            max_run_timeout_ms: 300_000,
+            max_code_bytes: 1 << 20,
+            max_stdin_bytes: 1 << 20,
+            max_output_bytes: 65_536,
+            memory_limit_mb: 512,
+            max_processes: 128,
+            max_open_files: 1024,
+            file_size_limit_mb: 256,
+            workspace_limit_mb: 256,
+            tmp_limit_mb: 128,
+            cpu_time_limit_ms: 300_000,
+            cpus: 1.0,
+            ceilings: Ceilings::default(),
+            python: PathBuf::from("/usr/bin/python3"),
+            bash: PathBuf::from("/usr/bin/bash"),
+            extra_runtime_paths: Vec::new(),
+            sandbox_uid: None,
+            sandbox_gid: None,
+            cgroup_root: None,
+        }
+    }
+}
+
+/// Values given as command-line flags, which win over everything else.
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    pub listen: Option<String>,
+    pub data_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("configuration: {0}")]
+    Parse(#[from] Box<figment::Error>),
+    #[error("configuration: {0}")]
+    Invalid(String),
+}
+
+/// The top-level keys, for filtering the environment: only `SANDCALL_<KEY>` variables
+/// that name a real key are read, so SANDCALL_LOG and friends do not trip the strict
+/// check that catches typos in the file.
+fn known_keys() -> Vec<String> {
+    match serde_json::to_value(Config::default()) {
+        Ok(serde_json::Value::Object(map)) => map.keys().cloned().collect(),
+        _ => Vec::new(),
+    }
+}
+
+impl Config {
+    pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Self, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(file) = file {
+            if !file.exists() {
+                return Err(ConfigError::Invalid(format!("config file {} does not exist", file.display())));
+            }
+            figment = figment.merge(Toml::file(file));
+        }
+        let keys = known_keys();
+        figment = figment.merge(
+            Env::prefixed("SANDCALL_")
+                .split("__")
+                .filter(move |k| keys.iter().any(|known| k.as_str().split('.').next() == Some(known.as_str()))),
+        );
+        if let Some(listen) = &overrides.listen {
+            figment = figment.merge(Serialized::default("listen", listen));
+        }
+        if let Some(dir) = &overrides.data_dir {
+            figment = figment.merge(Serialized::default("data_dir", dir));
+        }
+        let config: Config = figment.extract().map_err(Box::new)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        if self.listen.parse::<std::net::SocketAddr>().is_err() {
+            return bad(format!("listen = {:?} is not an address:port", self.listen));
+        }
+        if self.max_concurrent_runs == 0 {
+            return bad("max_concurrent_runs must be at least 1".into());
+        }
+        if self.run_timeout_ms == 0 || self.run_timeout_ms > self.max_run_timeout_ms {
+            return bad("run_timeout_ms must be between 1 and max_run_timeout_ms".into());
+        }
+        if !(self.cpus > 0.0 && self.cpus <= 1024.0) {
+            return bad("cpus must be above 0".into());
+        }
+        for (name, value) in [
+            ("memory_limit_mb", self.memory_limit_mb),
+            ("max_processes", self.max_processes),
+            ("max_open_files", self.max_open_files),
+            ("max_output_bytes", self.max_output_bytes),
+            ("cpu_time_limit_ms", self.cpu_time_limit_ms),
+            ("workspace_limit_mb", self.workspace_limit_mb),
+            ("file_size_limit_mb", self.file_size_limit_mb),
+            ("tmp_limit_mb", self.tmp_limit_mb),
+            ("max_code_bytes", self.max_code_bytes),
+        ] {
+            if value == 0 {
+                return bad(format!("{name} must be above 0"));
+            }
+        }
+        let c = &self.ceilings;
+        for (name, default, ceiling) in [
+            ("memory_limit_mb", self.memory_limit_mb, c.memory_limit_mb),
+            ("max_processes", self.max_processes, c.max_processes),
+            ("max_open_files", self.max_open_files, c.max_open_files),
+            ("max_output_bytes", self.max_output_bytes, c.max_output_bytes),
+            ("cpu_time_limit_ms", self.cpu_time_limit_ms, c.cpu_time_limit_ms),
+            ("workspace_limit_mb", self.workspace_limit_mb, c.workspace_limit_mb),
+            ("file_size_limit_mb", self.file_size_limit_mb, c.file_size_limit_mb),
+        ] {
+            if ceiling.is_some_and(|c| c < default) {
+                return bad(format!("ceilings.{name} is below the default {name}"));
+            }
+        }
+        for (name, path) in [("python", &self.python), ("bash", &self.bash)] {
+            if !path.is_absolute() {
+                return bad(format!("{name} must be an absolute path"));
+            }
+        }
+        for p in &self.extra_runtime_paths {
+            if !p.is_absolute() || p.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
+                return bad(format!("extra_runtime_paths entry {} must be absolute, without ..", p.display()));
+            }
+        }
+        Ok(())
+    }
+
+    /// The request body limit: code and stdin at their maxima, plus room for the rest.
+    pub fn max_body_bytes(&self) -> usize {
+        (self.max_code_bytes + self.max_stdin_bytes + (1 << 20)) as usize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_the_documented_table() {
+        let c = Config::default();
+        assert_eq!(c.listen, "127.0.0.1:3112");
+        assert_eq!(c.max_run_timeout_ms, 300_000);
+        assert_eq!(c.max_output_bytes, 65_536);
+        assert_eq!(c.memory_limit_mb, 512);
+        assert_eq!(c.max_processes, 128);
+        assert_eq!(c.workspace_limit_mb, 256);
+        assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn every_key_is_documented() {
+        let doc = include_str!("../../../docs/configuration.md");
+        for key in known_keys() {
+            assert!(doc.contains(&format!("`{key}`")), "docs/configuration.md does not describe `{key}`");
+        }
+        let ceilings = serde_json::to_value(Ceilings::default()).unwrap();
+        for key in ceilings.as_object().unwrap().keys() {
+            assert!(doc.contains(&format!("`ceilings.{key}`")), "docs/configuration.md does not describe `ceilings.{key}`");
+        }
+    }
+
+    #[test]
+    fn file_then_env_then_flags() {
+        let dir = std::env::temp_dir().join(format!("sandcall-config-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("c.toml");
+        std::fs::write(&file, "memory_limit_mb = 256\nmax_processes = 64\nlisten = \"127.0.0.1:9\"\n[ceilings]\nmemory_limit_mb = 1024\n").unwrap();
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("SANDCALL_MAX_PROCESSES", "32");
+            jail.set_env("SANDCALL_LOG", "debug");
+            let c = Config::load(Some(&file), &Overrides { listen: Some("127.0.0.1:7".into()), data_dir: None })
+                .map_err(|e| e.to_string())?;
+            assert_eq!(c.memory_limit_mb, 256);
+            assert_eq!(c.max_processes, 32);
+            assert_eq!(c.listen, "127.0.0.1:7");
+            assert_eq!(c.ceilings.memory_limit_mb, Some(1024));
+            Ok(())
+        });
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn unknown_keys_in_the_file_are_refused() {
+        let dir = std::env::temp_dir().join(format!("sandcall-config-typo-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("c.toml");
+        std::fs::write(&file, "memory_limt_mb = 256\n").unwrap();
+        let err = Config::load(Some(&file), &Overrides::default()).unwrap_err().to_string();
+        assert!(err.contains("memory_limt_mb"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn ceilings_below_defaults_are_refused() {
+        let mut c = Config::default();
+        c.ceilings.memory_limit_mb = Some(100);
+        assert!(c.validate().is_err());
+    }
+}

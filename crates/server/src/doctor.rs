@@ -1,0 +1,177 @@
+//! `sandcall doctor`: every check `serve` depends on, each with its fix.
+
+use crate::config::Config;
+use crate::host;
+use crate::runner::{Runner, RunnerSettings, RunSpec};
+use crate::runtime;
+use sandcall_api::Language;
+use std::fmt::Write as _;
+use std::fs;
+use std::path::Path;
+
+pub struct Check {
+    pub name: &'static str,
+    pub ok: bool,
+    pub detail: String,
+    pub fix: &'static str,
+}
+
+pub struct Report {
+    pub checks: Vec<Check>,
+}
+
+impl Report {
+    pub fn all_passed(&self) -> bool {
+        self.checks.iter().all(|c| c.ok)
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        for c in &self.checks {
+            let _ = writeln!(out, "[{}] {}: {}", if c.ok { "pass" } else { "FAIL" }, c.name, c.detail);
+            if !c.ok {
+                let _ = writeln!(out, "       fix: {}", c.fix);
+            }
+        }
+        out
+    }
+
+    pub fn failures(&self) -> String {
+        self.checks.iter().filter(|c| !c.ok).map(|c| format!("{}: {} (fix: {})", c.name, c.detail, c.fix)).collect::<Vec<_>>().join("; ")
+    }
+}
+
+fn read_int(path: &str) -> Option<i64> {
+    fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+fn check_userns() -> Check {
+    let root = nix::unistd::geteuid().is_root();
+    let max = read_int("/proc/sys/user/max_user_namespaces");
+    let unpriv = read_int("/proc/sys/kernel/unprivileged_userns_clone");
+    let apparmor = read_int("/proc/sys/kernel/apparmor_restrict_unprivileged_userns");
+    let (ok, detail) = if max == Some(0) {
+        (false, "user.max_user_namespaces is 0".to_string())
+    } else if !root && unpriv == Some(0) {
+        (false, "kernel.unprivileged_userns_clone is 0 and sandcall is not root".to_string())
+    } else if !root && apparmor == Some(1) {
+        (false, "AppArmor restricts unprivileged user namespaces".to_string())
+    } else {
+        (true, format!("available ({})", if root { "running as root" } else { "unprivileged" }))
+    };
+    Check {
+        name: "user namespaces",
+        ok,
+        detail,
+        fix: "sysctl -w user.max_user_namespaces=15000 kernel.unprivileged_userns_clone=1 (and on Ubuntu kernel.apparmor_restrict_unprivileged_userns=0), or run sandcall as root",
+    }
+}
+
+fn check_seccomp() -> Check {
+    let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let policy = sandcall_sandbox::seccomp::Policy::compile();
+    let (ok, detail) = match (status.contains("Seccomp:"), policy) {
+        (false, _) => (false, "the kernel has no seccomp support".to_string()),
+        (true, Err(e)) => (false, e.to_string()),
+        (true, Ok(_)) => (true, "filter compiles and the kernel supports seccomp".to_string()),
+    };
+    Check { name: "seccomp", ok, detail, fix: "use a kernel built with CONFIG_SECCOMP_FILTER=y" }
+}
+
+fn check_interpreter(name: &'static str, path: &Path) -> Check {
+    use std::os::unix::fs::PermissionsExt;
+    let ok = fs::metadata(path).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false);
+    Check {
+        name,
+        ok,
+        detail: if ok { format!("{}", path.display()) } else { format!("{} is missing or not executable", path.display()) },
+        fix: "install it (apt-get install python3 bash) or set `python` / `bash` in the config to its absolute path",
+    }
+}
+
+/// Runs every check, ending with a real sandboxed program in each language.
+pub async fn run(config: &Config) -> Report {
+    let mut checks = vec![check_userns(), check_seccomp()];
+    checks.push(check_interpreter("python interpreter", &config.python));
+    checks.push(check_interpreter("bash interpreter", &config.bash));
+    let data_dir = host::data_dir(config);
+    checks.push(Check {
+        name: "data directory",
+        ok: data_dir.is_ok(),
+        detail: match &data_dir {
+            Ok(d) => d.display().to_string(),
+            Err(e) => e.clone(),
+        },
+        fix: "make `data_dir` point to a directory sandcall can create and write",
+    });
+    let cgroups = data_dir.as_ref().map_err(Clone::clone).and_then(|d| host::cgroups(config, d));
+    checks.push(Check {
+        name: "cgroups",
+        ok: cgroups.is_ok(),
+        detail: match &cgroups {
+            Ok(c) => format!("{} at {}", c.version(), c.bases().first().map(|p| p.display().to_string()).unwrap_or_default()),
+            Err(e) => e.clone(),
+        },
+        fix: "run as root with cgroup v1 memory+pids or cgroup v2 mounted, or delegate a cgroup v2 subtree to this user (systemd: Delegate=yes) and set `cgroup_root` to it",
+    });
+    if checks.iter().all(|c| c.ok) {
+        checks.push(trial_run(config).await);
+    }
+    Report { checks }
+}
+
+/// Builds a real sandbox and runs a program in each language.
+async fn trial_run(config: &Config) -> Check {
+    let fix = "run `sandcall doctor` as the same user as the server and read the detail above; SANDCALL_LOG=debug shows the helper's errors";
+    let host = match host::prepare(config) {
+        Ok(h) => h,
+        Err(e) => return Check { name: "sandbox trial run", ok: false, detail: e, fix },
+    };
+    let (_tx, rx) = tokio::sync::watch::channel(false);
+    let runner = match std::env::current_exe() {
+        Ok(exe) => Runner::new(
+            RunnerSettings {
+                helper_exe: exe,
+                runs_dir: host.runs_dir,
+                cgroups: host.cgroups,
+                extra_runtime_paths: config.extra_runtime_paths.clone(),
+                host_uid: host.host_uid,
+                host_gid: host.host_gid,
+                max_code_bytes: config.max_code_bytes,
+            },
+            rx,
+        ),
+        Err(e) => return Check { name: "sandbox trial run", ok: false, detail: format!("current_exe: {e}"), fix },
+    };
+    for (language, code, expected) in [(Language::Bash, "echo sandcall-ok", "sandcall-ok\n"), (Language::Python, "print(6 * 7)", "42\n")] {
+        let interpreter = if language == Language::Python { &config.python } else { &config.bash };
+        let launch = runtime::launch(language, interpreter, &[]);
+        let limits = match crate::exec::resolve_limits(config, None) {
+            Ok(l) => l,
+            Err(e) => return Check { name: "sandbox trial run", ok: false, detail: e.message, fix },
+        };
+        let spec = RunSpec {
+            run_id: crate::ids::new_id(),
+            code: code.into(),
+            code_file: launch.code_file,
+            argv: launch.argv,
+            env: launch.env,
+            stdin: String::new(),
+            timeout_ms: 20_000,
+            limits,
+        };
+        match runner.run(spec).await {
+            Ok(r) if r.stdout == expected && r.exit_code == Some(0) => {}
+            Ok(r) => {
+                return Check {
+                    name: "sandbox trial run",
+                    ok: false,
+                    detail: format!("{language:?} printed {:?}, stderr {:?}, exit {:?}, signal {:?}", r.stdout, r.stderr, r.exit_code, r.signal),
+                    fix,
+                }
+            }
+            Err(e) => return Check { name: "sandbox trial run", ok: false, detail: e.to_string(), fix },
+        }
+    }
+    Check { name: "sandbox trial run", ok: true, detail: "python and bash ran in a sandbox".into(), fix }
+}

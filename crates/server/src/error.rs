@@ -1,0 +1,57 @@
+//! The one mapping from failures to HTTP responses.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use sandcall_api::{error_type, ErrorBody};
+
+/// An error answered to the client: a status, a stable `error_type` and a message that
+/// never contains host paths or internals.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub error_type: &'static str,
+    pub message: String,
+    pub retry_after_s: Option<u64>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, error_type: &'static str, message: impl Into<String>) -> Self {
+        ApiError { status, error_type, message: message.into(), retry_after_s: None }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, error_type::INVALID_REQUEST, message)
+    }
+
+    pub fn too_large(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, error_type::PAYLOAD_TOO_LARGE, message)
+    }
+
+    pub fn at_capacity(retry_after_s: u64) -> Self {
+        ApiError {
+            retry_after_s: Some(retry_after_s),
+            ..Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                error_type::AT_CAPACITY,
+                "all sandboxes are busy and the queue is full; retry later",
+            )
+        }
+    }
+
+    /// An internal failure: logged in full here, answered without detail.
+    pub fn internal(error_type: &'static str, detail: &str) -> Self {
+        tracing::error!(error_type, detail, "internal error");
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, error_type, "the server could not complete the request")
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = ErrorBody { error: self.message, error_type: self.error_type.to_string() };
+        let mut response = (self.status, axum::Json(body)).into_response();
+        if let Some(s) = self.retry_after_s {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        response
+    }
+}

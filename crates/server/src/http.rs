@@ -1,0 +1,96 @@
+//! Routes, the JSON extractor and the fallbacks. Handlers parse, call the domain and map
+//! the outcome; they hold no business logic.
+
+use crate::error::ApiError;
+use crate::exec;
+use crate::AppState;
+use axum::extract::{FromRequest, Request, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use sandcall_api::{error_type, ExecRequest, Health};
+use serde::de::DeserializeOwned;
+
+/// A JSON body whose every failure (content type, size, syntax, types) is an ApiError.
+pub struct JsonBody<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        if let Some(ct) = req.headers().get(header::CONTENT_TYPE) {
+            let ct = ct.to_str().unwrap_or("").to_ascii_lowercase();
+            let mime = ct.split(';').next().unwrap_or("").trim();
+            if !(mime == "application/json" || mime.ends_with("+json")) {
+                return Err(ApiError::new(
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    error_type::UNSUPPORTED_MEDIA_TYPE,
+                    format!("expected Content-Type: application/json, got {mime:?}"),
+                ));
+            }
+        }
+        let bytes = axum::body::Bytes::from_request(req, state).await.map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::too_large("request body is larger than the server accepts")
+            } else {
+                ApiError::bad_request(format!("could not read the request body: {rejection}"))
+            }
+        })?;
+        serde_json::from_slice(&bytes).map(JsonBody).map_err(|e| {
+            use serde_json::error::Category;
+            match e.classify() {
+                Category::Syntax | Category::Eof | Category::Io => {
+                    ApiError::new(StatusCode::BAD_REQUEST, error_type::INVALID_JSON, format!("malformed JSON: {e}"))
+                }
+                Category::Data => ApiError::bad_request(format!("invalid request: {e}")),
+            }
+        })
+    }
+}
+
+pub fn router(state: AppState) -> Router {
+    let body_limit = state.config.max_body_bytes();
+    Router::new()
+        .route("/v1/health", get(health))
+        .route("/v1/exec", post(exec_route))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::extract::DefaultBodyLimit::max(body_limit))
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response))
+        .with_state(state)
+}
+
+async fn health(State(state): State<AppState>) -> Response {
+    Json(Health {
+        status: "ok".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        cgroup: state.runner.settings().cgroups.version().into(),
+        active_runs: state.admission.active(),
+        max_concurrent_runs: state.admission.capacity(),
+    })
+    .into_response()
+}
+
+async fn exec_route(State(state): State<AppState>, JsonBody(req): JsonBody<ExecRequest>) -> Result<Response, ApiError> {
+    let cmd = exec::parse_exec(req, &state.config)?;
+    let result = state.execute(cmd).await?;
+    Ok(Json(result).into_response())
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, error_type::NOT_FOUND, "no such route")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, error_type::METHOD_NOT_ALLOWED, "method not allowed on this route")
+}
+
+fn panic_response(err: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    let detail = err
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "unknown panic".into());
+    ApiError::internal(error_type::INTERNAL, &format!("handler panicked: {detail}")).into_response()
+}

@@ -1,0 +1,168 @@
+//! Starts sandbox helpers and talks to them. The server never forks or enters
+//! namespaces itself: each run is a fresh `sandcall sandbox-helper` process.
+
+use sandcall_sandbox::cgroup::CgroupRoot;
+use sandcall_sandbox::protocol::{Event, Limits, Prepare, Run, RunResult};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{ChildStdout, Command};
+use tokio::sync::watch;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("cannot start the sandbox helper: {0}")]
+    Spawn(std::io::Error),
+    #[error("sandbox helper protocol: {0}")]
+    Protocol(String),
+    #[error("sandbox failed: {0}")]
+    Sandbox(String),
+}
+
+/// One program to run, fully resolved (limits clamped, argv built).
+#[derive(Debug, Clone)]
+pub struct RunSpec {
+    pub run_id: String,
+    pub code: String,
+    pub code_file: String,
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub stdin: String,
+    pub timeout_ms: u64,
+    pub limits: Limits,
+}
+
+/// What the runner needs from the configuration.
+#[derive(Debug, Clone)]
+pub struct RunnerSettings {
+    pub helper_exe: PathBuf,
+    pub runs_dir: PathBuf,
+    pub cgroups: CgroupRoot,
+    pub extra_runtime_paths: Vec<PathBuf>,
+    pub host_uid: u32,
+    pub host_gid: u32,
+    pub max_code_bytes: u64,
+}
+
+#[derive(Clone)]
+pub struct Runner {
+    settings: Arc<RunnerSettings>,
+    active: Arc<AtomicUsize>,
+    shutdown: watch::Receiver<bool>,
+}
+
+/// Counts a helper as alive from spawn to reaped.
+struct ActiveGuard(Arc<AtomicUsize>);
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Runner {
+    pub fn new(settings: RunnerSettings, shutdown: watch::Receiver<bool>) -> Self {
+        Runner { settings: Arc::new(settings), active: Arc::new(AtomicUsize::new(0)), shutdown }
+    }
+
+    /// Helpers alive right now.
+    pub fn active(&self) -> usize {
+        self.active.load(Ordering::SeqCst)
+    }
+
+    pub fn settings(&self) -> &RunnerSettings {
+        &self.settings
+    }
+
+    /// Runs one program to its end in a fresh sandbox. The work happens in its own task,
+    /// so a client that goes away does not leave a half-reclaimed sandbox behind.
+    pub async fn run(&self, spec: RunSpec) -> Result<RunResult, RunError> {
+        let this = self.clone();
+        match tokio::spawn(async move { this.run_inner(spec).await }).await {
+            Ok(r) => r,
+            Err(e) => Err(RunError::Protocol(format!("run task failed: {e}"))),
+        }
+    }
+
+    async fn run_inner(&self, spec: RunSpec) -> Result<RunResult, RunError> {
+        let s = &self.settings;
+        self.active.fetch_add(1, Ordering::SeqCst);
+        let _guard = ActiveGuard(self.active.clone());
+        let mut child = Command::new(&s.helper_exe)
+            .arg("sandbox-helper")
+            .env_clear()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(RunError::Spawn)?;
+        let mut stdin = child.stdin.take();
+        let stdout = child.stdout.take().ok_or_else(|| RunError::Protocol("no stdout".into()))?;
+        let mut events = BufReader::new(stdout).lines();
+
+        let prepare = Prepare {
+            run_id: spec.run_id.clone(),
+            staging_dir: s.runs_dir.join(&spec.run_id),
+            cgroup: s.cgroups.placement(&spec.run_id),
+            limits: spec.limits.clone(),
+            extra_runtime_paths: s.extra_runtime_paths.clone(),
+            host_uid: s.host_uid,
+            host_gid: s.host_gid,
+            max_code_bytes: s.max_code_bytes,
+        };
+        let run = Run {
+            code: spec.code,
+            code_file: spec.code_file,
+            argv: spec.argv,
+            env: spec.env,
+            stdin: spec.stdin,
+            timeout_ms: spec.timeout_ms,
+        };
+        let outcome = async {
+            send(&mut stdin, &prepare).await?;
+            match next_event(&mut events).await? {
+                Event::Ready => {}
+                Event::Failed { message } => return Err(RunError::Sandbox(message)),
+                other => return Err(RunError::Protocol(format!("expected ready, got {other:?}"))),
+            }
+            send(&mut stdin, &run).await?;
+            let mut shutdown = self.shutdown.clone();
+            let event = tokio::select! {
+                event = next_event(&mut events) => event?,
+                _ = async { let _ = shutdown.wait_for(|stop| *stop).await; } => {
+                    // Closing the helper's stdin tells it to kill the program and clean up.
+                    stdin = None;
+                    next_event(&mut events).await?
+                }
+            };
+            match event {
+                Event::Finished { result } => Ok(result),
+                Event::Failed { message } => Err(RunError::Sandbox(message)),
+                Event::Ready => Err(RunError::Protocol("unexpected ready".into())),
+            }
+        }
+        .await;
+        drop(stdin);
+        // The helper exits right after its last event, once everything is reclaimed.
+        let _ = child.wait().await;
+        outcome
+    }
+}
+
+async fn send<T: serde::Serialize>(stdin: &mut Option<tokio::process::ChildStdin>, message: &T) -> Result<(), RunError> {
+    let w = stdin.as_mut().ok_or_else(|| RunError::Protocol("helper stdin closed".into()))?;
+    let mut line = serde_json::to_vec(message).map_err(|e| RunError::Protocol(e.to_string()))?;
+    line.push(b'\n');
+    w.write_all(&line).await.map_err(|e| RunError::Protocol(format!("writing to helper: {e}")))?;
+    w.flush().await.map_err(|e| RunError::Protocol(format!("writing to helper: {e}")))
+}
+
+async fn next_event(events: &mut Lines<BufReader<ChildStdout>>) -> Result<Event, RunError> {
+    match events.next_line().await {
+        Ok(Some(line)) => serde_json::from_str(&line).map_err(|e| RunError::Protocol(format!("bad event: {e}"))),
+        Ok(None) => Err(RunError::Protocol("helper exited without an answer".into())),
+        Err(e) => Err(RunError::Protocol(format!("reading from helper: {e}"))),
+    }
+}
