@@ -33,7 +33,10 @@ pub enum CgroupError {
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> CgroupError + '_ {
-    move |source| CgroupError::Io { path: path.to_path_buf(), source }
+    move |source| CgroupError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 /// A cgroup filesystem mount read from /proc/self/mountinfo.
@@ -47,14 +50,22 @@ struct CgroupMount {
 fn parse_mountinfo(text: &str) -> Vec<CgroupMount> {
     let mut mounts = Vec::new();
     for line in text.lines() {
-        let Some((left, right)) = line.split_once(" - ") else { continue };
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
         let mount_point = left.split(' ').nth(4);
         let mut right = right.split(' ');
         let (fstype, _source, options) = (right.next(), right.next(), right.next());
-        let (Some(mount_point), Some(fstype)) = (mount_point, fstype) else { continue };
+        let (Some(mount_point), Some(fstype)) = (mount_point, fstype) else {
+            continue;
+        };
         let path = PathBuf::from(unescape_mountinfo(mount_point));
         match fstype {
-            "cgroup2" => mounts.push(CgroupMount { path, v2: true, controllers: Vec::new() }),
+            "cgroup2" => mounts.push(CgroupMount {
+                path,
+                v2: true,
+                controllers: Vec::new(),
+            }),
             "cgroup" => {
                 let controllers = options
                     .unwrap_or("")
@@ -62,7 +73,11 @@ fn parse_mountinfo(text: &str) -> Vec<CgroupMount> {
                     .filter(|o| !o.contains('=') && !matches!(*o, "rw" | "ro"))
                     .map(str::to_owned)
                     .collect();
-                mounts.push(CgroupMount { path, v2: false, controllers });
+                mounts.push(CgroupMount {
+                    path,
+                    v2: false,
+                    controllers,
+                });
             }
             _ => {}
         }
@@ -100,7 +115,9 @@ impl CgroupRoot {
             let controllers = fs::read_to_string(v2.path.join("cgroup.controllers")).unwrap_or_default();
             let has = |c: &str| controllers.split_whitespace().any(|x| x == c);
             if has("memory") && has("pids") {
-                return Ok(CgroupRoot::V2 { base: v2.path.join(instance) });
+                return Ok(CgroupRoot::V2 {
+                    base: v2.path.join(instance),
+                });
             }
         }
         let v1 = |name: &str| {
@@ -110,7 +127,12 @@ impl CgroupRoot {
                 .map(|m| m.path.join(instance))
         };
         match (v1("memory"), v1("pids")) {
-            (Some(memory), Some(pids)) => Ok(CgroupRoot::V1 { memory, pids, cpu: v1("cpu"), cpuacct: v1("cpuacct") }),
+            (Some(memory), Some(pids)) => Ok(CgroupRoot::V1 {
+                memory,
+                pids,
+                cpu: v1("cpu"),
+                cpuacct: v1("cpuacct"),
+            }),
             _ => Err(CgroupError::NotFound),
         }
     }
@@ -130,7 +152,12 @@ impl CgroupRoot {
     /// The instance directories, one per hierarchy.
     pub fn bases(&self) -> Vec<PathBuf> {
         match self {
-            CgroupRoot::V1 { memory, pids, cpu, cpuacct } => {
+            CgroupRoot::V1 {
+                memory,
+                pids,
+                cpu,
+                cpuacct,
+            } => {
                 let mut v = vec![memory.clone(), pids.clone()];
                 v.extend(cpu.iter().cloned());
                 v.extend(cpuacct.iter().cloned());
@@ -160,13 +187,20 @@ impl CgroupRoot {
     /// Where the cgroup of run `run_id` lives.
     pub fn placement(&self, run_id: &str) -> CgroupPlacement {
         match self {
-            CgroupRoot::V1 { memory, pids, cpu, cpuacct } => CgroupPlacement::V1 {
+            CgroupRoot::V1 {
+                memory,
+                pids,
+                cpu,
+                cpuacct,
+            } => CgroupPlacement::V1 {
                 memory: memory.join(run_id),
                 pids: pids.join(run_id),
                 cpu: cpu.as_ref().map(|p| p.join(run_id)),
                 cpuacct: cpuacct.as_ref().map(|p| p.join(run_id)),
             },
-            CgroupRoot::V2 { base } => CgroupPlacement::V2 { path: base.join(run_id) },
+            CgroupRoot::V2 { base } => CgroupPlacement::V2 {
+                path: base.join(run_id),
+            },
         }
     }
 
@@ -253,7 +287,12 @@ fn remove_when_empty(dir: &Path, wait: Duration) -> Result<(), CgroupError> {
         match fs::remove_dir(dir) {
             Ok(()) => return Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-            Err(e) if start.elapsed() >= wait => return Err(CgroupError::Io { path: dir.to_path_buf(), source: e }),
+            Err(e) if start.elapsed() >= wait => {
+                return Err(CgroupError::Io {
+                    path: dir.to_path_buf(),
+                    source: e,
+                })
+            }
             Err(_) => {
                 kill_all(dir);
                 std::thread::sleep(Duration::from_millis(2));
@@ -278,7 +317,9 @@ pub struct Usage {
 
 impl RunCgroup {
     pub fn create(placement: &CgroupPlacement, limits: &Limits) -> Result<Self, CgroupError> {
-        let cg = RunCgroup { placement: placement.clone() };
+        let cg = RunCgroup {
+            placement: placement.clone(),
+        };
         for dir in cg.dirs() {
             fs::create_dir(&dir).map_err(io_err(&dir))?;
         }
@@ -314,7 +355,12 @@ impl RunCgroup {
 
     fn dirs(&self) -> Vec<PathBuf> {
         match &self.placement {
-            CgroupPlacement::V1 { memory, pids, cpu, cpuacct } => {
+            CgroupPlacement::V1 {
+                memory,
+                pids,
+                cpu,
+                cpuacct,
+            } => {
                 let mut v = vec![memory.clone(), pids.clone()];
                 v.extend(cpu.iter().cloned());
                 v.extend(cpuacct.iter().cloned());
@@ -354,7 +400,11 @@ impl RunCgroup {
                 read_keyed(&path.join("memory.events"), "oom_kill").unwrap_or(0),
             ),
         };
-        Usage { cpu_time_ms: self.cpu_time_ms(), memory_peak_bytes, oom_killed: oom_kills > 0 }
+        Usage {
+            cpu_time_ms: self.cpu_time_ms(),
+            memory_peak_bytes,
+            oom_killed: oom_kills > 0,
+        }
     }
 
     /// Kills whatever is left and removes the cgroup directories.
@@ -396,7 +446,11 @@ mod tests {
     fn reads_keyed_values() {
         let dir = std::env::temp_dir().join(format!("sandcall-cg-test-{}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();
-        fs::write(dir.join("memory.oom_control"), "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n").unwrap();
+        fs::write(
+            dir.join("memory.oom_control"),
+            "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n",
+        )
+        .unwrap();
         assert_eq!(read_keyed(&dir.join("memory.oom_control"), "oom_kill"), Some(2));
         assert_eq!(read_keyed(&dir.join("memory.oom_control"), "missing"), None);
         fs::remove_dir_all(&dir).unwrap();

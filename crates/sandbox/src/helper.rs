@@ -53,7 +53,9 @@ pub fn run_helper() -> i32 {
         Ok(Some(p)) => p,
         Ok(None) => return 0,
         Err(e) => {
-            emit(&Event::Failed { message: format!("bad prepare message: {e}") });
+            emit(&Event::Failed {
+                message: format!("bad prepare message: {e}"),
+            });
             return 1;
         }
     };
@@ -62,7 +64,8 @@ pub fn run_helper() -> i32 {
 
     let mut sandbox = match Sandbox::build(&prepare) {
         Ok(sb) => sb,
-        Err((e, partial)) => {
+        Err(failed) => {
+            let (e, partial) = *failed;
             partial.teardown();
             emit(&Event::Failed { message: e });
             return 1;
@@ -78,7 +81,9 @@ pub fn run_helper() -> i32 {
         }
         Err(e) => {
             sandbox.teardown();
-            emit(&Event::Failed { message: format!("bad run message: {e}") });
+            emit(&Event::Failed {
+                message: format!("bad run message: {e}"),
+            });
             return 1;
         }
     };
@@ -184,11 +189,11 @@ impl Sandbox {
 
     /// The isolation sequence, in order. On failure, returns what was built so far so
     /// that it can be torn down.
-    fn build(prepare: &Prepare) -> Result<Self, (String, Self)> {
+    fn build(prepare: &Prepare) -> Result<Self, Box<(String, Self)>> {
         let mut sb = Sandbox::empty(prepare);
         match sb.build_steps(prepare) {
             Ok(()) => Ok(sb),
-            Err(e) => Err((e, sb)),
+            Err(e) => Err(Box::new((e, sb))),
         }
     }
 
@@ -196,13 +201,20 @@ impl Sandbox {
         // 1. A mount namespace of our own, private: the staging tmpfs mounts below are
         //    invisible to the host and disappear with this process, whatever happens.
         unshare(CloneFlags::CLONE_NEWNS).map_err(errstr("unshare mount namespace"))?;
-        mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
-            .map_err(errstr("make / private"))?;
+        mount(
+            None::<&str>,
+            "/",
+            None::<&str>,
+            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+            None::<&str>,
+        )
+        .map_err(errstr("make / private"))?;
 
         // 2. Staging: a small tmpfs for the code, and a size-limited tmpfs that becomes the
         //    working directory. Owned by the host uid the sandbox user maps to.
         fs::create_dir(&self.staging).map_err(|e| format!("create staging dir: {e}"))?;
-        fs::set_permissions(&self.staging, fs::Permissions::from_mode(0o700)).map_err(|e| format!("chmod staging: {e}"))?;
+        fs::set_permissions(&self.staging, fs::Permissions::from_mode(0o700))
+            .map_err(|e| format!("chmod staging: {e}"))?;
         let code_size = prepare.max_code_bytes + (1 << 20);
         mount(
             Some("tmpfs"),
@@ -233,7 +245,8 @@ impl Sandbox {
         )
         .map_err(errstr("mount workspace tmpfs"))?;
         self.work_mounted = true;
-        crate::mounts::prepare_skeleton(&self.staging.join("root"), &prepare.extra_runtime_paths).map_err(|e| e.to_string())?;
+        crate::mounts::prepare_skeleton(&self.staging.join("root"), &prepare.extra_runtime_paths)
+            .map_err(|e| e.to_string())?;
 
         // 3. The cgroup, with its limits set before any process joins it.
         self.cgroup = Some(RunCgroup::create(&prepare.cgroup, &prepare.limits).map_err(|e| e.to_string())?);
@@ -285,11 +298,17 @@ impl Sandbox {
         // 7. Identity: uid and gid 1000 inside map to the configured host ids. setgroups
         //    is denied first, as the kernel requires for unprivileged gid maps.
         let proc_dir = PathBuf::from(format!("/proc/{pid}"));
-        fs::write(proc_dir.join("uid_map"), format!("{SANDBOX_ID} {} 1\n", prepare.host_uid))
-            .map_err(|e| format!("write uid_map: {e}"))?;
+        fs::write(
+            proc_dir.join("uid_map"),
+            format!("{SANDBOX_ID} {} 1\n", prepare.host_uid),
+        )
+        .map_err(|e| format!("write uid_map: {e}"))?;
         fs::write(proc_dir.join("setgroups"), "deny").map_err(|e| format!("write setgroups: {e}"))?;
-        fs::write(proc_dir.join("gid_map"), format!("{SANDBOX_ID} {} 1\n", prepare.host_gid))
-            .map_err(|e| format!("write gid_map: {e}"))?;
+        fs::write(
+            proc_dir.join("gid_map"),
+            format!("{SANDBOX_ID} {} 1\n", prepare.host_gid),
+        )
+        .map_err(|e| format!("write gid_map: {e}"))?;
 
         // 8. Into the cgroup before init starts anything: every later process inherits it.
         if let Some(cg) = &self.cgroup {
@@ -337,10 +356,15 @@ impl Sandbox {
         fs::write(&code_path, &run.code).map_err(|e| format!("write code: {e}"))?;
         fs::set_permissions(&code_path, fs::Permissions::from_mode(0o644)).map_err(|e| format!("chmod code: {e}"))?;
 
-        let message = serde_json::to_vec(&InitRun { argv: run.argv.clone(), env: run.env.clone() })
-            .map_err(|e| e.to_string())?;
+        let message = serde_json::to_vec(&InitRun {
+            argv: run.argv.clone(),
+            env: run.env.clone(),
+        })
+        .map_err(|e| e.to_string())?;
         let to_init = self.to_init.take().ok_or("init pipe closed")?;
-        write_all(&to_init, &message).and_then(|()| write_all(&to_init, b"\n")).map_err(|e| format!("start program: {e}"))?;
+        write_all(&to_init, &message)
+            .and_then(|()| write_all(&to_init, b"\n"))
+            .map_err(|e| format!("start program: {e}"))?;
         drop(to_init);
 
         let start = Instant::now();
@@ -363,8 +387,10 @@ impl Sandbox {
             set_nonblocking(fd).map_err(|e| e.to_string())?;
         }
         let mut control_open = true;
-        let mut killed = false;
+        // When the program was seen to end (its exit reported, or init gone), and when
+        // the helper killed it; either starts the grace period for draining output.
         let mut ended_at: Option<Instant> = None;
+        let mut killed_at: Option<Instant> = None;
         let mut next_cpu_check = start + CPU_CHECK_EVERY;
         let mut chunk = vec![0u8; 64 * 1024];
 
@@ -374,18 +400,13 @@ impl Sandbox {
                 break;
             }
             let now = Instant::now();
-            if let Some(t) = ended_at {
-                if now >= t + DRAIN_GRACE {
-                    break;
-                }
+            let settled = ended_at.or(killed_at);
+            if settled.is_some_and(|t| now >= t + DRAIN_GRACE) {
+                break;
             }
             // Decide what to wait for, and for how long.
-            let mut wake = if killed || ended_at.is_some() {
-                ended_at.unwrap_or(now) + DRAIN_GRACE
-            } else {
-                deadline
-            };
-            if !killed && cpu_budget > 0 {
+            let mut wake = settled.map_or(deadline, |t| t + DRAIN_GRACE);
+            if settled.is_none() && cpu_budget > 0 {
                 wake = wake.min(next_cpu_check);
             }
             let mut fds = Vec::with_capacity(5);
@@ -393,8 +414,20 @@ impl Sandbox {
             add_poll(&mut slots, 0, stdout_r.as_ref(), PollFlags::POLLIN, &mut fds);
             add_poll(&mut slots, 1, stderr_r.as_ref(), PollFlags::POLLIN, &mut fds);
             add_poll(&mut slots, 2, stdin_w.as_ref(), PollFlags::POLLOUT, &mut fds);
-            add_poll(&mut slots, 3, self.from_init.as_ref().filter(|l| !l.eof).map(|l| &l.fd), PollFlags::POLLIN, &mut fds);
-            add_poll(&mut slots, 4, control_open.then_some(&control.fd), PollFlags::POLLIN, &mut fds);
+            add_poll(
+                &mut slots,
+                3,
+                self.from_init.as_ref().filter(|l| !l.eof).map(|l| &l.fd),
+                PollFlags::POLLIN,
+                &mut fds,
+            );
+            add_poll(
+                &mut slots,
+                4,
+                control_open.then_some(&control.fd),
+                PollFlags::POLLIN,
+                &mut fds,
+            );
             let ready = match poll(&mut fds, timeout_of(Some(wake.saturating_duration_since(now)))) {
                 Ok(n) => n,
                 Err(nix::errno::Errno::EINTR) => continue,
@@ -455,38 +488,39 @@ impl Sandbox {
                     let _ = control.fill();
                     if control.eof {
                         control_open = false;
-                        if !killed && ended_at.is_none() {
+                        if killed_at.is_none() && ended_at.is_none() {
                             result.aborted = true;
                             self.kill_init();
-                            killed = true;
-                            ended_at = Some(Instant::now());
+                            killed_at = Some(Instant::now());
                         }
                     }
                 }
             }
 
             let now = Instant::now();
-            if !killed && ended_at.is_none() {
+            if killed_at.is_none() && ended_at.is_none() {
                 if now >= deadline {
                     result.timed_out = true;
                     self.kill_init();
-                    killed = true;
-                    ended_at = Some(deadline);
+                    killed_at = Some(now);
                 } else if cpu_budget > 0 && now >= next_cpu_check {
                     next_cpu_check = now + CPU_CHECK_EVERY;
                     if self.cgroup.as_ref().is_some_and(|c| c.cpu_time_ms() > cpu_budget) {
                         result.cpu_limit_exceeded = true;
                         self.kill_init();
-                        killed = true;
-                        ended_at = Some(now);
+                        killed_at = Some(now);
                     }
                 }
             }
         }
-        if killed && result.exit_code.is_none() && result.signal.is_none() {
+        if killed_at.is_some() && result.exit_code.is_none() && result.signal.is_none() {
             result.signal = Some("SIGKILL".into());
         }
-        result.wall_time_ms = ended_at.unwrap_or_else(Instant::now).saturating_duration_since(start).as_millis() as u64;
+        // Wall time runs until the program was seen gone, so a late kill shows.
+        result.wall_time_ms = ended_at
+            .unwrap_or_else(Instant::now)
+            .saturating_duration_since(start)
+            .as_millis() as u64;
         result.stdout = out.text();
         result.stderr = err.text();
         result.stdout_truncated = out.truncated;
@@ -531,7 +565,13 @@ impl Sandbox {
 }
 
 /// Adds `fd` to a poll set and remembers at which index it sits.
-fn add_poll<'a>(slots: &mut [usize; 5], slot: usize, fd: Option<&'a OwnedFd>, flags: PollFlags, fds: &mut Vec<PollFd<'a>>) {
+fn add_poll<'a>(
+    slots: &mut [usize; 5],
+    slot: usize,
+    fd: Option<&'a OwnedFd>,
+    flags: PollFlags,
+    fds: &mut Vec<PollFd<'a>>,
+) {
     if let Some(fd) = fd {
         slots[slot] = fds.len();
         fds.push(PollFd::new(fd.as_fd(), flags));
@@ -539,7 +579,9 @@ fn add_poll<'a>(slots: &mut [usize; 5], slot: usize, fd: Option<&'a OwnedFd>, fl
 }
 
 pub(crate) fn signal_name(signal: i32) -> String {
-    Signal::try_from(signal).map(|s| s.as_str().to_owned()).unwrap_or_else(|_| format!("SIG{signal}"))
+    Signal::try_from(signal)
+        .map(|s| s.as_str().to_owned())
+        .unwrap_or_else(|_| format!("SIG{signal}"))
 }
 
 /// The sandbox's init: pid 1 of the new pid namespace.
@@ -568,6 +610,16 @@ fn init_main(ctx: &InitContext) -> isize {
 }
 
 fn init_setup(ctx: &InitContext, commands: &mut Lines) -> Result<Option<InitRun>, String> {
+    // clone(2) copied every descriptor of the helper, its ends of the pipes included;
+    // holding those would keep the program's stdin from ever reaching end of file.
+    close_all_except(&[
+        2,
+        ctx.to_init_r,
+        ctx.from_init_w,
+        ctx.stdin_r,
+        ctx.stdout_w,
+        ctx.stderr_w,
+    ])?;
     // If the helper dies, init dies, and the kernel kills the rest of the namespace.
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(errstr("pdeathsig"))?;
     // Wait until the helper has written the id maps and placed us in the cgroup.
@@ -609,7 +661,9 @@ fn init_setup(ctx: &InitContext, commands: &mut Lines) -> Result<Option<InitRun>
 
     // The warm-sandbox seam: everything above can happen before a request arrives.
     match commands.read_line() {
-        Ok(Some(line)) => serde_json::from_slice(&line).map(Some).map_err(|e| format!("bad run message: {e}")),
+        Ok(Some(line)) => serde_json::from_slice(&line)
+            .map(Some)
+            .map_err(|e| format!("bad run message: {e}")),
         _ => Ok(None),
     }
 }
@@ -643,7 +697,9 @@ fn init_run(ctx: &InitContext, run: InitRun) -> InitReport {
                 }
             }
         }
-        Err(e) => InitReport::SetupFailed { message: format!("fork: {e}") },
+        Err(e) => InitReport::SetupFailed {
+            message: format!("fork: {e}"),
+        },
     }
 }
 
@@ -664,15 +720,18 @@ fn exec_program_steps(ctx: &InitContext, run: &InitRun) -> Result<Never, String>
         nix::unistd::dup2(from, to).map_err(errstr("dup2"))?;
     }
     // Every other descriptor goes: the program gets stdio and nothing else.
-    // SAFETY: plain syscall; closes fds 3.. of this process only.
-    if unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) } != 0 {
-        return Err(format!("close_range: {}", io::Error::last_os_error()));
-    }
+    close_all_except(&[0, 1, 2])?;
     reset_signals();
     set_rlimits(ctx.limits)?;
     // Capabilities last among the privileged steps: the bounding set can only be
     // cleared while CAP_SETPCAP is still held.
-    for set in [caps::CapSet::Bounding, caps::CapSet::Ambient, caps::CapSet::Inheritable, caps::CapSet::Effective, caps::CapSet::Permitted] {
+    for set in [
+        caps::CapSet::Bounding,
+        caps::CapSet::Ambient,
+        caps::CapSet::Inheritable,
+        caps::CapSet::Effective,
+        caps::CapSet::Permitted,
+    ] {
         caps::clear(None, set).map_err(|e| format!("drop capabilities ({set:?}): {e}"))?;
     }
     // no_new_privs: setuid binaries and file capabilities give nothing; it is also what
@@ -682,12 +741,33 @@ fn exec_program_steps(ctx: &InitContext, run: &InitRun) -> Result<Never, String>
     // calls happen, all of them under the filter.
     ctx.policy.apply().map_err(|e| e.to_string())?;
     let argv: Vec<CString> = run.argv.iter().map(|a| cstring(a)).collect::<Result<_, _>>()?;
-    let env: Vec<CString> = run.env.iter().map(|(k, v)| cstring(&format!("{k}={v}"))).collect::<Result<_, _>>()?;
+    let env: Vec<CString> = run
+        .env
+        .iter()
+        .map(|(k, v)| cstring(&format!("{k}={v}")))
+        .collect::<Result<_, _>>()?;
     let path = argv.first().ok_or("empty argv")?;
     match nix::unistd::execve(path, &argv, &env) {
         Err(e) => Err(format!("execve {}: {e}", run.argv[0])),
         Ok(never) => match never {},
     }
+}
+
+/// Closes every descriptor of this process but `keep`.
+fn close_all_except(keep: &[RawFd]) -> Result<(), String> {
+    let mut keep: Vec<u32> = keep.iter().map(|&fd| fd as u32).collect();
+    keep.sort_unstable();
+    let mut from = 0u32;
+    for fd in keep.into_iter().chain(std::iter::once(u32::MAX)) {
+        if fd > from {
+            // SAFETY: plain syscall on this process's own descriptor table.
+            if unsafe { libc::syscall(libc::SYS_close_range, from, fd - 1, 0u32) } != 0 {
+                return Err(format!("close_range: {}", io::Error::last_os_error()));
+            }
+        }
+        from = fd.saturating_add(1);
+    }
+    Ok(())
 }
 
 fn cstring(s: &str) -> Result<CString, String> {

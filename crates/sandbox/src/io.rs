@@ -38,7 +38,9 @@ pub(crate) fn timeout_of(d: Option<Duration>) -> PollTimeout {
     match d {
         None => PollTimeout::NONE,
         // Round up so that a wait never ends a fraction of a millisecond early.
-        Some(d) => PollTimeout::try_from(d.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32).unwrap_or(PollTimeout::MAX),
+        Some(d) => {
+            PollTimeout::try_from(d.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32).unwrap_or(PollTimeout::MAX)
+        }
     }
 }
 
@@ -67,7 +69,11 @@ const MAX_LINE: usize = 64 << 20;
 
 impl Lines {
     pub(crate) fn new(fd: OwnedFd) -> Self {
-        Lines { fd, buf: Vec::new(), eof: false }
+        Lines {
+            fd,
+            buf: Vec::new(),
+            eof: false,
+        }
     }
 
     /// Reads once (the fd is readable or blocking). Returns false at end of file.

@@ -12,7 +12,15 @@ use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// Host files a runtime needs from /etc, bound read-only when present.
-const ETC_FILES: &[&str] = &["ld.so.cache", "ld.so.conf", "localtime", "nsswitch.conf", "mime.types", "protocols", "services"];
+const ETC_FILES: &[&str] = &[
+    "ld.so.cache",
+    "ld.so.conf",
+    "localtime",
+    "nsswitch.conf",
+    "mime.types",
+    "protocols",
+    "services",
+];
 
 /// Top-level host paths of the runtime: real directories are bound read-only, symlinks
 /// (merged /usr) are recreated as the same symlinks.
@@ -29,7 +37,10 @@ pub struct MountError {
 }
 
 fn step<T, E: Into<std::io::Error>>(what: impl FnOnce() -> String, r: Result<T, E>) -> Result<T, MountError> {
-    r.map_err(|e| MountError { step: what(), source: e.into() })
+    r.map_err(|e| MountError {
+        step: what(),
+        source: e.into(),
+    })
 }
 
 fn errno(e: nix::Error) -> std::io::Error {
@@ -50,7 +61,14 @@ pub struct RootSpec<'a> {
 fn tmpfs(target: &Path, options: &str) -> Result<(), MountError> {
     step(
         || format!("mount tmpfs on {}", target.display()),
-        mount(Some("tmpfs"), target, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some(options)).map_err(errno),
+        mount(
+            Some("tmpfs"),
+            target,
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some(options),
+        )
+        .map_err(errno),
     )
 }
 
@@ -63,8 +81,13 @@ fn bind_ro(source: &Path, target: &Path) -> Result<(), MountError> {
 /// Makes the mount at `target` read-only, nosuid and nodev. The remount must repeat the
 /// flags the kernel locked on it (noexec, atime) or it is refused in a user namespace.
 fn remount_ro(target: &Path) -> Result<(), MountError> {
-    let existing = step(|| format!("statvfs {}", target.display()), statvfs(target).map_err(errno))?.flags();
-    let mut flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    let existing = step(
+        || format!("statvfs {}", target.display()),
+        statvfs(target).map_err(errno),
+    )?
+    .flags();
+    let mut flags =
+        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
     for (st, ms) in [
         (FsFlags::ST_NOEXEC, MsFlags::MS_NOEXEC),
         (FsFlags::ST_NOATIME, MsFlags::MS_NOATIME),
@@ -90,7 +113,10 @@ fn bind_rw(source: &Path, target: &Path) -> Result<(), MountError> {
 
 fn mkdir(path: &Path, mode: u32) -> Result<(), MountError> {
     step(|| format!("mkdir {}", path.display()), fs::create_dir_all(path))?;
-    step(|| format!("chmod {}", path.display()), fs::set_permissions(path, fs::Permissions::from_mode(mode)))
+    step(
+        || format!("chmod {}", path.display()),
+        fs::set_permissions(path, fs::Permissions::from_mode(mode)),
+    )
 }
 
 fn touch(path: &Path) -> Result<(), MountError> {
@@ -99,7 +125,7 @@ fn touch(path: &Path) -> Result<(), MountError> {
 
 /// What the sandbox's /etc/passwd and friends say: the sandbox user and no host account.
 const ETC_WRITTEN: [(&str, &str); 4] = [
-    ("passwd", "root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:1000:1000:sandbox:/mnt/data:/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"),
+    ("passwd", "root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:1000:1000:sandbox:/tmp:/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"),
     ("group", "root:x:0:\nsandbox:x:1000:\nnogroup:x:65534:\n"),
     ("hostname", "sandcall\n"),
     ("hosts", "127.0.0.1 localhost sandcall\n::1 localhost\n"),
@@ -113,7 +139,9 @@ const ETC_WRITTEN: [(&str, &str); 4] = [
 pub fn prepare_skeleton(root: &Path, extra_runtime_paths: &[PathBuf]) -> Result<(), MountError> {
     for name in RUNTIME_TOP {
         let host = Path::new("/").join(name);
-        let Ok(meta) = fs::symlink_metadata(&host) else { continue };
+        let Ok(meta) = fs::symlink_metadata(&host) else {
+            continue;
+        };
         let target = root.join(name);
         if meta.file_type().is_symlink() {
             let link = step(|| format!("readlink {}", host.display()), fs::read_link(&host))?;
@@ -150,10 +178,21 @@ pub fn prepare_skeleton(root: &Path, extra_runtime_paths: &[PathBuf]) -> Result<
             touch(&dev.join(name))?;
         }
     }
-    for (link, target) in [("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")] {
+    for (link, target) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
         step(|| format!("symlink /dev/{link}"), symlink(target, dev.join(link)))?;
     }
-    for (dir, mode) in [("dev/shm", 0o1777), ("tmp", 0o1777), ("mnt/data", 0o755), ("run/sandcall", 0o755), ("proc", 0o555)] {
+    for (dir, mode) in [
+        ("dev/shm", 0o1777),
+        ("tmp", 0o1777),
+        ("mnt/data", 0o755),
+        ("run/sandcall", 0o755),
+        ("proc", 0o555),
+    ] {
         mkdir(&root.join(dir), mode)?;
     }
     Ok(())
@@ -171,7 +210,14 @@ pub fn build_root(spec: &RootSpec) -> Result<(), MountError> {
     // Nothing done below may propagate back to the host's mount namespace.
     step(
         || "make / private".into(),
-        mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>).map_err(errno),
+        mount(
+            None::<&str>,
+            "/",
+            None::<&str>,
+            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+            None::<&str>,
+        )
+        .map_err(errno),
     )?;
     // pivot_root needs the new root to be a mount point of its own.
     bind_rw(root, root)?;
@@ -228,7 +274,10 @@ pub fn build_root(spec: &RootSpec) -> Result<(), MountError> {
     // path leads back to the host's tree.
     step(|| "chdir new root".into(), chdir(root).map_err(errno))?;
     step(|| "pivot_root".into(), pivot_root(".", ".").map_err(errno))?;
-    step(|| "detach old root".into(), umount2(".", MntFlags::MNT_DETACH).map_err(errno))?;
+    step(
+        || "detach old root".into(),
+        umount2(".", MntFlags::MNT_DETACH).map_err(errno),
+    )?;
     step(|| "chdir /mnt/data".into(), chdir("/mnt/data").map_err(errno))?;
     Ok(())
 }

@@ -25,14 +25,16 @@ pub struct Policy {
 impl Policy {
     pub fn compile() -> Result<Self, SeccompError> {
         let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|e| SeccompError::Compile(format!("{e:?}")))?;
-        let mut map =
-            seccompiler::compile_from_json(POLICY.as_bytes(), arch).map_err(|e| SeccompError::Compile(e.to_string()))?;
+        let mut map = seccompiler::compile_from_json(POLICY.as_bytes(), arch)
+            .map_err(|e| SeccompError::Compile(e.to_string()))?;
         let mut filters = Vec::new();
         if arch == TargetArch::x86_64 {
             filters.push(refuse_x32());
         }
         for name in ["refuse_eperm", "refuse_enosys"] {
-            let prog = map.remove(name).ok_or_else(|| SeccompError::Compile(format!("filter {name} missing")))?;
+            let prog = map
+                .remove(name)
+                .ok_or_else(|| SeccompError::Compile(format!("filter {name} missing")))?;
             filters.push(prog);
         }
         Ok(Policy { filters })
@@ -60,10 +62,30 @@ fn refuse_x32() -> BpfProgram {
     const RET_ERRNO_ENOSYS: u32 = 0x0005_0000 | libc::ENOSYS as u32;
     const RET_ALLOW: u32 = 0x7fff_0000;
     vec![
-        sock_filter { code: LD_W_ABS, jt: 0, jf: 0, k: 0 }, // seccomp_data.nr
-        sock_filter { code: JGE_K, jt: 0, jf: 1, k: X32_BIT },
-        sock_filter { code: RET_K, jt: 0, jf: 0, k: RET_ERRNO_ENOSYS },
-        sock_filter { code: RET_K, jt: 0, jf: 0, k: RET_ALLOW },
+        sock_filter {
+            code: LD_W_ABS,
+            jt: 0,
+            jf: 0,
+            k: 0,
+        }, // seccomp_data.nr
+        sock_filter {
+            code: JGE_K,
+            jt: 0,
+            jf: 1,
+            k: X32_BIT,
+        },
+        sock_filter {
+            code: RET_K,
+            jt: 0,
+            jf: 0,
+            k: RET_ERRNO_ENOSYS,
+        },
+        sock_filter {
+            code: RET_K,
+            jt: 0,
+            jf: 0,
+            k: RET_ALLOW,
+        },
     ]
 }
 
@@ -75,8 +97,23 @@ mod tests {
     fn policy_compiles_and_lists_the_refused_calls() {
         let policy = Policy::compile().expect("policy compiles");
         assert_eq!(policy.filters.len(), if cfg!(target_arch = "x86_64") { 3 } else { 2 });
-        for name in ["ptrace", "mount", "unshare", "setns", "keyctl", "bpf", "io_uring_setup", "perf_event_open", "userfaultfd", "init_module", "settimeofday"] {
-            assert!(POLICY.contains(&format!("\"syscall\": \"{name}\"")), "{name} is refused");
+        for name in [
+            "ptrace",
+            "mount",
+            "unshare",
+            "setns",
+            "keyctl",
+            "bpf",
+            "io_uring_setup",
+            "perf_event_open",
+            "userfaultfd",
+            "init_module",
+            "settimeofday",
+        ] {
+            assert!(
+                POLICY.contains(&format!("\"syscall\": \"{name}\"")),
+                "{name} is refused"
+            );
         }
     }
 
@@ -90,7 +127,11 @@ mod tests {
                 let ok = nix::sys::prctl::set_no_new_privs().is_ok() && policy.apply().is_ok();
                 let unshare = unsafe { libc::unshare(libc::CLONE_NEWUTS) };
                 let errno = std::io::Error::last_os_error().raw_os_error();
-                let code = if ok && unshare == -1 && errno == Some(libc::EPERM) { 0 } else { 1 };
+                let code = if ok && unshare == -1 && errno == Some(libc::EPERM) {
+                    0
+                } else {
+                    1
+                };
                 unsafe { libc::_exit(code) };
             }
             nix::unistd::ForkResult::Parent { child } => {

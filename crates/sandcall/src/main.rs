@@ -6,7 +6,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "sandcall", version, about = "Runs untrusted Python and Bash programs for AI applications")]
+#[command(
+    name = "sandcall",
+    version,
+    about = "Runs untrusted Python and Bash programs for AI applications"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -47,9 +51,7 @@ fn main() -> ExitCode {
 
 fn run_async(fut: impl std::future::Future<Output = anyhow::Result<ExitCode>>) -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SANDCALL_LOG").unwrap_or_else(|_| "info".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("SANDCALL_LOG").unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
@@ -69,8 +71,14 @@ fn run_async(fut: impl std::future::Future<Output = anyhow::Result<ExitCode>>) -
 }
 
 fn load(args: &ServeArgs) -> anyhow::Result<sandcall_server::config::Config> {
-    let overrides = sandcall_server::config::Overrides { listen: args.listen.clone(), data_dir: args.data_dir.clone() };
-    Ok(sandcall_server::config::Config::load(args.config.as_deref(), &overrides)?)
+    let overrides = sandcall_server::config::Overrides {
+        listen: args.listen.clone(),
+        data_dir: args.data_dir.clone(),
+    };
+    Ok(sandcall_server::config::Config::load(
+        args.config.as_deref(),
+        &overrides,
+    )?)
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
@@ -83,5 +91,9 @@ async fn doctor(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let config = load(&args)?;
     let report = sandcall_server::doctor::run(&config).await;
     print!("{}", report.render());
-    Ok(if report.all_passed() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if report.all_passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }

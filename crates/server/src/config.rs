@@ -20,11 +20,12 @@ pub struct Config {
     pub max_concurrent_runs: usize,
     /// Runs waiting for a slot; beyond this a request gets 503 `at_capacity`.
     /// Default: `max_concurrent_runs` × 4.
-    pub max_queued_runs: usize,
+    pub max_queued_runs: Option<usize>,
     /// Longest wait for a slot, in ms, before 503 `at_capacity`. Default 10000.
     pub queue_timeout_ms: u64,
-    /// Wall-clock budget of a run when the request names none, in ms. Default 300000.
-    pub run_timeout_ms: u64,
+    /// Wall-clock budget of a run when the request names none, in ms. Default:
+    /// `max_run_timeout_ms`.
+    pub run_timeout_ms: Option<u64>,
     /// Most wall-clock time a request may ask for, in ms. Default 300000.
     pub max_run_timeout_ms: u64,
     /// Largest `code`, in bytes. Default 1048576 (1 MiB).
@@ -90,9 +91,9 @@ impl Default for Config {
             listen: "127.0.0.1:3112".into(),
             data_dir: PathBuf::from("./sandcall-data"),
             max_concurrent_runs: cores() * 4,
-            max_queued_runs: cores() * 16,
+            max_queued_runs: None,
             queue_timeout_ms: 10_000,
-            run_timeout_ms: 300_000,
+            run_timeout_ms: None,
             max_run_timeout_ms: 300_000,
             max_code_bytes: 1 << 20,
             max_stdin_bytes: 1 << 20,
@@ -146,16 +147,21 @@ impl Config {
         let mut figment = Figment::from(Serialized::defaults(Config::default()));
         if let Some(file) = file {
             if !file.exists() {
-                return Err(ConfigError::Invalid(format!("config file {} does not exist", file.display())));
+                return Err(ConfigError::Invalid(format!(
+                    "config file {} does not exist",
+                    file.display()
+                )));
             }
             figment = figment.merge(Toml::file(file));
         }
         let keys = known_keys();
-        figment = figment.merge(
-            Env::prefixed("SANDCALL_")
-                .split("__")
-                .filter(move |k| keys.iter().any(|known| k.as_str().split('.').next() == Some(known.as_str()))),
-        );
+        // The filter sees the variable's name without the prefix, as written
+        // (CEILINGS__MEMORY_LIMIT_MB), before `split` turns `__` into nesting.
+        let env = Env::prefixed("SANDCALL_").filter(move |k| {
+            let top = k.as_str().split("__").next().unwrap_or("");
+            keys.iter().any(|known| known.eq_ignore_ascii_case(top))
+        });
+        figment = figment.merge(env.split("__"));
         if let Some(listen) = &overrides.listen {
             figment = figment.merge(Serialized::default("listen", listen));
         }
@@ -175,11 +181,17 @@ impl Config {
         if self.max_concurrent_runs == 0 {
             return bad("max_concurrent_runs must be at least 1".into());
         }
-        if self.run_timeout_ms == 0 || self.run_timeout_ms > self.max_run_timeout_ms {
+        if self.max_run_timeout_ms == 0 {
+            return bad("max_run_timeout_ms must be above 0".into());
+        }
+        if self
+            .run_timeout_ms
+            .is_some_and(|t| t == 0 || t > self.max_run_timeout_ms)
+        {
             return bad("run_timeout_ms must be between 1 and max_run_timeout_ms".into());
         }
         if !(self.cpus > 0.0 && self.cpus <= 1024.0) {
-            return bad("cpus must be above 0".into());
+            return bad("cpus must be above 0 and at most 1024".into());
         }
         for (name, value) in [
             ("memory_limit_mb", self.memory_limit_mb),
@@ -217,10 +229,23 @@ impl Config {
         }
         for p in &self.extra_runtime_paths {
             if !p.is_absolute() || p.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
-                return bad(format!("extra_runtime_paths entry {} must be absolute, without ..", p.display()));
+                return bad(format!(
+                    "extra_runtime_paths entry {} must be absolute, without ..",
+                    p.display()
+                ));
             }
         }
         Ok(())
+    }
+
+    /// The default wall-clock budget of a run, in ms.
+    pub fn default_run_timeout_ms(&self) -> u64 {
+        self.run_timeout_ms.unwrap_or(self.max_run_timeout_ms)
+    }
+
+    /// How many runs may wait for a slot.
+    pub fn queue_length(&self) -> usize {
+        self.max_queued_runs.unwrap_or(self.max_concurrent_runs * 4)
     }
 
     /// The request body limit: code and stdin at their maxima, plus room for the rest.
@@ -249,25 +274,42 @@ mod tests {
     fn every_key_is_documented() {
         let doc = include_str!("../../../docs/configuration.md");
         for key in known_keys() {
-            assert!(doc.contains(&format!("`{key}`")), "docs/configuration.md does not describe `{key}`");
+            assert!(
+                doc.contains(&format!("`{key}`")),
+                "docs/configuration.md does not describe `{key}`"
+            );
         }
         let ceilings = serde_json::to_value(Ceilings::default()).unwrap();
         for key in ceilings.as_object().unwrap().keys() {
-            assert!(doc.contains(&format!("`ceilings.{key}`")), "docs/configuration.md does not describe `ceilings.{key}`");
+            assert!(
+                doc.contains(&format!("`ceilings.{key}`")),
+                "docs/configuration.md does not describe `ceilings.{key}`"
+            );
         }
     }
 
     #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail closure signature
     fn file_then_env_then_flags() {
         let dir = std::env::temp_dir().join(format!("sandcall-config-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("c.toml");
-        std::fs::write(&file, "memory_limit_mb = 256\nmax_processes = 64\nlisten = \"127.0.0.1:9\"\n[ceilings]\nmemory_limit_mb = 1024\n").unwrap();
+        std::fs::write(
+            &file,
+            "memory_limit_mb = 256\nmax_processes = 64\nlisten = \"127.0.0.1:9\"\n[ceilings]\nmemory_limit_mb = 1024\n",
+        )
+        .unwrap();
         figment::Jail::expect_with(|jail| {
             jail.set_env("SANDCALL_MAX_PROCESSES", "32");
             jail.set_env("SANDCALL_LOG", "debug");
-            let c = Config::load(Some(&file), &Overrides { listen: Some("127.0.0.1:7".into()), data_dir: None })
-                .map_err(|e| e.to_string())?;
+            let c = Config::load(
+                Some(&file),
+                &Overrides {
+                    listen: Some("127.0.0.1:7".into()),
+                    data_dir: None,
+                },
+            )
+            .map_err(|e| e.to_string())?;
             assert_eq!(c.memory_limit_mb, 256);
             assert_eq!(c.max_processes, 32);
             assert_eq!(c.listen, "127.0.0.1:7");
@@ -283,9 +325,26 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("c.toml");
         std::fs::write(&file, "memory_limt_mb = 256\n").unwrap();
-        let err = Config::load(Some(&file), &Overrides::default()).unwrap_err().to_string();
+        let err = Config::load(Some(&file), &Overrides::default())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("memory_limt_mb"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn lowering_the_timeout_ceiling_alone_lowers_the_default() {
+        let c = Config {
+            max_run_timeout_ms: 1000,
+            ..Config::default()
+        };
+        assert!(c.validate().is_ok());
+        assert_eq!(c.default_run_timeout_ms(), 1000);
+        let c = Config {
+            max_concurrent_runs: 3,
+            ..Config::default()
+        };
+        assert_eq!(c.queue_length(), 12);
     }
 
     #[test]

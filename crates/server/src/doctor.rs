@@ -2,7 +2,7 @@
 
 use crate::config::Config;
 use crate::host;
-use crate::runner::{Runner, RunnerSettings, RunSpec};
+use crate::runner::{RunSpec, Runner, RunnerSettings};
 use crate::runtime;
 use sandcall_api::Language;
 use std::fmt::Write as _;
@@ -37,7 +37,12 @@ impl Report {
     }
 
     pub fn failures(&self) -> String {
-        self.checks.iter().filter(|c| !c.ok).map(|c| format!("{}: {} (fix: {})", c.name, c.detail, c.fix)).collect::<Vec<_>>().join("; ")
+        self.checks
+            .iter()
+            .filter(|c| !c.ok)
+            .map(|c| format!("{}: {} (fix: {})", c.name, c.detail, c.fix))
+            .collect::<Vec<_>>()
+            .join("; ")
     }
 }
 
@@ -53,11 +58,17 @@ fn check_userns() -> Check {
     let (ok, detail) = if max == Some(0) {
         (false, "user.max_user_namespaces is 0".to_string())
     } else if !root && unpriv == Some(0) {
-        (false, "kernel.unprivileged_userns_clone is 0 and sandcall is not root".to_string())
+        (
+            false,
+            "kernel.unprivileged_userns_clone is 0 and sandcall is not root".to_string(),
+        )
     } else if !root && apparmor == Some(1) {
         (false, "AppArmor restricts unprivileged user namespaces".to_string())
     } else {
-        (true, format!("available ({})", if root { "running as root" } else { "unprivileged" }))
+        (
+            true,
+            format!("available ({})", if root { "running as root" } else { "unprivileged" }),
+        )
     };
     Check {
         name: "user namespaces",
@@ -75,16 +86,27 @@ fn check_seccomp() -> Check {
         (true, Err(e)) => (false, e.to_string()),
         (true, Ok(_)) => (true, "filter compiles and the kernel supports seccomp".to_string()),
     };
-    Check { name: "seccomp", ok, detail, fix: "use a kernel built with CONFIG_SECCOMP_FILTER=y" }
+    Check {
+        name: "seccomp",
+        ok,
+        detail,
+        fix: "use a kernel built with CONFIG_SECCOMP_FILTER=y",
+    }
 }
 
 fn check_interpreter(name: &'static str, path: &Path) -> Check {
     use std::os::unix::fs::PermissionsExt;
-    let ok = fs::metadata(path).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false);
+    let ok = fs::metadata(path)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false);
     Check {
         name,
         ok,
-        detail: if ok { format!("{}", path.display()) } else { format!("{} is missing or not executable", path.display()) },
+        detail: if ok {
+            format!("{}", path.display())
+        } else {
+            format!("{} is missing or not executable", path.display())
+        },
         fix: "install it (apt-get install python3 bash) or set `python` / `bash` in the config to its absolute path",
     }
 }
@@ -104,7 +126,10 @@ pub async fn run(config: &Config) -> Report {
         },
         fix: "make `data_dir` point to a directory sandcall can create and write",
     });
-    let cgroups = data_dir.as_ref().map_err(Clone::clone).and_then(|d| host::cgroups(config, d));
+    let cgroups = data_dir
+        .as_ref()
+        .map_err(Clone::clone)
+        .and_then(|d| host::cgroups(config, d));
     checks.push(Check {
         name: "cgroups",
         ok: cgroups.is_ok(),
@@ -125,7 +150,14 @@ async fn trial_run(config: &Config) -> Check {
     let fix = "run `sandcall doctor` as the same user as the server and read the detail above; SANDCALL_LOG=debug shows the helper's errors";
     let host = match host::prepare(config) {
         Ok(h) => h,
-        Err(e) => return Check { name: "sandbox trial run", ok: false, detail: e, fix },
+        Err(e) => {
+            return Check {
+                name: "sandbox trial run",
+                ok: false,
+                detail: e,
+                fix,
+            }
+        }
     };
     let (_tx, rx) = tokio::sync::watch::channel(false);
     let runner = match std::env::current_exe() {
@@ -141,14 +173,35 @@ async fn trial_run(config: &Config) -> Check {
             },
             rx,
         ),
-        Err(e) => return Check { name: "sandbox trial run", ok: false, detail: format!("current_exe: {e}"), fix },
+        Err(e) => {
+            return Check {
+                name: "sandbox trial run",
+                ok: false,
+                detail: format!("current_exe: {e}"),
+                fix,
+            }
+        }
     };
-    for (language, code, expected) in [(Language::Bash, "echo sandcall-ok", "sandcall-ok\n"), (Language::Python, "print(6 * 7)", "42\n")] {
-        let interpreter = if language == Language::Python { &config.python } else { &config.bash };
+    for (language, code, expected) in [
+        (Language::Bash, "echo sandcall-ok", "sandcall-ok\n"),
+        (Language::Python, "print(6 * 7)", "42\n"),
+    ] {
+        let interpreter = if language == Language::Python {
+            &config.python
+        } else {
+            &config.bash
+        };
         let launch = runtime::launch(language, interpreter, &[]);
         let limits = match crate::exec::resolve_limits(config, None) {
             Ok(l) => l,
-            Err(e) => return Check { name: "sandbox trial run", ok: false, detail: e.message, fix },
+            Err(e) => {
+                return Check {
+                    name: "sandbox trial run",
+                    ok: false,
+                    detail: e.message,
+                    fix,
+                }
+            }
         };
         let spec = RunSpec {
             run_id: crate::ids::new_id(),
@@ -160,18 +213,33 @@ async fn trial_run(config: &Config) -> Check {
             timeout_ms: 20_000,
             limits,
         };
-        match runner.run(spec).await {
+        match runner.run(spec, ()).await {
             Ok(r) if r.stdout == expected && r.exit_code == Some(0) => {}
             Ok(r) => {
                 return Check {
                     name: "sandbox trial run",
                     ok: false,
-                    detail: format!("{language:?} printed {:?}, stderr {:?}, exit {:?}, signal {:?}", r.stdout, r.stderr, r.exit_code, r.signal),
+                    detail: format!(
+                        "{language:?} printed {:?}, stderr {:?}, exit {:?}, signal {:?}",
+                        r.stdout, r.stderr, r.exit_code, r.signal
+                    ),
                     fix,
                 }
             }
-            Err(e) => return Check { name: "sandbox trial run", ok: false, detail: e.to_string(), fix },
+            Err(e) => {
+                return Check {
+                    name: "sandbox trial run",
+                    ok: false,
+                    detail: e.to_string(),
+                    fix,
+                }
+            }
         }
     }
-    Check { name: "sandbox trial run", ok: true, detail: "python and bash ran in a sandbox".into(), fix }
+    Check {
+        name: "sandbox trial run",
+        ok: true,
+        detail: "python and bash ran in a sandbox".into(),
+        fix,
+    }
 }

@@ -16,7 +16,12 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(status: StatusCode, error_type: &'static str, message: impl Into<String>) -> Self {
-        ApiError { status, error_type, message: message.into(), retry_after_s: None }
+        ApiError {
+            status,
+            error_type,
+            message: message.into(),
+            retry_after_s: None,
+        }
     }
 
     pub fn bad_request(message: impl Into<String>) -> Self {
@@ -41,13 +46,20 @@ impl ApiError {
     /// An internal failure: logged in full here, answered without detail.
     pub fn internal(error_type: &'static str, detail: &str) -> Self {
         tracing::error!(error_type, detail, "internal error");
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, error_type, "the server could not complete the request")
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            error_type,
+            "the server could not complete the request",
+        )
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = ErrorBody { error: self.message, error_type: self.error_type.to_string() };
+        let body = ErrorBody {
+            error: self.message,
+            error_type: self.error_type.to_string(),
+        };
         let mut response = (self.status, axum::Json(body)).into_response();
         if let Some(s) = self.retry_after_s {
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(s));

@@ -39,22 +39,37 @@ pub fn parse_exec(req: ExecRequest, config: &Config) -> Result<ExecCommand, ApiE
         return Err(ApiError::bad_request("`code` is empty"));
     }
     if code.len() as u64 > config.max_code_bytes {
-        return Err(ApiError::too_large(format!("`code` is larger than {} bytes", config.max_code_bytes)));
+        return Err(ApiError::too_large(format!(
+            "`code` is larger than {} bytes",
+            config.max_code_bytes
+        )));
     }
     let stdin = req.stdin.unwrap_or_default();
     if stdin.len() as u64 > config.max_stdin_bytes {
-        return Err(ApiError::too_large(format!("`stdin` is larger than {} bytes", config.max_stdin_bytes)));
+        return Err(ApiError::too_large(format!(
+            "`stdin` is larger than {} bytes",
+            config.max_stdin_bytes
+        )));
     }
     let args = req.args.unwrap_or_default();
     if args.iter().any(|a| a.contains('\0')) {
         return Err(ApiError::bad_request("`args` may not contain NUL bytes"));
     }
     if req.files.as_ref().is_some_and(|f| !f.is_empty()) {
-        return Err(ApiError::bad_request("input `files` are not supported by this server version"));
+        return Err(ApiError::bad_request(
+            "input `files` are not supported by this server version",
+        ));
     }
     let timeout_ms = timeout(req.run_timeout.or(req.timeout), config)?;
     let limits = resolve_limits(config, req.limits.as_ref())?;
-    Ok(ExecCommand { language, code, args, stdin, timeout_ms, limits })
+    Ok(ExecCommand {
+        language,
+        code,
+        args,
+        stdin,
+        timeout_ms,
+        limits,
+    })
 }
 
 /// The requested wall-clock budget, clamped to the ceiling.
@@ -62,7 +77,7 @@ pub fn timeout(requested: Option<u64>, config: &Config) -> Result<u64, ApiError>
     match requested {
         Some(0) => Err(ApiError::bad_request("`timeout` must be at least 1 ms")),
         Some(ms) => Ok(ms.min(config.max_run_timeout_ms)),
-        None => Ok(config.run_timeout_ms),
+        None => Ok(config.default_run_timeout_ms()),
     }
 }
 
@@ -79,17 +94,45 @@ pub fn resolve_limits(config: &Config, req: Option<&RequestLimits>) -> Result<Li
         }
     };
     Ok(Limits {
-        memory_bytes: pick("memory_limit_mb", r.memory_limit_mb, config.memory_limit_mb, c.memory_limit_mb)? * MIB,
+        memory_bytes: pick(
+            "memory_limit_mb",
+            r.memory_limit_mb,
+            config.memory_limit_mb,
+            c.memory_limit_mb,
+        )? * MIB,
         max_processes: pick("max_processes", r.max_processes, config.max_processes, c.max_processes)?,
-        max_open_files: pick("max_open_files", r.max_open_files, config.max_open_files, c.max_open_files)?,
-        file_size_bytes: pick("file_size_limit_mb", r.file_size_limit_mb, config.file_size_limit_mb, c.file_size_limit_mb)?
-            * MIB,
-        workspace_bytes: pick("workspace_limit_mb", r.workspace_limit_mb, config.workspace_limit_mb, c.workspace_limit_mb)?
-            * MIB,
+        max_open_files: pick(
+            "max_open_files",
+            r.max_open_files,
+            config.max_open_files,
+            c.max_open_files,
+        )?,
+        file_size_bytes: pick(
+            "file_size_limit_mb",
+            r.file_size_limit_mb,
+            config.file_size_limit_mb,
+            c.file_size_limit_mb,
+        )? * MIB,
+        workspace_bytes: pick(
+            "workspace_limit_mb",
+            r.workspace_limit_mb,
+            config.workspace_limit_mb,
+            c.workspace_limit_mb,
+        )? * MIB,
         tmp_bytes: config.tmp_limit_mb * MIB,
-        cpu_time_ms: pick("cpu_time_limit_ms", r.cpu_time_limit_ms, config.cpu_time_limit_ms, c.cpu_time_limit_ms)?,
+        cpu_time_ms: pick(
+            "cpu_time_limit_ms",
+            r.cpu_time_limit_ms,
+            config.cpu_time_limit_ms,
+            c.cpu_time_limit_ms,
+        )?,
         cpus: config.cpus,
-        max_output_bytes: pick("max_output_bytes", r.max_output_bytes, config.max_output_bytes, c.max_output_bytes)?,
+        max_output_bytes: pick(
+            "max_output_bytes",
+            r.max_output_bytes,
+            config.max_output_bytes,
+            c.max_output_bytes,
+        )?,
     })
 }
 
@@ -145,8 +188,16 @@ mod tests {
     #[test]
     fn language_wins_over_lang_and_python_is_the_default() {
         let c = Config::default();
-        assert_eq!(parse_exec(req(r#"{"code":"x","language":"bash","lang":"py"}"#), &c).unwrap().language, Language::Bash);
-        assert_eq!(parse_exec(req(r#"{"code":"x"}"#), &c).unwrap().language, Language::Python);
+        assert_eq!(
+            parse_exec(req(r#"{"code":"x","language":"bash","lang":"py"}"#), &c)
+                .unwrap()
+                .language,
+            Language::Bash
+        );
+        assert_eq!(
+            parse_exec(req(r#"{"code":"x"}"#), &c).unwrap().language,
+            Language::Python
+        );
         let err = parse_exec(req(r#"{"code":"x","lang":"cobol"}"#), &c).unwrap_err();
         assert_eq!(err.error_type, "unsupported_language");
     }
@@ -154,21 +205,49 @@ mod tests {
     #[test]
     fn missing_or_blank_code_is_refused() {
         let c = Config::default();
-        assert!(parse_exec(req(r#"{"language":"python"}"#), &c).unwrap_err().message.contains("required"));
-        assert!(parse_exec(req(r#"{"code":"  \n"}"#), &c).unwrap_err().message.contains("empty"));
+        assert!(parse_exec(req(r#"{"language":"python"}"#), &c)
+            .unwrap_err()
+            .message
+            .contains("required"));
+        assert!(parse_exec(req(r#"{"code":"  \n"}"#), &c)
+            .unwrap_err()
+            .message
+            .contains("empty"));
     }
 
     #[test]
     fn limits_are_clamped_to_ceilings() {
         let mut c = Config::default();
         c.ceilings.memory_limit_mb = Some(1024);
-        let l = resolve_limits(&c, Some(&RequestLimits { memory_limit_mb: Some(4096), max_processes: Some(10), ..Default::default() })).unwrap();
+        let l = resolve_limits(
+            &c,
+            Some(&RequestLimits {
+                memory_limit_mb: Some(4096),
+                max_processes: Some(10),
+                ..Default::default()
+            }),
+        )
+        .unwrap();
         assert_eq!(l.memory_bytes, 1024 * MIB);
         assert_eq!(l.max_processes, 10);
         // Without a ceiling, the default is the ceiling.
-        let l = resolve_limits(&c, Some(&RequestLimits { max_open_files: Some(1 << 20), ..Default::default() })).unwrap();
+        let l = resolve_limits(
+            &c,
+            Some(&RequestLimits {
+                max_open_files: Some(1 << 20),
+                ..Default::default()
+            }),
+        )
+        .unwrap();
         assert_eq!(l.max_open_files, c.max_open_files);
-        assert!(resolve_limits(&c, Some(&RequestLimits { max_processes: Some(0), ..Default::default() })).is_err());
+        assert!(resolve_limits(
+            &c,
+            Some(&RequestLimits {
+                max_processes: Some(0),
+                ..Default::default()
+            })
+        )
+        .is_err());
     }
 
     #[test]
@@ -181,11 +260,17 @@ mod tests {
 
     #[test]
     fn status_follows_the_result() {
-        let mut r = RunResult { exit_code: Some(0), ..Default::default() };
+        let mut r = RunResult {
+            exit_code: Some(0),
+            ..Default::default()
+        };
         assert_eq!(status_of(&r), ExecStatus::Ok);
         r.exit_code = Some(3);
         assert_eq!(status_of(&r), ExecStatus::Failed);
-        r = RunResult { signal: Some("SIGKILL".into()), ..Default::default() };
+        r = RunResult {
+            signal: Some("SIGKILL".into()),
+            ..Default::default()
+        };
         assert_eq!(status_of(&r), ExecStatus::Killed);
         r.timed_out = true;
         assert_eq!(status_of(&r), ExecStatus::TimedOut);

@@ -43,8 +43,12 @@ pub fn cgroups(config: &Config, data_dir: &Path) -> Result<CgroupRoot, String> {
 
 pub fn ids(config: &Config) -> (u32, u32) {
     let root = nix::unistd::geteuid().is_root();
-    let uid = config.sandbox_uid.unwrap_or(if root { 65534 } else { nix::unistd::geteuid().as_raw() });
-    let gid = config.sandbox_gid.unwrap_or(if root { 65534 } else { nix::unistd::getegid().as_raw() });
+    let uid = config
+        .sandbox_uid
+        .unwrap_or(if root { 65534 } else { nix::unistd::geteuid().as_raw() });
+    let gid = config
+        .sandbox_gid
+        .unwrap_or(if root { 65534 } else { nix::unistd::getegid().as_raw() });
     (uid, gid)
 }
 
@@ -59,7 +63,13 @@ pub fn prepare(config: &Config) -> Result<Host, String> {
         tracing::warn!(swept, "removed sandboxes left by a previous server");
     }
     let (host_uid, host_gid) = ids(config);
-    Ok(Host { data_dir, runs_dir, cgroups, host_uid, host_gid })
+    Ok(Host {
+        data_dir,
+        runs_dir,
+        cgroups,
+        host_uid,
+        host_gid,
+    })
 }
 
 /// Staging directories are empty on the host (their mounts lived in the dead helper's

@@ -40,9 +40,11 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
         serde_json::from_slice(&bytes).map(JsonBody).map_err(|e| {
             use serde_json::error::Category;
             match e.classify() {
-                Category::Syntax | Category::Eof | Category::Io => {
-                    ApiError::new(StatusCode::BAD_REQUEST, error_type::INVALID_JSON, format!("malformed JSON: {e}"))
-                }
+                Category::Syntax | Category::Eof | Category::Io => ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    error_type::INVALID_JSON,
+                    format!("malformed JSON: {e}"),
+                ),
                 Category::Data => ApiError::bad_request(format!("invalid request: {e}")),
             }
         })
@@ -83,7 +85,11 @@ async fn not_found() -> ApiError {
 }
 
 async fn method_not_allowed() -> ApiError {
-    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, error_type::METHOD_NOT_ALLOWED, "method not allowed on this route")
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        error_type::METHOD_NOT_ALLOWED,
+        "method not allowed on this route",
+    )
 }
 
 fn panic_response(err: Box<dyn std::any::Any + Send + 'static>) -> Response {

@@ -16,7 +16,7 @@ pub mod runtime;
 use admission::Admission;
 use config::Config;
 use error::ApiError;
-use runner::{RunError, Runner, RunnerSettings, RunSpec};
+use runner::{RunError, RunSpec, Runner, RunnerSettings};
 use sandcall_api::{error_type, ExecResponse};
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,7 +32,7 @@ pub struct AppState {
 impl AppState {
     /// Runs a validated exec command: waits for a slot, runs, maps the outcome.
     pub async fn execute(&self, cmd: exec::ExecCommand) -> Result<ExecResponse, ApiError> {
-        let _slot = self.admission.admit().await?;
+        let slot = self.admission.admit().await?;
         let session_id = ids::new_id();
         let launch = exec::launch_for(&cmd, &self.config);
         let spec = RunSpec {
@@ -45,7 +45,8 @@ impl AppState {
             timeout_ms: cmd.timeout_ms,
             limits: cmd.limits,
         };
-        match self.runner.run(spec).await {
+        // The slot travels with the run, which finishes even if the client goes away.
+        match self.runner.run(spec, slot).await {
             Ok(result) => Ok(exec::to_response(session_id, result)),
             Err(e @ (RunError::Spawn(_) | RunError::Protocol(_) | RunError::Sandbox(_))) => {
                 Err(ApiError::internal(error_type::SANDBOX_FAILURE, &e.to_string()))
@@ -88,13 +89,20 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     );
     let admission = Admission::new(
         config.max_concurrent_runs,
-        config.max_queued_runs,
+        config.queue_length(),
         Duration::from_millis(config.queue_timeout_ms),
     );
-    let state = AppState { config: Arc::new(config.clone()), runner: runner.clone(), admission };
+    let state = AppState {
+        config: Arc::new(config.clone()),
+        runner: runner.clone(),
+        admission,
+    };
     let listener = tokio::net::TcpListener::bind(&config.listen)
         .await
-        .map_err(|source| ServeError::Bind { addr: config.listen.clone(), source })?;
+        .map_err(|source| ServeError::Bind {
+            addr: config.listen.clone(),
+            source,
+        })?;
     let addr = listener.local_addr()?;
     tracing::info!(%addr, cgroup = host.cgroups.version(), data_dir = %host.data_dir.display(), "sandcall listening");
     // A machine-readable line for scripts and tests that listen on port 0.

@@ -64,7 +64,11 @@ impl Drop for ActiveGuard {
 
 impl Runner {
     pub fn new(settings: RunnerSettings, shutdown: watch::Receiver<bool>) -> Self {
-        Runner { settings: Arc::new(settings), active: Arc::new(AtomicUsize::new(0)), shutdown }
+        Runner {
+            settings: Arc::new(settings),
+            active: Arc::new(AtomicUsize::new(0)),
+            shutdown,
+        }
     }
 
     /// Helpers alive right now.
@@ -78,9 +82,15 @@ impl Runner {
 
     /// Runs one program to its end in a fresh sandbox. The work happens in its own task,
     /// so a client that goes away does not leave a half-reclaimed sandbox behind.
-    pub async fn run(&self, spec: RunSpec) -> Result<RunResult, RunError> {
+    /// `hold` (an admission slot, say) is kept until the run is over.
+    pub async fn run<H: Send + 'static>(&self, spec: RunSpec, hold: H) -> Result<RunResult, RunError> {
         let this = self.clone();
-        match tokio::spawn(async move { this.run_inner(spec).await }).await {
+        let task = async move {
+            let result = this.run_inner(spec).await;
+            drop(hold);
+            result
+        };
+        match tokio::spawn(task).await {
             Ok(r) => r,
             Err(e) => Err(RunError::Protocol(format!("run task failed: {e}"))),
         }
@@ -99,7 +109,10 @@ impl Runner {
             .spawn()
             .map_err(RunError::Spawn)?;
         let mut stdin = child.stdin.take();
-        let stdout = child.stdout.take().ok_or_else(|| RunError::Protocol("no stdout".into()))?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| RunError::Protocol("no stdout".into()))?;
         let mut events = BufReader::new(stdout).lines();
 
         let prepare = Prepare {
@@ -151,12 +164,21 @@ impl Runner {
     }
 }
 
-async fn send<T: serde::Serialize>(stdin: &mut Option<tokio::process::ChildStdin>, message: &T) -> Result<(), RunError> {
-    let w = stdin.as_mut().ok_or_else(|| RunError::Protocol("helper stdin closed".into()))?;
+async fn send<T: serde::Serialize>(
+    stdin: &mut Option<tokio::process::ChildStdin>,
+    message: &T,
+) -> Result<(), RunError> {
+    let w = stdin
+        .as_mut()
+        .ok_or_else(|| RunError::Protocol("helper stdin closed".into()))?;
     let mut line = serde_json::to_vec(message).map_err(|e| RunError::Protocol(e.to_string()))?;
     line.push(b'\n');
-    w.write_all(&line).await.map_err(|e| RunError::Protocol(format!("writing to helper: {e}")))?;
-    w.flush().await.map_err(|e| RunError::Protocol(format!("writing to helper: {e}")))
+    w.write_all(&line)
+        .await
+        .map_err(|e| RunError::Protocol(format!("writing to helper: {e}")))?;
+    w.flush()
+        .await
+        .map_err(|e| RunError::Protocol(format!("writing to helper: {e}")))
 }
 
 async fn next_event(events: &mut Lines<BufReader<ChildStdout>>) -> Result<Event, RunError> {

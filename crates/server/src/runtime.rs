@@ -20,7 +20,10 @@ pub fn launch(language: Language, interpreter: &Path, args: &[String]) -> Launch
         Language::Python => "main.py",
         Language::Bash => "main.sh",
     };
-    let mut argv = vec![interpreter.to_string_lossy().into_owned(), format!("{CODE_DIR}/{code_file}")];
+    let mut argv = vec![
+        interpreter.to_string_lossy().into_owned(),
+        format!("{CODE_DIR}/{code_file}"),
+    ];
     argv.extend(args.iter().cloned());
     let mut env: Vec<(String, String)> = [
         ("PATH", "/usr/local/bin:/usr/bin:/bin"),
@@ -48,7 +51,11 @@ pub fn launch(language: Language, interpreter: &Path, args: &[String]) -> Launch
             env.push((k.to_owned(), v.to_owned()));
         }
     }
-    Launch { code_file: code_file.to_owned(), argv, env }
+    Launch {
+        code_file: code_file.to_owned(),
+        argv,
+        env,
+    }
 }
 
 #[cfg(test)]
@@ -57,7 +64,11 @@ mod tests {
 
     #[test]
     fn python_argv_puts_user_args_after_the_script() {
-        let l = launch(Language::Python, Path::new("/usr/bin/python3"), &["a".into(), "b c".into()]);
+        let l = launch(
+            Language::Python,
+            Path::new("/usr/bin/python3"),
+            &["a".into(), "b c".into()],
+        );
         assert_eq!(l.argv, vec!["/usr/bin/python3", "/run/sandcall/main.py", "a", "b c"]);
         assert_eq!(l.code_file, "main.py");
         assert!(l.env.iter().any(|(k, v)| k == "PYTHONPATH" && v == WORK_DIR));

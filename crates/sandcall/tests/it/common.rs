@@ -1,0 +1,278 @@
+//! The test harness: a real server process with its own data directory.
+
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+pub struct Server {
+    pub child: Option<Child>,
+    pub base: String,
+    pub port: u16,
+    pub dir: PathBuf,
+    pub data_dir: PathBuf,
+    pub config_path: PathBuf,
+}
+
+/// Fails loudly when the tests cannot do what they claim to test.
+pub fn require_root() {
+    assert!(
+        nix_is_root(),
+        "sandcall's integration tests build real sandboxes and need root (bash .ci/run runs them as root)"
+    );
+}
+
+fn nix_is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+pub fn hostile(name: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hostile").join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("fixture {}: {e}", path.display()))
+}
+
+impl Server {
+    pub fn start() -> Server {
+        Server::start_with(&[], "")
+    }
+
+    /// Starts a server with extra environment variables and extra TOML config lines.
+    pub fn start_with(env: &[(&str, &str)], config: &str) -> Server {
+        require_root();
+        let dir = std::env::temp_dir().join(format!("sandcall-it-{}-{}", std::process::id(), rand_suffix()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let data_dir = dir.join("data");
+        let config_path = dir.join("sandcall.toml");
+        std::fs::write(&config_path, config).unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandcall"));
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(&data_dir)
+            .arg("--config")
+            .arg(&config_path)
+            .env("SANDCALL_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("start sandcall serve");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(url) = line.strip_prefix("sandcall listening on ") {
+                    let _ = tx.send(url.to_string());
+                }
+            }
+        });
+        let base = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(url) => url,
+            Err(_) => {
+                let _ = child.kill();
+                let status = child.wait();
+                panic!("sandcall serve did not start: {status:?}");
+            }
+        };
+        let port = base.rsplit(':').next().unwrap().parse().unwrap();
+        let data_dir = std::fs::canonicalize(&data_dir).unwrap();
+        Server {
+            child: Some(child),
+            base,
+            port,
+            dir,
+            data_dir,
+            config_path,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    /// Any request; returns status, Retry-After, and the body parsed as JSON (or a
+    /// JSON string holding the raw body when it is not JSON, which tests then reject).
+    pub fn request(
+        &self,
+        method: &str,
+        path: &str,
+        content_type: Option<&str>,
+        body: Option<&str>,
+    ) -> (u16, Option<String>, Value) {
+        let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(120)).build();
+        let mut req = agent.request(method, &self.url(path));
+        if let Some(ct) = content_type {
+            req = req.set("Content-Type", ct);
+        }
+        let result = match body {
+            Some(b) => req.send_string(b),
+            None => req.call(),
+        };
+        let resp = match result {
+            Ok(r) => r,
+            Err(ureq::Error::Status(_, r)) => r,
+            Err(e) => panic!("{method} {path}: {e}"),
+        };
+        let status = resp.status();
+        let retry = resp.header("Retry-After").map(str::to_owned);
+        let text = resp.into_string().unwrap();
+        let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        (status, retry, value)
+    }
+
+    pub fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let (s, _, v) = self.request("POST", path, Some("application/json"), Some(&body.to_string()));
+        (s, v)
+    }
+
+    /// POST /v1/exec, which must answer 200.
+    pub fn exec(&self, body: Value) -> Value {
+        let (status, v) = self.post("/v1/exec", &body);
+        assert_eq!(status, 200, "exec answered {status}: {v}");
+        v
+    }
+
+    pub fn py(&self, code: &str) -> Value {
+        self.exec(json!({"language": "python", "code": code}))
+    }
+
+    pub fn bash(&self, code: &str) -> Value {
+        self.exec(json!({"language": "bash", "code": code}))
+    }
+
+    /// The server still answers, and still runs programs correctly.
+    pub fn assert_healthy(&self) {
+        let (status, _, v) = self.request("GET", "/v1/health", None, None);
+        assert_eq!(status, 200, "health: {v}");
+        assert_eq!(v["status"], "ok");
+        let r = self.py("print(sum(range(10)))");
+        assert_eq!(r["status"], "ok", "{r}");
+        assert_eq!(r["stdout"], "45\n");
+    }
+
+    /// Sends SIGTERM.
+    pub fn terminate(&self) {
+        // SAFETY: plain kill(2) on our own child.
+        unsafe { libc::kill(self.pid() as i32, libc::SIGTERM) };
+    }
+
+    /// Sends SIGTERM and waits for the process to exit.
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        self.terminate();
+        let mut child = self.child.take().expect("server running");
+        let start = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            if start.elapsed() > Duration::from_secs(30) {
+                let _ = child.kill();
+                panic!("server did not stop within 30 s of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn instance(&self) -> String {
+        sandcall_server::host::instance_name(&self.data_dir)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            self.stop();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn rand_suffix() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(Instant::now().elapsed().as_nanos());
+    h.finish()
+}
+
+/// Processes whose parent chain leads to `root` (not counting `root`).
+pub fn descendants(root: u32) -> Vec<u32> {
+    let mut parents = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // The command name may contain spaces; fields after it are fixed.
+        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+            continue;
+        };
+        let ppid: u32 = rest.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+        parents.push((pid, ppid));
+    }
+    let mut found = vec![root];
+    let mut changed = true;
+    while changed {
+        changed = false;
+        for (pid, ppid) in &parents {
+            if found.contains(ppid) && !found.contains(pid) {
+                found.push(*pid);
+                changed = true;
+            }
+        }
+    }
+    found.retain(|p| *p != root);
+    found
+}
+
+/// Host processes whose command line contains `needle`.
+pub fn processes_matching(needle: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) {
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            if cmd.contains(needle) {
+                out.push(pid);
+            }
+        }
+    }
+    out
+}
+
+/// Run cgroups of this server's instance, across every hierarchy.
+pub fn run_cgroups(instance: &str) -> usize {
+    let mut n = 0;
+    for entry in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
+        let base = entry.path().join(instance);
+        if let Ok(runs) = std::fs::read_dir(&base) {
+            n += runs.flatten().filter(|e| e.path().is_dir()).count();
+        }
+        // cgroup v2 mounted directly at /sys/fs/cgroup.
+    }
+    if let Ok(runs) = std::fs::read_dir(Path::new("/sys/fs/cgroup").join(instance)) {
+        n += runs.flatten().filter(|e| e.path().is_dir()).count();
+    }
+    n
+}
+
+pub fn mount_count() -> usize {
+    std::fs::read_to_string("/proc/self/mountinfo").unwrap().lines().count()
+}
+
+pub fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+}
+
+pub fn dir_entries(path: &Path) -> usize {
+    std::fs::read_dir(path).map(|d| d.count()).unwrap_or(0)
+}

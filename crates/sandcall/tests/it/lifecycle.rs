@@ -1,0 +1,111 @@
+//! Starting, refusing to start, `doctor`, and stopping with running programs.
+
+use crate::common::{descendants, dir_entries, run_cgroups, Server};
+use serde_json::json;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+#[test]
+fn doctor_passes_on_this_machine() {
+    crate::common::require_root();
+    let dir = std::env::temp_dir().join(format!("sandcall-doctor-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_sandcall"))
+        .args(["doctor", "--data-dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    for check in ["user namespaces", "seccomp", "cgroups", "sandbox trial run"] {
+        assert!(text.contains(&format!("[pass] {check}")), "{text}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_missing_interpreter_fails_doctor_and_serve_refuses_to_start() {
+    crate::common::require_root();
+    let dir = std::env::temp_dir().join(format!("sandcall-refuse-{}", std::process::id()));
+    let run = |sub: &str| {
+        Command::new(env!("CARGO_BIN_EXE_sandcall"))
+            .args([sub, "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(&dir)
+            .env("SANDCALL_PYTHON", "/nonexistent/python3")
+            .output()
+            .unwrap()
+    };
+    let out = run("doctor");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success());
+    assert!(
+        text.contains("[FAIL] python interpreter: /nonexistent/python3 is missing"),
+        "{text}"
+    );
+    assert!(text.contains("fix:"), "{text}");
+    let out = run("serve");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("refusing to start") && err.contains("python interpreter"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bad_configuration_is_refused_with_the_reason() {
+    crate::common::require_root();
+    let dir = std::env::temp_dir().join(format!("sandcall-badconf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("c.toml"), "memory_limit_mb = \"lots\"\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_sandcall"))
+        .args(["serve", "--config"])
+        .arg(dir.join("c.toml"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("memory_limit_mb"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn sigterm_kills_running_programs_and_reclaims_every_sandbox() {
+    let mut s = Server::start();
+    let instance = s.instance();
+    let pid = s.pid();
+    let results = std::thread::scope(|scope| {
+        let runs: Vec<_> = (0..3)
+            .map(|_| {
+                let s = &s;
+                scope.spawn(move || s.exec(json!({"language": "bash", "code": "echo started; sleep 300"})))
+            })
+            .collect();
+        // Wait until the three programs are running.
+        let t = Instant::now();
+        while run_cgroups(&instance) < 3 * 2 && t.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(!descendants(pid).is_empty());
+        s.terminate();
+        (
+            Instant::now(),
+            runs.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>(),
+        )
+    });
+    let (t, results) = results;
+    let status = s.stop();
+    assert!(status.success(), "{status:?}");
+    assert!(t.elapsed() < Duration::from_secs(10), "shutdown took {:?}", t.elapsed());
+    for r in results {
+        assert_eq!(r["status"], "killed", "{r}");
+        assert_eq!(r["stdout"], "started\n");
+    }
+    assert_eq!(run_cgroups(&instance), 0);
+    assert_eq!(dir_entries(&s.data_dir.join("runs")), 0);
+    assert!(crate::common::processes_matching("sleep 300").is_empty());
+}

@@ -1,0 +1,9 @@
+//! sandcall's integration tests: each test starts the real `sandcall serve` binary on a
+//! free port, as root, and talks HTTP to it. Hostile programs live in `tests/hostile/`.
+
+mod common;
+mod errors;
+mod exec;
+mod hostile;
+mod leaks;
+mod lifecycle;
