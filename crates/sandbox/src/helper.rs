@@ -200,7 +200,22 @@ impl Sandbox {
     fn build_steps(&mut self, prepare: &Prepare) -> Result<(), String> {
         // 1. A mount namespace of our own, private: the staging tmpfs mounts below are
         //    invisible to the host and disappear with this process, whatever happens.
-        unshare(CloneFlags::CLONE_NEWNS).map_err(errstr("unshare mount namespace"))?;
+        //    Without root, a user namespace of our own (where we are root, mapped to our
+        //    own uid) comes with it and gives the right to mount; the sandbox's user
+        //    namespace is then nested in it.
+        let (uid, gid) = if nix::unistd::geteuid().is_root() {
+            unshare(CloneFlags::CLONE_NEWNS).map_err(errstr("unshare mount namespace"))?;
+            (prepare.host_uid, prepare.host_gid)
+        } else {
+            let (euid, egid) = (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw());
+            if (prepare.host_uid, prepare.host_gid) != (euid, egid) {
+                return Err("without root, the sandbox user can only map to the server's own uid and gid".into());
+            }
+            unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS)
+                .map_err(errstr("unshare user and mount namespaces"))?;
+            write_id_maps("self", 0, euid, egid)?;
+            (0, 0)
+        };
         mount(
             None::<&str>,
             "/",
@@ -238,7 +253,7 @@ impl Sandbox {
             Some(
                 format!(
                     "size={},mode=0755,uid={},gid={}",
-                    prepare.limits.workspace_bytes, prepare.host_uid, prepare.host_gid
+                    prepare.limits.workspace_bytes, uid, gid
                 )
                 .as_str(),
             ),
@@ -295,20 +310,9 @@ impl Sandbox {
         self.stderr_r = Some(stderr_r);
         self.from_init = Some(Lines::new(from_init_r));
 
-        // 7. Identity: uid and gid 1000 inside map to the configured host ids. setgroups
-        //    is denied first, as the kernel requires for unprivileged gid maps.
-        let proc_dir = PathBuf::from(format!("/proc/{pid}"));
-        fs::write(
-            proc_dir.join("uid_map"),
-            format!("{SANDBOX_ID} {} 1\n", prepare.host_uid),
-        )
-        .map_err(|e| format!("write uid_map: {e}"))?;
-        fs::write(proc_dir.join("setgroups"), "deny").map_err(|e| format!("write setgroups: {e}"))?;
-        fs::write(
-            proc_dir.join("gid_map"),
-            format!("{SANDBOX_ID} {} 1\n", prepare.host_gid),
-        )
-        .map_err(|e| format!("write gid_map: {e}"))?;
+        // 7. Identity: uid and gid 1000 inside map to the configured host ids (as root),
+        //    or to the server's own ids through the helper's namespace (without root).
+        write_id_maps(&pid.to_string(), SANDBOX_ID, uid, gid)?;
 
         // 8. Into the cgroup before init starts anything: every later process inherits it.
         if let Some(cg) = &self.cgroup {
@@ -562,6 +566,15 @@ impl Sandbox {
             }
         }
     }
+}
+
+/// Maps `inside` to `uid`/`gid` of the parent user namespace for process `pid` (or
+/// "self"). setgroups is denied first, as the kernel requires for unprivileged gid maps.
+fn write_id_maps(pid: &str, inside: u32, uid: u32, gid: u32) -> Result<(), String> {
+    let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+    fs::write(proc_dir.join("uid_map"), format!("{inside} {uid} 1\n")).map_err(|e| format!("write uid_map: {e}"))?;
+    fs::write(proc_dir.join("setgroups"), "deny").map_err(|e| format!("write setgroups: {e}"))?;
+    fs::write(proc_dir.join("gid_map"), format!("{inside} {gid} 1\n")).map_err(|e| format!("write gid_map: {e}"))
 }
 
 /// Adds `fd` to a poll set and remembers at which index it sits.

@@ -41,13 +41,36 @@ impl Server {
 
     /// Starts a server with extra environment variables and extra TOML config lines.
     pub fn start_with(env: &[(&str, &str)], config: &str) -> Server {
+        let dir = Server::new_dir();
+        Server::launch(dir, env, config, None)
+    }
+
+    /// A fresh directory for one server: its config file and data directory go here.
+    pub fn new_dir() -> PathBuf {
         require_root();
         let dir = std::env::temp_dir().join(format!("sandcall-it-{}-{}", std::process::id(), rand_suffix()));
-        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::create_dir_all(dir.join("data")).unwrap();
+        dir
+    }
+
+    /// Starts `sandcall serve` with its files in `dir`, as root or as `user` (uid, gid).
+    pub fn launch(dir: PathBuf, env: &[(&str, &str)], config: &str, user: Option<(u32, u32)>) -> Server {
         let data_dir = dir.join("data");
         let config_path = dir.join("sandcall.toml");
         std::fs::write(&config_path, config).unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandcall"));
+        let mut cmd = match user {
+            None => Command::new(env!("CARGO_BIN_EXE_sandcall")),
+            Some((uid, gid)) => {
+                // The build directory may sit where the user cannot reach (under /root):
+                // give the user its own copy of the binary.
+                use std::os::unix::process::CommandExt;
+                let exe = dir.join("sandcall");
+                std::fs::copy(env!("CARGO_BIN_EXE_sandcall"), &exe).unwrap();
+                let mut cmd = Command::new(exe);
+                cmd.uid(uid).gid(gid);
+                cmd
+            }
+        };
         cmd.args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(&data_dir)
             .arg("--config")

@@ -7,3 +7,4 @@ mod exec;
 mod hostile;
 mod leaks;
 mod lifecycle;
+mod unprivileged;
