@@ -105,10 +105,12 @@ pub struct ExecResponse {
     pub memory_peak: u64,
 }
 
-/// GET /v1/health.
+/// GET /v1/health: 200 with status `ok`, or 503 with status `unavailable` and the reason.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Health {
     pub status: String,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub reason: Option<String>,
     pub version: String,
     pub cgroup: String,
     pub active_runs: usize,

@@ -63,15 +63,23 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// 200 while programs can run; 503 with the reason while sandboxes cannot be built.
 async fn health(State(state): State<AppState>) -> Response {
-    Json(Health {
-        status: "ok".into(),
+    let reason = state.sandbox_unavailable().await;
+    let code = if reason.is_some() {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    };
+    let body = Json(Health {
+        status: if reason.is_some() { "unavailable" } else { "ok" }.into(),
+        reason,
         version: env!("CARGO_PKG_VERSION").into(),
         cgroup: state.runner.settings().cgroups.version().into(),
         active_runs: state.admission.active(),
         max_concurrent_runs: state.admission.capacity(),
-    })
-    .into_response()
+    });
+    (code, body).into_response()
 }
 
 async fn exec_route(State(state): State<AppState>, JsonBody(req): JsonBody<ExecRequest>) -> Result<Response, ApiError> {

@@ -30,6 +30,26 @@ pub struct AppState {
 }
 
 impl AppState {
+    /// Whether sandboxes can be built: after a failure, a trial run (outside admission
+    /// control, so a full queue cannot hide a recovery) decides. Returns the reason when not.
+    pub async fn sandbox_unavailable(&self) -> Option<String> {
+        self.runner.failing()?;
+        let launch = runtime::launch(sandcall_api::Language::Bash, &self.config.bash, &[]);
+        let limits = exec::resolve_limits(&self.config, None).ok()?;
+        let spec = RunSpec {
+            run_id: ids::new_id(),
+            code: "exit 0".into(),
+            code_file: launch.code_file,
+            argv: launch.argv,
+            env: launch.env,
+            stdin: String::new(),
+            timeout_ms: 10_000,
+            limits,
+        };
+        let _ = self.runner.run(spec, ()).await;
+        self.runner.failing()
+    }
+
     /// Runs a validated exec command: waits for a slot, runs, maps the outcome.
     pub async fn execute(&self, cmd: exec::ExecCommand) -> Result<ExecResponse, ApiError> {
         let slot = self.admission.admit().await?;

@@ -6,7 +6,7 @@ use sandcall_sandbox::protocol::{Event, Limits, Prepare, Run, RunResult};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{ChildStdout, Command};
 use tokio::sync::watch;
@@ -51,6 +51,8 @@ pub struct Runner {
     settings: Arc<RunnerSettings>,
     active: Arc<AtomicUsize>,
     shutdown: watch::Receiver<bool>,
+    /// Why the most recent run could not get a sandbox, until a later run gets one.
+    failing: Arc<Mutex<Option<String>>>,
 }
 
 /// Counts a helper as alive from spawn to reaped.
@@ -68,12 +70,33 @@ impl Runner {
             settings: Arc::new(settings),
             active: Arc::new(AtomicUsize::new(0)),
             shutdown,
+            failing: Arc::new(Mutex::new(None)),
         }
     }
 
     /// Helpers alive right now.
     pub fn active(&self) -> usize {
         self.active.load(Ordering::SeqCst)
+    }
+
+    /// Set while sandboxes cannot be built: the reason, fit for clients (no host paths).
+    pub fn failing(&self) -> Option<String> {
+        self.failing
+            .lock()
+            .map(|g| g.clone())
+            .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    fn record(&self, result: &Result<RunResult, RunError>) {
+        let reason = match result {
+            Ok(_) => None,
+            Err(RunError::Spawn(_)) => Some("the sandbox helper cannot be started".to_string()),
+            Err(RunError::Protocol(_) | RunError::Sandbox(_)) => {
+                Some("the last sandbox could not be built".to_string())
+            }
+        };
+        let mut guard = self.failing.lock().unwrap_or_else(|p| p.into_inner());
+        *guard = reason;
     }
 
     pub fn settings(&self) -> &RunnerSettings {
@@ -87,6 +110,7 @@ impl Runner {
         let this = self.clone();
         let task = async move {
             let result = this.run_inner(spec).await;
+            this.record(&result);
             drop(hold);
             result
         };

@@ -109,3 +109,33 @@ fn sigterm_kills_running_programs_and_reclaims_every_sandbox() {
     assert_eq!(dir_entries(&s.data_dir.join("runs")), 0);
     assert!(crate::common::processes_matching("sleep 300").is_empty());
 }
+
+#[test]
+fn health_reports_503_while_sandboxes_cannot_be_built() {
+    let s = Server::start();
+    s.assert_healthy();
+    // Take away this instance's memory cgroup directory: no sandbox can be built.
+    let memory = std::path::Path::new("/sys/fs/cgroup/memory").join(s.instance());
+    assert!(memory.is_dir(), "this test needs the cgroup v1 memory hierarchy");
+    std::fs::remove_dir(&memory).unwrap();
+    let (status, v) = s.post("/v1/exec", &json!({"code": "print(1)"}));
+    assert_eq!(status, 500, "{v}");
+    assert_eq!(v["error_type"], "sandbox_failure");
+    assert!(!v["error"].as_str().unwrap().contains("/sys"), "no host paths: {v}");
+    let (status, _, v) = s.request("GET", "/v1/health", None, None);
+    assert_eq!(status, 503, "{v}");
+    assert_eq!(v["status"], "unavailable");
+    assert!(v["reason"].as_str().is_some_and(|r| !r.is_empty()), "{v}");
+    // Once sandboxes work again, so does health.
+    std::fs::create_dir(&memory).unwrap();
+    s.assert_healthy();
+    assert_eq!(dir_entries(&s.data_dir.join("runs")), 0);
+}
+
+#[test]
+fn the_interpreter_is_configurable() {
+    let s = Server::start_with(&[], "python = \"/usr/bin/python3.11\"\nbash = \"/bin/bash\"\n");
+    let r = s.py("import sys\nprint(sys.executable)");
+    assert_eq!(r["stdout"], "/usr/bin/python3.11\n", "{r}");
+    assert_eq!(s.bash("echo $BASH")["stdout"], "/bin/bash\n");
+}
