@@ -25,6 +25,15 @@ pub mod error_type {
     pub const NOT_FOUND: &str = "not_found";
     pub const METHOD_NOT_ALLOWED: &str = "method_not_allowed";
     pub const INTERNAL: &str = "internal";
+    pub const SESSION_NOT_FOUND: &str = "session_not_found";
+    pub const INVALID_CONTINUATION_TOKEN: &str = "invalid_continuation_token";
+    pub const CONTINUATION_TOKEN_USED: &str = "continuation_token_used";
+    pub const INVALID_TOOL_RESULTS: &str = "invalid_tool_results";
+    pub const INVALID_TOOL_SCHEMA: &str = "invalid_tool_schema";
+    /// In `error` responses of programmatic sessions.
+    pub const TIMEOUT: &str = "timeout";
+    pub const CANCELLED: &str = "cancelled";
+    pub const SESSION_EXPIRED: &str = "session_expired";
 }
 
 /// A reference to an uploaded file, to stage into the working directory.
@@ -61,6 +70,100 @@ pub struct ExecRequest {
     pub run_timeout: Option<u64>,
     pub timeout: Option<u64>,
     pub limits: Option<RequestLimits>,
+}
+
+/// A tool the program may call.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+pub struct ToolDecl {
+    pub name: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    /// A JSON Schema for the arguments object; absent means any object.
+    #[serde(default)]
+    pub parameters: Option<serde_json::Value>,
+}
+
+/// The caller's answer to one tool call.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+pub struct ToolResult {
+    pub call_id: String,
+    #[serde(default)]
+    pub result: serde_json::Value,
+    #[serde(default)]
+    pub is_error: bool,
+    #[serde(default)]
+    pub error_message: Option<String>,
+}
+
+/// POST /v1/exec/programmatic: a first call (with `code`) or a resume (with
+/// `continuation_token`). Unknown fields are ignored.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+pub struct ProgrammaticRequest {
+    pub code: Option<String>,
+    pub language: Option<String>,
+    pub lang: Option<String>,
+    pub args: Option<Vec<String>>,
+    pub files: Option<Vec<FileRef>>,
+    pub tools: Option<Vec<ToolDecl>>,
+    pub timeout: Option<u64>,
+    pub max_tool_calls: Option<u64>,
+    pub limits: Option<RequestLimits>,
+    pub session_id: Option<String>,
+    pub continuation_token: Option<String>,
+    pub tool_results: Option<Vec<ToolResult>>,
+}
+
+/// POST /v1/exec/programmatic/cancel.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct CancelRequest {
+    pub session_id: String,
+}
+
+/// A call the program made, as the caller receives it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    pub arguments: serde_json::Value,
+    /// The same object as `arguments` (LibreChat's client reads `input`).
+    pub input: serde_json::Value,
+}
+
+/// Every answer of the programmatic routes, told apart by `status`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum ProgrammaticResponse {
+    ToolCallRequired {
+        session_id: String,
+        continuation_token: String,
+        tool_calls: Vec<ToolCall>,
+        partial_stdout: String,
+        partial_stderr: String,
+        /// RFC 3339: when the paused session is ended if not resumed.
+        expires_at: String,
+    },
+    Completed {
+        session_id: String,
+        stdout: String,
+        stderr: String,
+        files: Vec<OutputFile>,
+        tool_calls_made: u64,
+        execution_time: u64,
+        exit_code: Option<i32>,
+        signal: Option<String>,
+        timed_out: bool,
+        stdout_truncated: bool,
+        stderr_truncated: bool,
+    },
+    Error {
+        session_id: String,
+        error: String,
+        error_type: String,
+        stdout: String,
+        stderr: String,
+    },
+    /// (extension) The program is running; only GET answers this.
+    Running { session_id: String },
 }
 
 /// How a run ended, as `status` says it.

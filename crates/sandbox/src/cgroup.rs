@@ -379,6 +379,27 @@ impl RunCgroup {
         Ok(())
     }
 
+    /// Whether every thread of the run sleeps (waits on something), for telling when a
+    /// program with tool calls in flight is blocked on them.
+    pub fn all_sleeping(&self) -> bool {
+        let tasks = match &self.placement {
+            CgroupPlacement::V1 { pids, .. } => fs::read_to_string(pids.join("tasks")),
+            CgroupPlacement::V2 { path } => fs::read_to_string(path.join("cgroup.threads")),
+        };
+        let Ok(tasks) = tasks else { return false };
+        tasks.lines().all(|tid| {
+            let Ok(stat) = fs::read_to_string(format!("/proc/{}/stat", tid.trim())) else {
+                return true;
+            };
+            // The state follows the command name, which is in parentheses.
+            matches!(
+                stat.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.trim_start().chars().next()),
+                Some('S' | 'T' | 't' | 'Z' | 'X' | 'I')
+            )
+        })
+    }
+
     pub fn cpu_time_ms(&self) -> u64 {
         match &self.placement {
             CgroupPlacement::V1 { cpuacct, .. } => cpuacct

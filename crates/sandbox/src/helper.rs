@@ -15,8 +15,9 @@
 use crate::cgroup::RunCgroup;
 use crate::io::{read_some, set_nonblocking, timeout_of, wait_readable, write_all, Capture, Lines};
 use crate::mounts::{build_root, RootSpec};
-use crate::protocol::{Event, Limits, Prepare, Run, RunResult};
+use crate::protocol::{Command, Event, Limits, Prepare, Run, RunResult};
 use crate::seccomp::Policy;
+use crate::tools::ToolHub;
 use nix::fcntl::OFlag;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::poll::{poll, PollFd, PollFlags};
@@ -28,13 +29,17 @@ use serde::{Deserialize, Serialize};
 use std::ffi::CString;
 use std::fs;
 use std::io::{self, Write};
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// The uid and gid of the program inside its user namespace.
 const SANDBOX_ID: u32 = 1000;
+/// While tool calls wait unannounced, how often to look whether the program sleeps,
+/// and how many looks in a row must find it asleep.
+const QUIET_CHECK_EVERY: Duration = Duration::from_millis(2);
+const QUIET_CHECKS_NEEDED: u32 = 2;
 /// How often the run's CPU time is compared with its budget.
 const CPU_CHECK_EVERY: Duration = Duration::from_millis(50);
 /// How long init may take to build the root before the run is given up.
@@ -154,6 +159,7 @@ struct Sandbox {
     stderr_r: Option<OwnedFd>,
     limits: Limits,
     max_code_bytes: u64,
+    tools: Option<ToolHub>,
 }
 
 /// Everything init and the program need, captured before clone(2).
@@ -167,6 +173,7 @@ struct InitContext<'a> {
     policy: &'a Policy,
     limits: &'a Limits,
     extra_runtime_paths: &'a [PathBuf],
+    tool_client: Option<&'a Path>,
 }
 
 impl Sandbox {
@@ -184,6 +191,7 @@ impl Sandbox {
             stderr_r: None,
             limits: prepare.limits.clone(),
             max_code_bytes: prepare.max_code_bytes,
+            tools: None,
         }
     }
 
@@ -260,6 +268,14 @@ impl Sandbox {
         )
         .map_err(errstr("mount workspace tmpfs"))?;
         self.work_mounted = true;
+        if let Some(channel) = &prepare.tools {
+            // The tool socket, and the mount point of the tool-call client.
+            fs::create_dir(code.join("bin")).map_err(|e| format!("create bin: {e}"))?;
+            fs::write(code.join("bin/sandcall"), b"").map_err(|e| format!("create client: {e}"))?;
+            self.tools = Some(
+                ToolHub::bind(&code.join("tools.sock"), channel.clone()).map_err(|e| format!("tool socket: {e}"))?,
+            );
+        }
         crate::mounts::prepare_skeleton(&self.staging.join("root"), &prepare.extra_runtime_paths)
             .map_err(|e| e.to_string())?;
 
@@ -275,6 +291,7 @@ impl Sandbox {
         let (stdout_r, stdout_w) = pipe2(cloexec).map_err(errstr("pipe"))?;
         let (stderr_r, stderr_w) = pipe2(cloexec).map_err(errstr("pipe"))?;
 
+        let tool_client = std::env::current_exe().ok();
         // 5. The seccomp policy is compiled here, where errors can still be reported.
         let policy = Policy::compile().map_err(|e| e.to_string())?;
 
@@ -291,6 +308,7 @@ impl Sandbox {
             policy: &policy,
             limits: &prepare.limits,
             extra_runtime_paths: &prepare.extra_runtime_paths,
+            tool_client: tool_client.as_deref().filter(|_| prepare.tools.is_some()),
         };
         let flags = CloneFlags::CLONE_NEWUSER
             | CloneFlags::CLONE_NEWPID
@@ -348,17 +366,20 @@ impl Sandbox {
     }
 
     /// Runs the program and collects its output until it ends, its time runs out, or
-    /// the server aborts.
+    /// the server aborts. Tool calls are relayed in between.
     fn run(&mut self, run: &Run, control: &mut Lines) -> Result<RunResult, String> {
         if run.code.len() as u64 > self.max_code_bytes {
             return Err("code larger than max_code_bytes".into());
         }
-        if run.code_file.contains('/') || run.code_file.is_empty() {
-            return Err("bad code file name".into());
+        let files = std::iter::once((&run.code_file, &run.code)).chain(run.support_files.iter().map(|(n, c)| (n, c)));
+        for (name, content) in files {
+            if name.contains('/') || name.is_empty() || name == "tools.sock" || name == "bin" {
+                return Err(format!("bad code file name {name:?}"));
+            }
+            let path = self.staging.join("code").join(name);
+            fs::write(&path, content).map_err(|e| format!("write {name}: {e}"))?;
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).map_err(|e| format!("chmod {name}: {e}"))?;
         }
-        let code_path = self.staging.join("code").join(&run.code_file);
-        fs::write(&code_path, &run.code).map_err(|e| format!("write code: {e}"))?;
-        fs::set_permissions(&code_path, fs::Permissions::from_mode(0o644)).map_err(|e| format!("chmod code: {e}"))?;
 
         let message = serde_json::to_vec(&InitRun {
             argv: run.argv.clone(),
@@ -373,15 +394,11 @@ impl Sandbox {
 
         let start = Instant::now();
         let deadline = start + Duration::from_millis(run.timeout_ms);
-        let cap = self.limits.max_output_bytes as usize;
         let cpu_budget = self.limits.cpu_time_ms;
+        let mut out = Streams::new(self.limits.max_output_bytes as usize);
         let mut result = RunResult::default();
-        let (mut out, mut err) = (Capture::default(), Capture::default());
         let mut stdin_data: &[u8] = run.stdin.as_bytes();
-        let mut stdin_w = self.stdin_w.take();
-        if stdin_data.is_empty() {
-            stdin_w = None;
-        }
+        let mut stdin_w = self.stdin_w.take().filter(|_| !stdin_data.is_empty());
         if let Some(w) = &stdin_w {
             set_nonblocking(w).map_err(|e| e.to_string())?;
         }
@@ -396,7 +413,7 @@ impl Sandbox {
         let mut ended_at: Option<Instant> = None;
         let mut killed_at: Option<Instant> = None;
         let mut next_cpu_check = start + CPU_CHECK_EVERY;
-        let mut chunk = vec![0u8; 64 * 1024];
+        let mut quiet_checks = 0u32;
 
         loop {
             let init_open = self.from_init.as_ref().is_some_and(|l| !l.eof);
@@ -413,90 +430,158 @@ impl Sandbox {
             if settled.is_none() && cpu_budget > 0 {
                 wake = wake.min(next_cpu_check);
             }
-            let mut fds = Vec::with_capacity(5);
-            let mut slots = [usize::MAX; 5];
-            add_poll(&mut slots, 0, stdout_r.as_ref(), PollFlags::POLLIN, &mut fds);
-            add_poll(&mut slots, 1, stderr_r.as_ref(), PollFlags::POLLIN, &mut fds);
-            add_poll(&mut slots, 2, stdin_w.as_ref(), PollFlags::POLLOUT, &mut fds);
-            add_poll(
-                &mut slots,
-                3,
-                self.from_init.as_ref().filter(|l| !l.eof).map(|l| &l.fd),
-                PollFlags::POLLIN,
-                &mut fds,
-            );
-            add_poll(
-                &mut slots,
-                4,
-                control_open.then_some(&control.fd),
-                PollFlags::POLLIN,
-                &mut fds,
-            );
-            let ready = match poll(&mut fds, timeout_of(Some(wake.saturating_duration_since(now)))) {
-                Ok(n) => n,
+            let waiting_for_quiet = settled.is_none() && self.tools.as_ref().is_some_and(|t| t.unannounced && !t.flush);
+            if waiting_for_quiet {
+                wake = wake.min(now + QUIET_CHECK_EVERY);
+            }
+
+            let mut fds: Vec<PollFd> = Vec::new();
+            let mut what: Vec<Source> = Vec::new();
+            if let Some(fd) = &stdout_r {
+                push_poll(&mut fds, &mut what, fd.as_fd(), PollFlags::POLLIN, Source::Stdout);
+            }
+            if let Some(fd) = &stderr_r {
+                push_poll(&mut fds, &mut what, fd.as_fd(), PollFlags::POLLIN, Source::Stderr);
+            }
+            if let Some(fd) = &stdin_w {
+                push_poll(&mut fds, &mut what, fd.as_fd(), PollFlags::POLLOUT, Source::Stdin);
+            }
+            if let Some(l) = self.from_init.as_ref().filter(|l| !l.eof) {
+                push_poll(&mut fds, &mut what, l.fd.as_fd(), PollFlags::POLLIN, Source::Init);
+            }
+            if control_open {
+                push_poll(
+                    &mut fds,
+                    &mut what,
+                    control.fd.as_fd(),
+                    PollFlags::POLLIN,
+                    Source::Control,
+                );
+            }
+            if let Some(hub) = &self.tools {
+                push_poll(
+                    &mut fds,
+                    &mut what,
+                    hub.listener_fd(),
+                    PollFlags::POLLIN,
+                    Source::Listener,
+                );
+                for (slot, fd) in hub.conn_fds() {
+                    push_poll(&mut fds, &mut what, fd, PollFlags::POLLIN, Source::Conn(slot));
+                }
+            }
+            match poll(&mut fds, timeout_of(Some(wake.saturating_duration_since(now)))) {
+                Ok(_) => {}
                 Err(nix::errno::Errno::EINTR) => continue,
                 Err(e) => return Err(format!("poll: {e}")),
-            };
-            let revents: Vec<PollFlags> = fds.iter().map(|f| f.revents().unwrap_or(PollFlags::empty())).collect();
+            }
+            let fired: Vec<Source> = fds
+                .iter()
+                .zip(what)
+                .filter(|(f, _)| f.revents().is_some_and(|r| !r.is_empty()))
+                .map(|(_, w)| w)
+                .collect();
             drop(fds);
-            let fired = |slot: usize| slots[slot] != usize::MAX && !revents[slots[slot]].is_empty();
 
-            if ready > 0 {
-                for (slot, pipe, capture) in [(0, &mut stdout_r, &mut out), (1, &mut stderr_r, &mut err)] {
-                    if fired(slot) {
-                        if let Some(fd) = pipe.as_ref() {
-                            match read_some(fd, &mut chunk) {
-                                Ok(0) => *pipe = None,
-                                Ok(n) => capture.push(&chunk[..n], cap),
-                                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                                Err(_) => *pipe = None,
+            for source in fired {
+                match source {
+                    Source::Stdout => {
+                        out.read(&mut stdout_r, false);
+                    }
+                    Source::Stderr => {
+                        out.read(&mut stderr_r, true);
+                    }
+                    Source::Stdin => {
+                        if let Some(w) = stdin_w.as_ref() {
+                            match nix::unistd::write(w, &stdin_data[..stdin_data.len().min(64 * 1024)]) {
+                                Ok(n) => stdin_data = &stdin_data[n..],
+                                Err(nix::errno::Errno::EAGAIN) | Err(nix::errno::Errno::EINTR) => {}
+                                Err(_) => stdin_data = &[],
+                            }
+                            if stdin_data.is_empty() {
+                                stdin_w = None;
+                            }
+                        }
+                    }
+                    Source::Init => {
+                        let lines = self.from_init.as_mut().ok_or("init pipe closed")?;
+                        let _ = lines.fill();
+                        while let Some(line) = lines.take_line() {
+                            match serde_json::from_slice::<InitReport>(&line) {
+                                Ok(InitReport::Exited { code }) => {
+                                    result.exit_code = Some(code);
+                                    ended_at.get_or_insert_with(Instant::now);
+                                }
+                                Ok(InitReport::Signaled { signal }) => {
+                                    result.signal = Some(signal_name(signal));
+                                    ended_at.get_or_insert_with(Instant::now);
+                                }
+                                _ => {}
+                            }
+                        }
+                        if lines.eof {
+                            ended_at.get_or_insert_with(Instant::now);
+                        }
+                    }
+                    Source::Control => {
+                        let _ = control.fill();
+                        while let Some(line) = control.take_line() {
+                            if let (Ok(Command::Reply { key, reply }), Some(hub)) =
+                                (serde_json::from_slice::<Command>(&line), self.tools.as_mut())
+                            {
+                                hub.reply(key, &reply);
+                            }
+                        }
+                        // End of file on the control pipe means abort.
+                        if control.eof {
+                            control_open = false;
+                            if killed_at.is_none() && ended_at.is_none() {
+                                result.aborted = true;
+                                self.kill_init();
+                                killed_at = Some(Instant::now());
+                            }
+                        }
+                    }
+                    Source::Listener => {
+                        if let Some(hub) = self.tools.as_mut() {
+                            hub.accept();
+                        }
+                    }
+                    Source::Conn(slot) => {
+                        if let Some(hub) = self.tools.as_mut() {
+                            for event in hub.read(slot) {
+                                emit(&event);
+                                quiet_checks = 0;
                             }
                         }
                     }
                 }
-                if fired(2) {
-                    if let Some(w) = stdin_w.as_ref() {
-                        match nix::unistd::write(w, &stdin_data[..stdin_data.len().min(64 * 1024)]) {
-                            Ok(n) => stdin_data = &stdin_data[n..],
-                            Err(nix::errno::Errno::EAGAIN) | Err(nix::errno::Errno::EINTR) => {}
-                            Err(_) => stdin_data = &[],
-                        }
-                        if stdin_data.is_empty() {
-                            stdin_w = None;
-                        }
+            }
+
+            // The program waits for its calls when it says so (Python's runner), or when
+            // every one of its threads sleeps (Bash tool commands in the background).
+            if settled.is_none() {
+                if let Some(hub) = self.tools.as_mut() {
+                    let mut blocked = hub.unannounced && hub.flush;
+                    if hub.unannounced && !hub.flush && hub.has_pending() {
+                        let idle = self.cgroup.as_ref().is_some_and(|c| c.all_sleeping());
+                        quiet_checks = if idle { quiet_checks + 1 } else { 0 };
+                        blocked = quiet_checks >= QUIET_CHECKS_NEEDED;
                     }
-                }
-                if fired(3) {
-                    let lines = self.from_init.as_mut().ok_or("init pipe closed")?;
-                    let _ = lines.fill();
-                    while let Some(line) = lines.take_line() {
-                        match serde_json::from_slice::<InitReport>(&line) {
-                            Ok(InitReport::Exited { code }) => {
-                                result.exit_code = Some(code);
-                                ended_at.get_or_insert_with(Instant::now);
-                            }
-                            Ok(InitReport::Signaled { signal }) => {
-                                result.signal = Some(signal_name(signal));
-                                ended_at.get_or_insert_with(Instant::now);
-                            }
-                            _ => {}
-                        }
-                    }
-                    if lines.eof {
-                        ended_at.get_or_insert_with(Instant::now);
-                    }
-                }
-                if fired(4) {
-                    // Any message or end of file on the control pipe during a run means
-                    // abort (tool-call messages arrive here in a later protocol version).
-                    let _ = control.fill();
-                    if control.eof {
-                        control_open = false;
-                        if killed_at.is_none() && ended_at.is_none() {
-                            result.aborted = true;
-                            self.kill_init();
-                            killed_at = Some(Instant::now());
-                        }
+                    if blocked {
+                        // Output printed before the call is in the pipes by now.
+                        out.drain(&mut stdout_r, false);
+                        out.drain(&mut stderr_r, true);
+                        let (partial_stdout, partial_stderr) = out.take_partial();
+                        emit(&Event::Blocked {
+                            partial_stdout,
+                            partial_stderr,
+                        });
+                        hub.unannounced = false;
+                        hub.flush = false;
+                        quiet_checks = 0;
+                    } else if !hub.unannounced {
+                        hub.flush = false;
                     }
                 }
             }
@@ -525,10 +610,7 @@ impl Sandbox {
             .unwrap_or_else(Instant::now)
             .saturating_duration_since(start)
             .as_millis() as u64;
-        result.stdout = out.text();
-        result.stderr = err.text();
-        result.stdout_truncated = out.truncated;
-        result.stderr_truncated = err.truncated;
+        out.finish(&mut result);
         Ok(result)
     }
 
@@ -577,17 +659,85 @@ fn write_id_maps(pid: &str, inside: u32, uid: u32, gid: u32) -> Result<(), Strin
     fs::write(proc_dir.join("gid_map"), format!("{inside} {gid} 1\n")).map_err(|e| format!("write gid_map: {e}"))
 }
 
-/// Adds `fd` to a poll set and remembers at which index it sits.
-fn add_poll<'a>(
-    slots: &mut [usize; 5],
-    slot: usize,
-    fd: Option<&'a OwnedFd>,
-    flags: PollFlags,
+fn push_poll<'a>(
     fds: &mut Vec<PollFd<'a>>,
+    what: &mut Vec<Source>,
+    fd: BorrowedFd<'a>,
+    flags: PollFlags,
+    source: Source,
 ) {
-    if let Some(fd) = fd {
-        slots[slot] = fds.len();
-        fds.push(PollFd::new(fd.as_fd(), flags));
+    fds.push(PollFd::new(fd, flags));
+    what.push(source);
+}
+
+/// What a descriptor in the poll set is.
+#[derive(Clone, Copy)]
+enum Source {
+    Stdout,
+    Stderr,
+    Stdin,
+    Init,
+    Control,
+    Listener,
+    Conn(usize),
+}
+
+/// The program's stdout and stderr: the whole run's (capped) and, for tool-call
+/// pauses, what came since the last pause (capped the same way).
+struct Streams {
+    cap: usize,
+    total: [Capture; 2],
+    partial: [Capture; 2],
+    chunk: Vec<u8>,
+}
+
+impl Streams {
+    fn new(cap: usize) -> Self {
+        Streams {
+            cap,
+            total: Default::default(),
+            partial: Default::default(),
+            chunk: vec![0u8; 64 * 1024],
+        }
+    }
+
+    /// One read from a pipe; closes it at end of file. Returns whether data came.
+    fn read(&mut self, pipe: &mut Option<OwnedFd>, stderr: bool) -> bool {
+        let Some(fd) = pipe.as_ref() else { return false };
+        let i = usize::from(stderr);
+        match read_some(fd, &mut self.chunk) {
+            Ok(0) => {
+                *pipe = None;
+                false
+            }
+            Ok(n) => {
+                self.total[i].push(&self.chunk[..n], self.cap);
+                self.partial[i].push(&self.chunk[..n], self.cap);
+                true
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => false,
+            Err(_) => {
+                *pipe = None;
+                false
+            }
+        }
+    }
+
+    /// Reads everything a pipe holds right now.
+    fn drain(&mut self, pipe: &mut Option<OwnedFd>, stderr: bool) {
+        while self.read(pipe, stderr) {}
+    }
+
+    fn take_partial(&mut self) -> (String, String) {
+        let [o, e] = std::mem::take(&mut self.partial);
+        (o.text(), e.text())
+    }
+
+    fn finish(&self, result: &mut RunResult) {
+        result.stdout = self.total[0].text();
+        result.stderr = self.total[1].text();
+        result.stdout_truncated = self.total[0].truncated;
+        result.stderr_truncated = self.total[1].truncated;
     }
 }
 
@@ -650,6 +800,7 @@ fn init_setup(ctx: &InitContext, commands: &mut Lines) -> Result<Option<InitRun>
         code: &ctx.staging.join("code"),
         extra_runtime_paths: ctx.extra_runtime_paths,
         tmp_bytes: ctx.limits.tmp_bytes,
+        tool_client: ctx.tool_client,
     })
     .map_err(|e| e.to_string())?;
     nix::unistd::sethostname("sandcall").map_err(errstr("sethostname"))?;

@@ -14,3 +14,4 @@ mod io;
 pub mod mounts;
 pub mod protocol;
 pub mod seccomp;
+pub mod tools;

@@ -56,6 +56,11 @@ pub struct RootSpec<'a> {
     pub code: &'a Path,
     pub extra_runtime_paths: &'a [PathBuf],
     pub tmp_bytes: u64,
+    /// The helper's own executable, bound as the tool-call client at
+    /// `/run/sandcall/bin/sandcall` onto the mount point the helper made. A path, not
+    /// /proc/self/exe: that names a mount of the host's namespace, which cannot be bound
+    /// from this one.
+    pub tool_client: Option<&'a Path>,
 }
 
 fn tmpfs(target: &Path, options: &str) -> Result<(), MountError> {
@@ -253,6 +258,9 @@ pub fn build_root(spec: &RootSpec) -> Result<(), MountError> {
     tmpfs(&root.join("tmp"), &format!("size={},mode=1777", spec.tmp_bytes))?;
     bind_rw(spec.workspace, &root.join("mnt/data"))?;
     bind_ro(spec.code, &root.join("run/sandcall"))?;
+    if let Some(exe) = spec.tool_client {
+        bind_ro(exe, &root.join("run/sandcall/bin/sandcall"))?;
+    }
 
     // Our own /proc: we are pid 1 of the new pid namespace, so it lists only the run.
     step(

@@ -67,6 +67,19 @@ pub struct Prepare {
     pub host_gid: u32,
     /// The most bytes of code a run may bring.
     pub max_code_bytes: u64,
+    /// Programmatic runs: open the tool socket `/run/sandcall/tools.sock` and put the
+    /// tool-call client at `/run/sandcall/bin/sandcall`. None for plain runs.
+    #[serde(default)]
+    pub tools: Option<ToolChannel>,
+}
+
+/// Settings of the tool-call channel between the program and the helper.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ToolChannel {
+    /// A program message longer than this closes its connection unread.
+    pub max_message_bytes: u64,
+    /// Connections open at once (each Bash tool command is one).
+    pub max_connections: usize,
 }
 
 /// The program to run in a prepared sandbox.
@@ -75,6 +88,9 @@ pub struct Run {
     /// Source text, written to `/run/sandcall/<code_file>` (read-only inside).
     pub code: String,
     pub code_file: String,
+    /// More files for `/run/sandcall` (a language's runner, the tool definitions).
+    #[serde(default)]
+    pub support_files: Vec<(String, String)>,
     /// The full argv; `argv[0]` is the interpreter's absolute path.
     pub argv: Vec<String>,
     /// The program's whole environment.
@@ -115,4 +131,60 @@ pub enum Event {
     Finished { result: RunResult },
     /// The sandbox could not be built or run. `message` is for the log, not the client.
     Failed { message: String },
+    /// The program asked for a tool call. `key` names it until it is answered. Python
+    /// sends `arguments`; the Bash tool command sends its command-line words as `argv`.
+    ToolCall {
+        key: u64,
+        name: String,
+        arguments: Option<serde_json::Value>,
+        argv: Option<Vec<String>>,
+    },
+    /// The program waits for the calls it made: output produced since the previous
+    /// `Blocked` comes with it.
+    Blocked {
+        partial_stdout: String,
+        partial_stderr: String,
+    },
+}
+
+/// A message from the server to the helper while the program runs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "command", rename_all = "snake_case")]
+pub enum Command {
+    /// The answer to tool call `key`, passed to the program as it is (with its own id).
+    Reply { key: u64, reply: ToolReply },
+}
+
+/// What the program receives for one tool call.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ToolReply {
+    pub ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub result: Option<serde_json::Value>,
+    /// `tool_error` (the caller said is_error), `refused` (the server refused the call),
+    /// or `timeout` (no result within tool_call_timeout).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub kind: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub error: Option<String>,
+}
+
+impl ToolReply {
+    pub fn result(value: serde_json::Value) -> Self {
+        ToolReply {
+            ok: true,
+            result: Some(value),
+            kind: None,
+            error: None,
+        }
+    }
+
+    pub fn error(kind: &str, message: impl Into<String>) -> Self {
+        ToolReply {
+            ok: false,
+            result: None,
+            kind: Some(kind.into()),
+            error: Some(message.into()),
+        }
+    }
 }

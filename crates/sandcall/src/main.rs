@@ -25,6 +25,13 @@ enum Command {
     /// Internal: build and run one sandbox, driven over stdin/stdout by the server.
     #[command(hide = true)]
     SandboxHelper,
+    /// Inside a sandbox: call a declared tool (what the Bash tool commands run).
+    #[command(hide = true)]
+    ToolCall {
+        name: String,
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 #[derive(clap::Args)]
@@ -44,6 +51,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::SandboxHelper => ExitCode::from(sandcall_sandbox::helper::run_helper() as u8),
+        Command::ToolCall { name, args } => ExitCode::from(sandcall_sandbox::tools::client_main(&name, &args) as u8),
         Command::Serve(args) => run_async(serve(args)),
         Command::Doctor(args) => run_async(doctor(args)),
     }

@@ -50,6 +50,23 @@ pub struct Config {
     pub cpu_time_limit_ms: u64,
     /// CPU share of a run (1.0 = one core). Default 1.0.
     pub cpus: f64,
+    /// Programmatic runs: a pending tool call with no result after this many ms raises
+    /// TimeoutError in the program. Default 300000.
+    pub tool_call_timeout_ms: u64,
+    /// Programmatic runs: a paused session not resumed within this many seconds is
+    /// ended and its sandbox reclaimed. Default 600.
+    pub session_expiry_s: u64,
+    /// Tool calls one programmatic run may make: the default and the ceiling of the
+    /// request's `max_tool_calls`. Default 100.
+    pub max_tool_calls: u64,
+    /// Largest tool call (its arguments as JSON), in bytes. Default 1048576.
+    pub max_tool_call_bytes: u64,
+    /// Programmatic sessions alive at once, paused ones included; beyond this a new one
+    /// gets 503 `at_capacity`. Default: number of cores × 32.
+    pub max_sessions: usize,
+    /// Key that signs continuation tokens, as 64 hex characters. Default: generated on
+    /// first start into `<data_dir>/token.key` (mode 0600) and kept there.
+    pub token_secret: Option<String>,
     /// The most a request's `limits` may ask for; each defaults to the value above.
     pub ceilings: Ceilings,
     /// Python interpreter, an absolute path inside the runtime. Default `/usr/bin/python3`.
@@ -106,6 +123,12 @@ impl Default for Config {
             tmp_limit_mb: 128,
             cpu_time_limit_ms: 300_000,
             cpus: 1.0,
+            tool_call_timeout_ms: 300_000,
+            session_expiry_s: 600,
+            max_tool_calls: 100,
+            max_tool_call_bytes: 1 << 20,
+            max_sessions: cores() * 32,
+            token_secret: None,
             ceilings: Ceilings::default(),
             python: PathBuf::from("/usr/bin/python3"),
             bash: PathBuf::from("/usr/bin/bash"),
@@ -203,6 +226,10 @@ impl Config {
             ("file_size_limit_mb", self.file_size_limit_mb),
             ("tmp_limit_mb", self.tmp_limit_mb),
             ("max_code_bytes", self.max_code_bytes),
+            ("tool_call_timeout_ms", self.tool_call_timeout_ms),
+            ("session_expiry_s", self.session_expiry_s),
+            ("max_tool_call_bytes", self.max_tool_call_bytes),
+            ("max_sessions", self.max_sessions as u64),
         ] {
             if value == 0 {
                 return bad(format!("{name} must be above 0"));
@@ -220,6 +247,11 @@ impl Config {
         ] {
             if ceiling.is_some_and(|c| c < default) {
                 return bad(format!("ceilings.{name} is below the default {name}"));
+            }
+        }
+        if let Some(secret) = &self.token_secret {
+            if secret.len() != 64 || !secret.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return bad("token_secret must be 64 hex characters (32 bytes)".into());
             }
         }
         for (name, path) in [("python", &self.python), ("bash", &self.bash)] {

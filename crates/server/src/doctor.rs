@@ -212,6 +212,8 @@ async fn trial_run(config: &Config) -> Check {
             stdin: String::new(),
             timeout_ms: 20_000,
             limits,
+            support_files: Vec::new(),
+            tools: None,
         };
         match runner.run(spec, ()).await {
             Ok(r) if r.stdout == expected && r.exit_code == Some(0) => {}

@@ -3,13 +3,14 @@
 
 use crate::error::ApiError;
 use crate::exec;
+use crate::programmatic;
 use crate::AppState;
-use axum::extract::{FromRequest, Request, State};
+use axum::extract::{FromRequest, Path, Request, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use sandcall_api::{error_type, ExecRequest, Health};
+use sandcall_api::{error_type, CancelRequest, ExecRequest, Health, ProgrammaticRequest, ProgrammaticResponse};
 use serde::de::DeserializeOwned;
 
 /// A JSON body whose every failure (content type, size, syntax, types) is an ApiError.
@@ -56,6 +57,9 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/health", get(health))
         .route("/v1/exec", post(exec_route))
+        .route("/v1/exec/programmatic", post(programmatic_route))
+        .route("/v1/exec/programmatic/cancel", post(cancel_route))
+        .route("/v1/exec/programmatic/{session_id}", get(session_route))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))
@@ -86,6 +90,39 @@ async fn exec_route(State(state): State<AppState>, JsonBody(req): JsonBody<ExecR
     let cmd = exec::parse_exec(req, &state.config)?;
     let result = state.execute(cmd).await?;
     Ok(Json(result).into_response())
+}
+
+async fn programmatic_route(
+    State(state): State<AppState>,
+    JsonBody(req): JsonBody<ProgrammaticRequest>,
+) -> Result<Json<ProgrammaticResponse>, ApiError> {
+    let response = match req.continuation_token.as_deref() {
+        Some(token) => {
+            let results = req.tool_results.as_deref().unwrap_or_default();
+            state.sessions.resume(token, req.session_id.as_deref(), results).await?
+        }
+        None => {
+            state
+                .sessions
+                .start(programmatic::parse_start(req, &state.config)?)
+                .await?
+        }
+    };
+    Ok(Json(response))
+}
+
+async fn cancel_route(
+    State(state): State<AppState>,
+    JsonBody(req): JsonBody<CancelRequest>,
+) -> Result<Json<ProgrammaticResponse>, ApiError> {
+    Ok(Json(state.sessions.cancel(&req.session_id).await?))
+}
+
+async fn session_route(
+    State(state): State<AppState>,
+    Path(session_id): Path<String>,
+) -> Result<Json<ProgrammaticResponse>, ApiError> {
+    Ok(Json(state.sessions.status(&session_id)?))
 }
 
 async fn not_found() -> ApiError {

@@ -10,6 +10,7 @@ pub mod exec;
 pub mod host;
 pub mod http;
 pub mod ids;
+pub mod programmatic;
 pub mod runner;
 pub mod runtime;
 
@@ -27,6 +28,7 @@ pub struct AppState {
     pub config: Arc<Config>,
     pub runner: Runner,
     pub admission: Admission,
+    pub sessions: programmatic::session::Sessions,
 }
 
 impl AppState {
@@ -45,6 +47,8 @@ impl AppState {
             stdin: String::new(),
             timeout_ms: 10_000,
             limits,
+            support_files: Vec::new(),
+            tools: None,
         };
         let _ = self.runner.run(spec, ()).await;
         self.runner.failing()
@@ -64,6 +68,8 @@ impl AppState {
             stdin: cmd.stdin,
             timeout_ms: cmd.timeout_ms,
             limits: cmd.limits,
+            support_files: Vec::new(),
+            tools: None,
         };
         // The slot travels with the run, which finishes even if the client goes away.
         match self.runner.run(spec, slot).await {
@@ -105,17 +111,23 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
             host_gid: host.host_gid,
             max_code_bytes: config.max_code_bytes,
         },
-        shutdown_rx,
+        shutdown_rx.clone(),
     );
     let admission = Admission::new(
         config.max_concurrent_runs,
         config.queue_length(),
         Duration::from_millis(config.queue_timeout_ms),
     );
+    let key = programmatic::token::TokenKey::load(config.token_secret.as_deref(), &host.data_dir)
+        .map_err(ServeError::Preflight)?;
+    let shared_config = Arc::new(config.clone());
+    let sessions =
+        programmatic::session::Sessions::new(key, runner.clone(), shared_config.clone(), shutdown_rx.clone());
     let state = AppState {
-        config: Arc::new(config.clone()),
+        config: shared_config,
         runner: runner.clone(),
         admission,
+        sessions,
     };
     let listener = tokio::net::TcpListener::bind(&config.listen)
         .await

@@ -2,7 +2,7 @@
 //! namespaces itself: each run is a fresh `sandcall sandbox-helper` process.
 
 use sandcall_sandbox::cgroup::CgroupRoot;
-use sandcall_sandbox::protocol::{Event, Limits, Prepare, Run, RunResult};
+use sandcall_sandbox::protocol::{Event, Limits, Prepare, Run, RunResult, ToolChannel};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -32,6 +32,10 @@ pub struct RunSpec {
     pub stdin: String,
     pub timeout_ms: u64,
     pub limits: Limits,
+    /// More files for the code directory (a runner, tool definitions).
+    pub support_files: Vec<(String, String)>,
+    /// The tool channel, for programmatic runs.
+    pub tools: Option<ToolChannel>,
 }
 
 /// What the runner needs from the configuration.
@@ -57,6 +61,13 @@ pub struct Runner {
 
 /// Counts a helper as alive from spawn to reaped.
 struct ActiveGuard(Arc<AtomicUsize>);
+
+impl ActiveGuard {
+    fn new(active: Arc<AtomicUsize>) -> Self {
+        active.fetch_add(1, Ordering::SeqCst);
+        ActiveGuard(active)
+    }
+}
 
 impl Drop for ActiveGuard {
     fn drop(&mut self) {
@@ -85,6 +96,15 @@ impl Runner {
             .lock()
             .map(|g| g.clone())
             .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    /// Notes a sandbox failure for the health route.
+    pub fn record_failure(&self, error: &RunError) {
+        let mut guard = self.failing.lock().unwrap_or_else(|p| p.into_inner());
+        *guard = Some(match error {
+            RunError::Spawn(_) => "the sandbox helper cannot be started".to_string(),
+            RunError::Protocol(_) | RunError::Sandbox(_) => "the last sandbox could not be built".to_string(),
+        });
     }
 
     fn record(&self, result: &Result<RunResult, RunError>) {
@@ -121,9 +141,32 @@ impl Runner {
     }
 
     async fn run_inner(&self, spec: RunSpec) -> Result<RunResult, RunError> {
+        let mut helper = self.start(spec).await?;
+        let mut shutdown = self.shutdown.clone();
+        let outcome = loop {
+            let event = tokio::select! {
+                event = helper.next_event() => event,
+                _ = async { let _ = shutdown.wait_for(|stop| *stop).await; }, if !helper.aborted() => {
+                    helper.abort();
+                    continue;
+                }
+            };
+            match event {
+                Ok(Event::Finished { result }) => break Ok(result),
+                Ok(Event::Failed { message }) => break Err(RunError::Sandbox(message)),
+                // A plain run has no tool channel; nothing else is expected.
+                Ok(_) => {}
+                Err(e) => break Err(e),
+            }
+        };
+        helper.wait().await;
+        outcome
+    }
+
+    /// Builds a sandbox and starts the program in it; the caller drives the rest.
+    pub async fn start(&self, spec: RunSpec) -> Result<Helper, RunError> {
         let s = &self.settings;
-        self.active.fetch_add(1, Ordering::SeqCst);
-        let _guard = ActiveGuard(self.active.clone());
+        let guard = ActiveGuard::new(self.active.clone());
         let mut child = Command::new(&s.helper_exe)
             .arg("sandbox-helper")
             .env_clear()
@@ -132,12 +175,17 @@ impl Runner {
             .stderr(Stdio::inherit())
             .spawn()
             .map_err(RunError::Spawn)?;
-        let mut stdin = child.stdin.take();
+        let stdin = child.stdin.take();
         let stdout = child
             .stdout
             .take()
             .ok_or_else(|| RunError::Protocol("no stdout".into()))?;
-        let mut events = BufReader::new(stdout).lines();
+        let mut helper = Helper {
+            child,
+            stdin,
+            events: BufReader::new(stdout).lines(),
+            _guard: guard,
+        };
 
         let prepare = Prepare {
             run_id: spec.run_id.clone(),
@@ -148,43 +196,69 @@ impl Runner {
             host_uid: s.host_uid,
             host_gid: s.host_gid,
             max_code_bytes: s.max_code_bytes,
+            tools: spec.tools,
         };
         let run = Run {
             code: spec.code,
             code_file: spec.code_file,
+            support_files: spec.support_files,
             argv: spec.argv,
             env: spec.env,
             stdin: spec.stdin,
             timeout_ms: spec.timeout_ms,
         };
-        let outcome = async {
-            send(&mut stdin, &prepare).await?;
-            match next_event(&mut events).await? {
+        let started = async {
+            helper.send(&prepare).await?;
+            match helper.next_event().await? {
                 Event::Ready => {}
                 Event::Failed { message } => return Err(RunError::Sandbox(message)),
                 other => return Err(RunError::Protocol(format!("expected ready, got {other:?}"))),
             }
-            send(&mut stdin, &run).await?;
-            let mut shutdown = self.shutdown.clone();
-            let event = tokio::select! {
-                event = next_event(&mut events) => event?,
-                _ = async { let _ = shutdown.wait_for(|stop| *stop).await; } => {
-                    // Closing the helper's stdin tells it to kill the program and clean up.
-                    stdin = None;
-                    next_event(&mut events).await?
-                }
-            };
-            match event {
-                Event::Finished { result } => Ok(result),
-                Event::Failed { message } => Err(RunError::Sandbox(message)),
-                Event::Ready => Err(RunError::Protocol("unexpected ready".into())),
-            }
+            helper.send(&run).await
         }
         .await;
-        drop(stdin);
-        // The helper exits right after its last event, once everything is reclaimed.
-        let _ = child.wait().await;
-        outcome
+        match started {
+            Ok(()) => Ok(helper),
+            Err(e) => {
+                helper.abort();
+                helper.wait().await;
+                Err(e)
+            }
+        }
+    }
+}
+
+/// A running sandbox helper: its events, and the commands it takes.
+pub struct Helper {
+    child: tokio::process::Child,
+    stdin: Option<tokio::process::ChildStdin>,
+    events: Lines<BufReader<ChildStdout>>,
+    _guard: ActiveGuard,
+}
+
+impl Helper {
+    pub async fn next_event(&mut self) -> Result<Event, RunError> {
+        next_event(&mut self.events).await
+    }
+
+    pub async fn send<T: serde::Serialize>(&mut self, message: &T) -> Result<(), RunError> {
+        send(&mut self.stdin, message).await
+    }
+
+    /// Tells the helper to kill the program and reclaim the sandbox; a `Finished` event
+    /// (with `aborted`) follows.
+    pub fn abort(&mut self) {
+        self.stdin = None;
+    }
+
+    pub fn aborted(&self) -> bool {
+        self.stdin.is_none()
+    }
+
+    /// Waits for the helper to exit (it does once everything is reclaimed).
+    pub async fn wait(mut self) {
+        self.stdin = None;
+        let _ = self.child.wait().await;
     }
 }
 

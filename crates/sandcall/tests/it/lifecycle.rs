@@ -81,7 +81,7 @@ fn sigterm_kills_running_programs_and_reclaims_every_sandbox() {
         let runs: Vec<_> = (0..3)
             .map(|_| {
                 let s = &s;
-                scope.spawn(move || s.exec(json!({"language": "bash", "code": "echo started; sleep 300"})))
+                scope.spawn(move || s.exec(json!({"language": "bash", "code": "echo started; sleep 300.4321"})))
             })
             .collect();
         // Wait until the three programs are running.
@@ -107,7 +107,7 @@ fn sigterm_kills_running_programs_and_reclaims_every_sandbox() {
     }
     assert_eq!(run_cgroups(&instance), 0);
     assert_eq!(dir_entries(&s.data_dir.join("runs")), 0);
-    assert!(crate::common::processes_matching("sleep 300").is_empty());
+    assert!(crate::common::processes_matching("sleep 300.4321").is_empty());
 }
 
 #[test]

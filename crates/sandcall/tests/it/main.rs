@@ -7,4 +7,5 @@ mod exec;
 mod hostile;
 mod leaks;
 mod lifecycle;
+mod programmatic;
 mod unprivileged;

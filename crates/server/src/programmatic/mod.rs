@@ -1,0 +1,85 @@
+//! POST /v1/exec/programmatic and its companions: programs that call the caller's tools.
+//!
+//! - `tools`: the declared tools and the check every call passes (schema, size);
+//! - `token`: signed continuation tokens;
+//! - `session`: the pause/resume state machine and the task that owns each sandbox.
+
+pub mod session;
+pub mod token;
+pub mod tools;
+
+use crate::config::Config;
+use crate::error::ApiError;
+use crate::exec;
+use crate::ids;
+use crate::runner::RunSpec;
+use crate::runtime;
+use axum::http::StatusCode;
+use sandcall_api::{error_type, Language, ProgrammaticRequest};
+use sandcall_sandbox::protocol::ToolChannel;
+use session::StartCommand;
+use tools::ToolSet;
+
+/// Connections the program may hold open on its tool socket at once.
+const MAX_TOOL_CONNECTIONS: usize = 64;
+
+/// Validates a first call into a command for `Sessions::start`.
+pub fn parse_start(req: ProgrammaticRequest, config: &Config) -> Result<StartCommand, ApiError> {
+    let language = exec::parse_language(req.language.as_deref(), req.lang.as_deref())?;
+    let code = req
+        .code
+        .ok_or_else(|| ApiError::bad_request("`code` is required (or `continuation_token` to resume)"))?;
+    if code.trim().is_empty() {
+        return Err(ApiError::bad_request("`code` is empty"));
+    }
+    if code.len() as u64 > config.max_code_bytes {
+        return Err(ApiError::too_large(format!(
+            "`code` is larger than {} bytes",
+            config.max_code_bytes
+        )));
+    }
+    let args = req.args.unwrap_or_default();
+    if args.iter().any(|a| a.contains('\0')) {
+        return Err(ApiError::bad_request("`args` may not contain NUL bytes"));
+    }
+    if req.files.as_ref().is_some_and(|f| !f.is_empty()) {
+        return Err(ApiError::bad_request(
+            "input `files` are not supported by this server version",
+        ));
+    }
+    let tools = ToolSet::declare(req.tools.as_deref().unwrap_or_default())
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, error_type::INVALID_TOOL_SCHEMA, e.0))?;
+    let timeout_ms = exec::timeout(req.timeout, config)?;
+    let limits = exec::resolve_limits(config, req.limits.as_ref())?;
+    let max_tool_calls = req
+        .max_tool_calls
+        .unwrap_or(config.max_tool_calls)
+        .min(config.max_tool_calls);
+    let interpreter = match language {
+        Language::Python => &config.python,
+        Language::Bash => &config.bash,
+    };
+    let launch = runtime::launch_with_tools(language, interpreter, &args, &tools.names());
+    let spec = RunSpec {
+        run_id: ids::new_id(),
+        code,
+        code_file: launch.code_file,
+        argv: launch.argv,
+        env: launch.env,
+        stdin: String::new(),
+        timeout_ms,
+        limits,
+        support_files: launch.support_files,
+        tools: Some(ToolChannel {
+            // A call's whole message may be somewhat over max_tool_call_bytes (names,
+            // quoting); much larger than that and the connection is cut unread.
+            max_message_bytes: config.max_tool_call_bytes.saturating_mul(2) + (64 << 10),
+            max_connections: MAX_TOOL_CONNECTIONS,
+        }),
+    };
+    Ok(StartCommand {
+        spec,
+        tools,
+        max_tool_calls,
+    })
+}

@@ -1,0 +1,544 @@
+//! Programmatic sessions: the pause/resume state machine, the driver task that owns a
+//! session's sandbox, and the registry the routes look sessions up in.
+//!
+//! ```text
+//! start ──> Running ──(program blocks on calls)──> Paused{pause n} ──(resume, token n)──> Running ...
+//!             │                                      │  tool_call_timeout: TimeoutError in the program ──> Running
+//!             │                                      │  session_expiry: sandbox killed ──> gone (404)
+//!             └──(program ends / timeout / cancel)──> Done
+//! ```
+//! A token names a pause; it is good while the session sits in exactly that pause, and
+//! the check and the move to Running happen under one lock: of two concurrent resumes
+//! with one token, one wins and the other gets 409.
+
+use super::token::TokenKey;
+use super::tools::ToolSet;
+use crate::config::Config;
+use crate::error::ApiError;
+use crate::ids;
+use crate::runner::{Helper, RunError, RunSpec, Runner};
+use axum::http::StatusCode;
+use sandcall_api::{error_type, ProgrammaticResponse, ToolCall, ToolResult};
+use sandcall_sandbox::protocol::{Command, Event, RunResult, ToolReply};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+/// Where a session is.
+enum Phase {
+    Running,
+    /// Waiting for the caller: the calls handed out at pause number `pause`.
+    Paused {
+        pause: u64,
+        calls: Vec<(String, u64)>,
+    },
+    Done,
+}
+
+struct Shared {
+    phase: Phase,
+    /// What GET answers now; also what a waiting request receives.
+    response: ProgrammaticResponse,
+}
+
+pub struct Session {
+    id: String,
+    shared: Mutex<Shared>,
+    /// Bumped every time `response` changes to a pause or an end.
+    version: watch::Sender<u64>,
+    commands: mpsc::UnboundedSender<DriverCommand>,
+}
+
+enum DriverCommand {
+    Results(Vec<(u64, ToolReply)>),
+    Cancel,
+}
+
+impl Session {
+    fn lock(&self) -> MutexGuard<'_, Shared> {
+        self.shared.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn publish(&self, phase: Phase, response: ProgrammaticResponse) {
+        let mut shared = self.lock();
+        shared.phase = phase;
+        shared.response = response;
+        self.version.send_modify(|v| *v += 1);
+    }
+
+    fn current(&self) -> ProgrammaticResponse {
+        self.lock().response.clone()
+    }
+
+    /// Waits until the session moves past version `seen` (to a pause or an end).
+    async fn next_outcome(&self, seen: u64) -> ProgrammaticResponse {
+        let mut rx = self.version.subscribe();
+        let _ = rx.wait_for(|v| *v > seen).await;
+        self.current()
+    }
+}
+
+/// Everything a new session needs, validated.
+pub struct StartCommand {
+    pub spec: RunSpec,
+    pub tools: ToolSet,
+    pub max_tool_calls: u64,
+}
+
+#[derive(Clone)]
+pub struct Sessions {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    map: Mutex<HashMap<String, Arc<Session>>>,
+    key: TokenKey,
+    runner: Runner,
+    config: Arc<Config>,
+    slots: Arc<Semaphore>,
+    shutdown: watch::Receiver<bool>,
+}
+
+fn not_found() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        error_type::SESSION_NOT_FOUND,
+        "no such session (it may have ended or expired)",
+    )
+}
+
+impl Sessions {
+    pub fn new(key: TokenKey, runner: Runner, config: Arc<Config>, shutdown: watch::Receiver<bool>) -> Self {
+        let slots = Arc::new(Semaphore::new(config.max_sessions));
+        Sessions {
+            inner: Arc::new(Inner {
+                map: Mutex::new(HashMap::new()),
+                key,
+                runner,
+                config,
+                slots,
+                shutdown,
+            }),
+        }
+    }
+
+    fn map(&self) -> MutexGuard<'_, HashMap<String, Arc<Session>>> {
+        self.inner.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn get(&self, id: &str) -> Result<Arc<Session>, ApiError> {
+        self.map().get(id).cloned().ok_or_else(not_found)
+    }
+
+    /// Sessions alive (running, paused, or ended and still readable).
+    pub fn count(&self) -> usize {
+        self.map().len()
+    }
+
+    /// Starts the program and answers with its first pause or its end.
+    pub async fn start(&self, cmd: StartCommand) -> Result<ProgrammaticResponse, ApiError> {
+        let slot = self
+            .inner
+            .slots
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| ApiError::at_capacity(1))?;
+        let id = cmd.spec.run_id.clone();
+        let helper = match self.inner.runner.start(cmd.spec).await {
+            Ok(h) => h,
+            Err(e) => {
+                self.inner.runner.record_failure(&e);
+                return Err(ApiError::internal(error_type::SANDBOX_FAILURE, &e.to_string()));
+            }
+        };
+        let (commands, rx) = mpsc::unbounded_channel();
+        let session = Arc::new(Session {
+            id: id.clone(),
+            shared: Mutex::new(Shared {
+                phase: Phase::Running,
+                response: ProgrammaticResponse::Running { session_id: id.clone() },
+            }),
+            version: watch::channel(0).0,
+            commands,
+        });
+        self.map().insert(id, session.clone());
+        let driver = Driver {
+            sessions: self.clone(),
+            session: session.clone(),
+            tools: cmd.tools,
+            max_tool_calls: cmd.max_tool_calls,
+        };
+        tokio::spawn(driver.run(helper, rx, slot));
+        Ok(session.next_outcome(0).await)
+    }
+
+    /// Hands the caller's results to the paused program and answers with what comes next.
+    pub async fn resume(
+        &self,
+        token: &str,
+        session_id: Option<&str>,
+        results: &[ToolResult],
+    ) -> Result<ProgrammaticResponse, ApiError> {
+        let (id, pause) = self.inner.key.verify(token).ok_or_else(|| {
+            ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                error_type::INVALID_CONTINUATION_TOKEN,
+                "the continuation token is not valid",
+            )
+        })?;
+        if session_id.is_some_and(|s| s != id) {
+            return Err(ApiError::bad_request(
+                "session_id does not match the continuation token",
+            ));
+        }
+        let session = self.get(&id)?;
+        let seen = {
+            let mut shared = session.lock();
+            let Phase::Paused { pause: current, calls } = &shared.phase else {
+                return Err(token_used());
+            };
+            if *current != pause {
+                return Err(token_used());
+            }
+            let replies = match_results(calls, results)?;
+            if session.commands.send(DriverCommand::Results(replies)).is_err() {
+                return Err(not_found());
+            }
+            shared.phase = Phase::Running;
+            shared.response = ProgrammaticResponse::Running { session_id: id.clone() };
+            *session.version.borrow()
+        };
+        Ok(session.next_outcome(seen).await)
+    }
+
+    pub fn status(&self, id: &str) -> Result<ProgrammaticResponse, ApiError> {
+        Ok(self.get(id)?.current())
+    }
+
+    /// Kills the program; answers with the session's end.
+    pub async fn cancel(&self, id: &str) -> Result<ProgrammaticResponse, ApiError> {
+        let session = self.get(id)?;
+        loop {
+            let seen = {
+                let shared = session.lock();
+                if matches!(shared.phase, Phase::Done) {
+                    return Ok(shared.response.clone());
+                }
+                *session.version.borrow()
+            };
+            let _ = session.commands.send(DriverCommand::Cancel);
+            session.next_outcome(seen).await;
+        }
+    }
+
+    fn remove(&self, session: &Arc<Session>) {
+        let mut map = self.map();
+        if map.get(&session.id).is_some_and(|s| Arc::ptr_eq(s, session)) {
+            map.remove(&session.id);
+        }
+    }
+}
+
+fn token_used() -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        error_type::CONTINUATION_TOKEN_USED,
+        "this continuation token was already used or is no longer current",
+    )
+}
+
+/// The results must answer exactly the pending calls: each once, none unknown.
+fn match_results(calls: &[(String, u64)], results: &[ToolResult]) -> Result<Vec<(u64, ToolReply)>, ApiError> {
+    let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, error_type::INVALID_TOOL_RESULTS, m);
+    let mut replies = Vec::with_capacity(calls.len());
+    let mut seen = std::collections::HashSet::new();
+    for r in results {
+        let Some((_, key)) = calls.iter().find(|(id, _)| *id == r.call_id) else {
+            return Err(bad(format!(
+                "call_id {:?} is not a pending call of this session",
+                r.call_id
+            )));
+        };
+        if !seen.insert(r.call_id.as_str()) {
+            return Err(bad(format!("call_id {:?} is answered twice", r.call_id)));
+        }
+        let reply = if r.is_error {
+            ToolReply::error(
+                "tool_error",
+                r.error_message.clone().unwrap_or_else(|| "the tool failed".into()),
+            )
+        } else {
+            ToolReply::result(r.result.clone())
+        };
+        replies.push((*key, reply));
+    }
+    let missing: Vec<&str> = calls
+        .iter()
+        .filter(|(id, _)| !seen.contains(id.as_str()))
+        .map(|(id, _)| id.as_str())
+        .collect();
+    if !missing.is_empty() {
+        return Err(bad(format!("no result for pending call(s) {}", missing.join(", "))));
+    }
+    Ok(replies)
+}
+
+async fn until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn rfc3339_in(d: Duration) -> String {
+    humantime::format_rfc3339_millis(SystemTime::now() + d).to_string()
+}
+
+/// The task that owns one session's sandbox.
+struct Driver {
+    sessions: Sessions,
+    session: Arc<Session>,
+    tools: ToolSet,
+    max_tool_calls: u64,
+}
+
+/// How a session ended, besides what the program did.
+#[derive(Clone, Copy, PartialEq)]
+enum Ending {
+    Normal,
+    Cancelled,
+    Expired,
+}
+
+impl Driver {
+    async fn run(
+        self,
+        mut helper: Helper,
+        mut commands: mpsc::UnboundedReceiver<DriverCommand>,
+        slot: OwnedSemaphorePermit,
+    ) {
+        let config = self.sessions.inner.config.clone();
+        let tool_timeout = Duration::from_millis(config.tool_call_timeout_ms);
+        let expiry = Duration::from_secs(config.session_expiry_s);
+        let mut shutdown = self.sessions.inner.shutdown.clone();
+        let id = self.session.id.clone();
+        // Calls checked and waiting to be handed out at the next pause.
+        let mut pending: Vec<(u64, String, Value)> = Vec::new();
+        // Calls handed out and not answered yet.
+        let mut outstanding: Vec<u64> = Vec::new();
+        let mut accepted = 0u64;
+        let mut delivered = 0u64;
+        let mut pause = 0u64;
+        let mut carry = (String::new(), String::new());
+        let mut paused_at: Option<Instant> = None;
+        let mut ending = Ending::Normal;
+
+        let response = loop {
+            tokio::select! {
+                event = helper.next_event() => match event {
+                    Ok(Event::ToolCall { key, name, arguments, argv }) => {
+                        let verdict = if accepted >= self.max_tool_calls {
+                            Err(format!("over the budget of {} tool calls for this run (max_tool_calls)", self.max_tool_calls))
+                        } else {
+                            self.tools.check(&name, arguments, argv, config.max_tool_call_bytes)
+                        };
+                        match verdict {
+                            Ok(arguments) => {
+                                accepted += 1;
+                                pending.push((key, name, arguments));
+                            }
+                            Err(reason) => {
+                                let _ = helper.send(&Command::Reply { key, reply: ToolReply::error("refused", reason) }).await;
+                            }
+                        }
+                    }
+                    Ok(Event::Blocked { partial_stdout, partial_stderr }) => {
+                        carry.0.push_str(&partial_stdout);
+                        carry.1.push_str(&partial_stderr);
+                        if pending.is_empty() || paused_at.is_some() || ending != Ending::Normal {
+                            continue;
+                        }
+                        pause += 1;
+                        let mut handed = Vec::with_capacity(pending.len());
+                        let mut calls = Vec::with_capacity(pending.len());
+                        for (key, name, arguments) in pending.drain(..) {
+                            let call_id = ids::new_id();
+                            handed.push((call_id.clone(), key));
+                            outstanding.push(key);
+                            calls.push(ToolCall { id: call_id, name, input: arguments.clone(), arguments });
+                        }
+                        delivered += calls.len() as u64;
+                        let (partial_stdout, partial_stderr) = std::mem::take(&mut carry);
+                        let response = ProgrammaticResponse::ToolCallRequired {
+                            session_id: id.clone(),
+                            continuation_token: self.sessions.inner.key.sign(&id, pause),
+                            tool_calls: calls,
+                            partial_stdout,
+                            partial_stderr,
+                            expires_at: rfc3339_in(expiry),
+                        };
+                        paused_at = Some(Instant::now());
+                        self.session.publish(Phase::Paused { pause, calls: handed }, response);
+                    }
+                    Ok(Event::Finished { result }) => break self.ending(result, ending, delivered),
+                    Ok(Event::Failed { message }) => break self.failure(&RunError::Sandbox(message)),
+                    Ok(Event::Ready) => {}
+                    Err(e) => break self.failure(&e),
+                },
+                command = commands.recv() => match command {
+                    Some(DriverCommand::Results(replies)) => {
+                        paused_at = None;
+                        outstanding.clear();
+                        for (key, reply) in replies {
+                            let _ = helper.send(&Command::Reply { key, reply }).await;
+                        }
+                    }
+                    Some(DriverCommand::Cancel) => {
+                        if ending == Ending::Normal {
+                            ending = Ending::Cancelled;
+                        }
+                        helper.abort();
+                    }
+                    None => {}
+                },
+                _ = until(paused_at.map(|t| t + tool_timeout)) => {
+                    // The caller did not answer in time: the program gets TimeoutError and
+                    // goes on; the token of this pause is stale from now.
+                    paused_at = None;
+                    {
+                        let mut shared = self.session.lock();
+                        shared.phase = Phase::Running;
+                        shared.response = ProgrammaticResponse::Running { session_id: id.clone() };
+                    }
+                    let message = format!("no result within tool_call_timeout ({} ms)", config.tool_call_timeout_ms);
+                    for key in outstanding.drain(..) {
+                        let _ = helper.send(&Command::Reply { key, reply: ToolReply::error("timeout", message.clone()) }).await;
+                    }
+                },
+                _ = until(paused_at.map(|t| t + expiry)) => {
+                    paused_at = None;
+                    ending = Ending::Expired;
+                    helper.abort();
+                },
+                _ = async { let _ = shutdown.wait_for(|stop| *stop).await; }, if !helper.aborted() => helper.abort(),
+            }
+        };
+        // The sandbox is gone once the helper has exited; only then is the slot free.
+        helper.wait().await;
+        drop(slot);
+        if ending == Ending::Expired {
+            // An expired session is gone: resuming it gets 404.
+            self.sessions.remove(&self.session);
+            self.session.publish(Phase::Done, response);
+            return;
+        }
+        self.session.publish(Phase::Done, response);
+        // The ended session stays readable (GET) for a while, then goes.
+        tokio::time::sleep(expiry).await;
+        self.sessions.remove(&self.session);
+    }
+
+    fn ending(&self, result: RunResult, ending: Ending, delivered: u64) -> ProgrammaticResponse {
+        let session_id = self.session.id.clone();
+        let error = |error_type: &str, error: String| ProgrammaticResponse::Error {
+            session_id: session_id.clone(),
+            error,
+            error_type: error_type.into(),
+            stdout: result.stdout.clone(),
+            stderr: result.stderr.clone(),
+        };
+        match ending {
+            Ending::Cancelled => return error(error_type::CANCELLED, "the session was cancelled".into()),
+            Ending::Expired => {
+                return error(
+                    error_type::SESSION_EXPIRED,
+                    "the session was not resumed within session_expiry".into(),
+                )
+            }
+            Ending::Normal => {}
+        }
+        if result.timed_out {
+            return error(error_type::TIMEOUT, "the run did not finish within its timeout".into());
+        }
+        if result.aborted {
+            return error(error_type::SHUTTING_DOWN, "the server is shutting down".into());
+        }
+        ProgrammaticResponse::Completed {
+            session_id: session_id.clone(),
+            stdout: result.stdout,
+            stderr: result.stderr,
+            files: Vec::new(),
+            tool_calls_made: delivered,
+            execution_time: result.wall_time_ms,
+            exit_code: result.exit_code,
+            signal: result.signal,
+            timed_out: false,
+            stdout_truncated: result.stdout_truncated,
+            stderr_truncated: result.stderr_truncated,
+        }
+    }
+
+    fn failure(&self, e: &RunError) -> ProgrammaticResponse {
+        self.sessions.inner.runner.record_failure(e);
+        tracing::error!(session = %self.session.id, error = %e, "programmatic session failed");
+        ProgrammaticResponse::Error {
+            session_id: self.session.id.clone(),
+            error: "the sandbox failed".into(),
+            error_type: error_type::SANDBOX_FAILURE.into(),
+            stdout: String::new(),
+            stderr: String::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result(id: &str, value: Value) -> ToolResult {
+        ToolResult {
+            call_id: id.into(),
+            result: value,
+            is_error: false,
+            error_message: None,
+        }
+    }
+
+    #[test]
+    fn results_must_answer_exactly_the_pending_calls() {
+        let calls = vec![("a".to_string(), 1), ("b".to_string(), 2)];
+        let ok = match_results(&calls, &[result("b", Value::from(2)), result("a", Value::from(1))]).unwrap();
+        assert_eq!(ok.iter().map(|(k, _)| *k).collect::<Vec<_>>(), vec![2, 1]);
+        for bad in [
+            vec![result("a", Value::Null)],
+            vec![
+                result("a", Value::Null),
+                result("b", Value::Null),
+                result("c", Value::Null),
+            ],
+            vec![result("a", Value::Null), result("a", Value::Null)],
+            vec![],
+        ] {
+            assert_eq!(
+                match_results(&calls, &bad).unwrap_err().error_type,
+                "invalid_tool_results"
+            );
+        }
+    }
+
+    #[test]
+    fn errors_become_tool_errors() {
+        let calls = vec![("a".to_string(), 7)];
+        let r = ToolResult {
+            call_id: "a".into(),
+            result: Value::Null,
+            is_error: true,
+            error_message: Some("boom".into()),
+        };
+        let replies = match_results(&calls, &[r]).unwrap();
+        assert_eq!(replies[0].1, ToolReply::error("tool_error", "boom"));
+    }
+}
