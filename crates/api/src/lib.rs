@@ -26,6 +26,9 @@ pub mod error_type {
     pub const METHOD_NOT_ALLOWED: &str = "method_not_allowed";
     pub const INTERNAL: &str = "internal";
     pub const SESSION_NOT_FOUND: &str = "session_not_found";
+    pub const UNAUTHORIZED: &str = "unauthorized";
+    pub const FILE_NOT_FOUND: &str = "file_not_found";
+    pub const INSUFFICIENT_STORAGE: &str = "insufficient_storage";
     pub const INVALID_CONTINUATION_TOKEN: &str = "invalid_continuation_token";
     pub const CONTINUATION_TOKEN_USED: &str = "continuation_token_used";
     pub const INVALID_TOOL_RESULTS: &str = "invalid_tool_results";
@@ -147,6 +150,8 @@ pub enum ProgrammaticResponse {
         stdout: String,
         stderr: String,
         files: Vec<OutputFile>,
+        files_skipped: Vec<SkippedFile>,
+        files_skipped_total: usize,
         tool_calls_made: u64,
         execution_time: u64,
         exit_code: Option<i32>,
@@ -185,6 +190,56 @@ pub struct OutputFile {
     pub size: u64,
 }
 
+/// Something of the working directory that was not returned as an output file, and why.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SkippedFile {
+    pub name: String,
+    pub reason: String,
+}
+
+/// POST /v1/upload's answer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct UploadResponse {
+    pub message: String,
+    pub storage_session_id: String,
+    pub files: Vec<UploadedFile>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct UploadedFile {
+    pub id: String,
+    #[serde(rename = "fileId")]
+    pub file_id: String,
+    pub name: String,
+    pub filename: String,
+    pub storage_session_id: String,
+    pub size: u64,
+    pub content_type: String,
+}
+
+/// One entry of GET /v1/files/{session_id}.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct FileEntry {
+    pub id: String,
+    pub name: String,
+    pub size: u64,
+    #[serde(rename = "lastModified")]
+    pub last_modified: String,
+    #[serde(rename = "contentType")]
+    pub content_type: String,
+}
+
+/// GET /v1/sessions/{session_id}/objects/{file_id}.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ObjectInfo {
+    #[serde(rename = "lastModified")]
+    pub last_modified: String,
+    pub size: u64,
+    #[serde(rename = "contentType")]
+    pub content_type: String,
+    pub etag: String,
+}
+
 /// The 200 answer of POST /v1/exec, for every run that started.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ExecResponse {
@@ -201,6 +256,10 @@ pub struct ExecResponse {
     pub timed_out: bool,
     pub oom_killed: bool,
     pub files: Vec<OutputFile>,
+    /// (extension) What the working directory held that was not returned, at most 100.
+    pub files_skipped: Vec<SkippedFile>,
+    /// (extension) How many entries were skipped in all.
+    pub files_skipped_total: usize,
     pub execution_time: u64,
     /// Alias of `execution_time`.
     pub wall_time: u64,

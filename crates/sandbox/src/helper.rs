@@ -94,6 +94,18 @@ pub fn run_helper() -> i32 {
     };
     let outcome = sandbox.run(&run, &mut control);
     let usage = sandbox.cgroup.as_ref().map(|c| c.usage()).unwrap_or_default();
+    // Collect only once init is reaped: its exit waits for every process of the pid
+    // namespace, so nothing of the program runs while the files are read.
+    sandbox.reap_init();
+    let outcome = outcome.and_then(|mut result| {
+        if let Some(opts) = &run.collect {
+            let found = crate::workspace::collect(&sandbox.staging.join("work"), opts, &sandbox.staged)?;
+            result.outputs = found.files;
+            result.skipped = found.skipped;
+            result.skipped_total = found.skipped_total;
+        }
+        Ok(result)
+    });
     sandbox.teardown();
     match outcome {
         Ok(mut result) => {
@@ -160,6 +172,10 @@ struct Sandbox {
     limits: Limits,
     max_code_bytes: u64,
     tools: Option<ToolHub>,
+    /// Owner of the workspace's files, as this process names it.
+    owner: (u32, u32),
+    /// Staged inputs and their SHA-256, to tell changed inputs from unchanged ones.
+    staged: std::collections::HashMap<String, String>,
 }
 
 /// Everything init and the program need, captured before clone(2).
@@ -192,6 +208,8 @@ impl Sandbox {
             limits: prepare.limits.clone(),
             max_code_bytes: prepare.max_code_bytes,
             tools: None,
+            owner: (prepare.host_uid, prepare.host_gid),
+            staged: Default::default(),
         }
     }
 
@@ -232,6 +250,7 @@ impl Sandbox {
             None::<&str>,
         )
         .map_err(errstr("make / private"))?;
+        self.owner = (uid, gid);
 
         // 2. Staging: a small tmpfs for the code, and a size-limited tmpfs that becomes the
         //    working directory. Owned by the host uid the sandbox user maps to.
@@ -380,6 +399,7 @@ impl Sandbox {
             fs::write(&path, content).map_err(|e| format!("write {name}: {e}"))?;
             fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).map_err(|e| format!("chmod {name}: {e}"))?;
         }
+        self.staged = crate::workspace::stage(&self.staging.join("work"), &run.inputs, self.owner.0, self.owner.1)?;
 
         let message = serde_json::to_vec(&InitRun {
             argv: run.argv.clone(),
@@ -612,6 +632,13 @@ impl Sandbox {
             .as_millis() as u64;
         out.finish(&mut result);
         Ok(result)
+    }
+
+    fn reap_init(&mut self) {
+        self.kill_init();
+        if let Some(pid) = self.init.take() {
+            let _ = waitpid(pid, Some(WaitPidFlag::__WALL));
+        }
     }
 
     fn kill_init(&self) {

@@ -15,3 +15,4 @@ pub mod mounts;
 pub mod protocol;
 pub mod seccomp;
 pub mod tools;
+mod workspace;

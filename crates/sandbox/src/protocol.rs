@@ -99,6 +99,49 @@ pub struct Run {
     pub stdin: String,
     /// Wall-clock budget from the start of the program, in milliseconds.
     pub timeout_ms: u64,
+    /// Files copied into the working directory before the program starts.
+    #[serde(default)]
+    pub inputs: Vec<InputFile>,
+    /// Where to put the files the run created or changed, if anywhere.
+    #[serde(default)]
+    pub collect: Option<Collect>,
+}
+
+/// A file to stage: a host path the helper reads, and the relative name it gets.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct InputFile {
+    pub source: PathBuf,
+    pub name: String,
+}
+
+/// How to collect a run's output files.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Collect {
+    /// A directory that does not exist yet; the helper creates it and writes each
+    /// collected file there under a number.
+    pub outbox: PathBuf,
+    pub max_files: usize,
+    pub max_file_bytes: u64,
+}
+
+/// One collected output file.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct CollectedFile {
+    /// Relative to the working directory.
+    pub name: String,
+    pub size: u64,
+    pub sha256: String,
+    /// Where the helper put the bytes (in the outbox).
+    pub path: PathBuf,
+}
+
+/// Something in the working directory that was not collected, and why: `symlink`,
+/// `not_regular_file`, `hard_link`, `invalid_name`, `too_large`, `too_many_files`,
+/// `storage_full`, `unreadable`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SkippedFile {
+    pub name: String,
+    pub reason: String,
 }
 
 /// What happened to a run. Output is already decoded (invalid UTF-8 replaced).
@@ -119,6 +162,13 @@ pub struct RunResult {
     pub cpu_time_ms: u64,
     pub memory_peak_bytes: u64,
     pub wall_time_ms: u64,
+    #[serde(default)]
+    pub outputs: Vec<CollectedFile>,
+    /// At most 100 entries; `skipped_total` counts them all.
+    #[serde(default)]
+    pub skipped: Vec<SkippedFile>,
+    #[serde(default)]
+    pub skipped_total: usize,
 }
 
 /// A message from the helper to the server.

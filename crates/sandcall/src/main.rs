@@ -22,6 +22,9 @@ enum Command {
     Serve(ServeArgs),
     /// Check that this machine can run sandboxes, and say how to fix what is missing.
     Doctor(ServeArgs),
+    /// Manage API keys.
+    #[command(subcommand)]
+    Keys(KeysCommand),
     /// Internal: build and run one sandbox, driven over stdin/stdout by the server.
     #[command(hide = true)]
     SandboxHelper,
@@ -31,6 +34,18 @@ enum Command {
         name: String,
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeysCommand {
+    /// Make a new API key for principal NAME: prints the key once and appends only its
+    /// SHA-256 to the config file.
+    Add {
+        name: String,
+        /// The TOML configuration file to add the key to (created if missing).
+        #[arg(long, short)]
+        config: PathBuf,
     },
 }
 
@@ -54,6 +69,20 @@ fn main() -> ExitCode {
         Command::ToolCall { name, args } => ExitCode::from(sandcall_sandbox::tools::client_main(&name, &args) as u8),
         Command::Serve(args) => run_async(serve(args)),
         Command::Doctor(args) => run_async(doctor(args)),
+        Command::Keys(KeysCommand::Add { name, config }) => match sandcall_server::config::add_key(&config, &name) {
+            Ok(key) => {
+                println!("{key}");
+                eprintln!(
+                    "sandcall: added a key for {name} to {}; it is shown only now",
+                    config.display()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("sandcall: {e}");
+                ExitCode::FAILURE
+            }
+        },
     }
 }
 

@@ -83,6 +83,86 @@ pub struct Config {
     /// A cgroup v2 directory to create run cgroups in (a delegated subtree). Default:
     /// detected, `<hierarchy>/sandcall-<hash of data_dir>`.
     pub cgroup_root: Option<PathBuf>,
+    /// API keys, each mapping to a principal, stored as SHA-256 hashes:
+    /// `[[api_keys]] principal = "alice" sha256 = "<hex>"` (`sandcall keys add NAME` adds
+    /// one). SANDCALL_API_KEYS=`principal:key,principal:key` adds plain keys. Default
+    /// none: local mode (one principal, no authentication, loopback only).
+    pub api_keys: Vec<ApiKey>,
+    /// Largest uploaded or output file, in bytes. Default 26214400 (25 MiB).
+    pub max_file_bytes: u64,
+    /// Output files collected from one run. Default 100.
+    pub max_output_files: usize,
+    /// Files (uploads and outputs) are deleted this many seconds after they were
+    /// stored. Default 86400 (24 h).
+    pub file_ttl_s: u64,
+    /// How often expired files are swept, in seconds. Default 60.
+    pub file_sweep_interval_s: u64,
+}
+
+/// One API key: the principal it stands for and the SHA-256 of the key, in hex.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKey {
+    pub principal: String,
+    pub sha256: String,
+}
+
+/// Hex SHA-256 of an API key, as stored.
+pub fn key_hash(key: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(key.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn valid_principal(p: &str) -> bool {
+    (1..=64).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.@".contains(&b))
+}
+
+/// Parses SANDCALL_API_KEYS: `principal:key,principal:key`.
+pub fn parse_env_keys(value: &str) -> Result<Vec<ApiKey>, ConfigError> {
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|entry| match entry.split_once(':') {
+            Some((principal, key)) if valid_principal(principal) && key.len() >= 16 => Ok(ApiKey {
+                principal: principal.to_owned(),
+                sha256: key_hash(key),
+            }),
+            _ => Err(ConfigError::Invalid(
+                "SANDCALL_API_KEYS must be principal:key pairs separated by commas, keys of 16 characters or more"
+                    .into(),
+            )),
+        })
+        .collect()
+}
+
+/// `sandcall keys add NAME`: makes a new key, appends its hash to the config file
+/// (created if missing, mode 0600) and returns the key, which is not kept anywhere.
+pub fn add_key(config_file: &Path, principal: &str) -> Result<String, ConfigError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    if !valid_principal(principal) {
+        return Err(ConfigError::Invalid(
+            "a principal is 1 to 64 letters, digits, `_-.@`".into(),
+        ));
+    }
+    let key = format!("sc_{}{}", crate::ids::new_id(), crate::ids::new_id());
+    let entry = format!(
+        "\n[[api_keys]]\nprincipal = \"{principal}\"\nsha256 = \"{}\"\n",
+        key_hash(&key)
+    );
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .open(config_file)
+        .map_err(|e| ConfigError::Invalid(format!("open {}: {e}", config_file.display())))?;
+    file.write_all(entry.as_bytes())
+        .map_err(|e| ConfigError::Invalid(format!("write {}: {e}", config_file.display())))?;
+    Ok(key)
 }
 
 /// Ceilings for the limits a request may set in `limits`. Unset means "the default".
@@ -136,6 +216,11 @@ impl Default for Config {
             sandbox_uid: None,
             sandbox_gid: None,
             cgroup_root: None,
+            api_keys: Vec::new(),
+            max_file_bytes: 26_214_400,
+            max_output_files: 100,
+            file_ttl_s: 86_400,
+            file_sweep_interval_s: 60,
         }
     }
 }
@@ -180,9 +265,10 @@ impl Config {
         let keys = known_keys();
         // The filter sees the variable's name without the prefix, as written
         // (CEILINGS__MEMORY_LIMIT_MB), before `split` turns `__` into nesting.
+        // SANDCALL_API_KEYS holds plain keys in its own format, read below.
         let env = Env::prefixed("SANDCALL_").filter(move |k| {
             let top = k.as_str().split("__").next().unwrap_or("");
-            keys.iter().any(|known| known.eq_ignore_ascii_case(top))
+            !top.eq_ignore_ascii_case("api_keys") && keys.iter().any(|known| known.eq_ignore_ascii_case(top))
         });
         figment = figment.merge(env.split("__"));
         if let Some(listen) = &overrides.listen {
@@ -191,7 +277,10 @@ impl Config {
         if let Some(dir) = &overrides.data_dir {
             figment = figment.merge(Serialized::default("data_dir", dir));
         }
-        let config: Config = figment.extract().map_err(Box::new)?;
+        let mut config: Config = figment.extract().map_err(Box::new)?;
+        if let Ok(value) = std::env::var("SANDCALL_API_KEYS") {
+            config.api_keys.extend(parse_env_keys(&value)?);
+        }
         config.validate()?;
         Ok(config)
     }
@@ -248,6 +337,29 @@ impl Config {
             if ceiling.is_some_and(|c| c < default) {
                 return bad(format!("ceilings.{name} is below the default {name}"));
             }
+        }
+        for key in &self.api_keys {
+            if !valid_principal(&key.principal) {
+                return bad(format!(
+                    "api_keys: principal {:?} must be 1 to 64 letters, digits, `_-.@`",
+                    key.principal
+                ));
+            }
+            if key.sha256.len() != 64 || !key.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return bad(format!(
+                    "api_keys: sha256 of {:?} must be 64 hex characters",
+                    key.principal
+                ));
+            }
+        }
+        if self.max_file_bytes == 0
+            || self.max_output_files == 0
+            || self.file_ttl_s == 0
+            || self.file_sweep_interval_s == 0
+        {
+            return bad(
+                "max_file_bytes, max_output_files, file_ttl_s and file_sweep_interval_s must be above 0".into(),
+            );
         }
         if let Some(secret) = &self.token_secret {
             if secret.len() != 64 || !secret.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -377,6 +489,39 @@ mod tests {
             ..Config::default()
         };
         assert_eq!(c.queue_length(), 12);
+    }
+
+    #[test]
+    fn env_keys_are_hashed_and_checked() {
+        let keys = parse_env_keys("alice:key-a-1234567890, bob:key-b-1234567890").unwrap();
+        assert_eq!(keys.len(), 2);
+        assert_eq!(keys[0].principal, "alice");
+        assert_eq!(keys[0].sha256, key_hash("key-a-1234567890"));
+        assert!(!keys[0].sha256.contains("key-a"));
+        assert!(parse_env_keys("alice").is_err());
+        assert!(parse_env_keys("alice:short").is_err());
+        assert!(parse_env_keys("bad name:key-a-1234567890").is_err());
+    }
+
+    #[test]
+    fn added_keys_are_stored_as_hashes() {
+        let dir = std::env::temp_dir().join(format!("sandcall-keys-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("c.toml");
+        std::fs::write(&file, "memory_limit_mb = 256\n").unwrap();
+        let key = add_key(&file, "alice").unwrap();
+        let text = std::fs::read_to_string(&file).unwrap();
+        assert!(!text.contains(&key));
+        let c = Config::load(Some(&file), &Overrides::default()).unwrap();
+        assert_eq!(c.memory_limit_mb, 256);
+        assert_eq!(
+            c.api_keys,
+            vec![ApiKey {
+                principal: "alice".into(),
+                sha256: key_hash(&key)
+            }]
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

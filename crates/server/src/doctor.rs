@@ -203,18 +203,7 @@ async fn trial_run(config: &Config) -> Check {
                 }
             }
         };
-        let spec = RunSpec {
-            run_id: crate::ids::new_id(),
-            code: code.into(),
-            code_file: launch.code_file,
-            argv: launch.argv,
-            env: launch.env,
-            stdin: String::new(),
-            timeout_ms: 20_000,
-            limits,
-            support_files: Vec::new(),
-            tools: None,
-        };
+        let spec = RunSpec::new(crate::ids::new_id(), code.into(), launch, 20_000, limits);
         match runner.run(spec, ()).await {
             Ok(r) if r.stdout == expected && r.exit_code == Some(0) => {}
             Ok(r) => {

@@ -17,6 +17,7 @@ pub struct ExecCommand {
     pub stdin: String,
     pub timeout_ms: u64,
     pub limits: Limits,
+    pub files: Vec<sandcall_api::FileRef>,
 }
 
 pub fn parse_language(language: Option<&str>, lang: Option<&str>) -> Result<Language, ApiError> {
@@ -55,11 +56,6 @@ pub fn parse_exec(req: ExecRequest, config: &Config) -> Result<ExecCommand, ApiE
     if args.iter().any(|a| a.contains('\0')) {
         return Err(ApiError::bad_request("`args` may not contain NUL bytes"));
     }
-    if req.files.as_ref().is_some_and(|f| !f.is_empty()) {
-        return Err(ApiError::bad_request(
-            "input `files` are not supported by this server version",
-        ));
-    }
     let timeout_ms = timeout(req.run_timeout.or(req.timeout), config)?;
     let limits = resolve_limits(config, req.limits.as_ref())?;
     Ok(ExecCommand {
@@ -69,6 +65,7 @@ pub fn parse_exec(req: ExecRequest, config: &Config) -> Result<ExecCommand, ApiE
         stdin,
         timeout_ms,
         limits,
+        files: req.files.unwrap_or_default(),
     })
 }
 
@@ -170,6 +167,8 @@ pub fn to_response(session_id: String, result: RunResult) -> ExecResponse {
         timed_out: result.timed_out,
         oom_killed: result.oom_killed,
         files: Vec::new(),
+        files_skipped: Vec::new(),
+        files_skipped_total: 0,
         execution_time: result.wall_time_ms,
         wall_time: result.wall_time_ms,
         cpu_time: result.cpu_time_ms,

@@ -1,14 +1,17 @@
 //! Routes, the JSON extractor and the fallbacks. Handlers parse, call the domain and map
 //! the outcome; they hold no business logic.
 
+use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::exec;
+use crate::files;
 use crate::programmatic;
 use crate::AppState;
 use axum::extract::{FromRequest, Path, Request, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
+use axum::Extension;
 use axum::{Json, Router};
 use sandcall_api::{error_type, CancelRequest, ExecRequest, Health, ProgrammaticRequest, ProgrammaticResponse};
 use serde::de::DeserializeOwned;
@@ -60,8 +63,25 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/exec/programmatic", post(programmatic_route))
         .route("/v1/exec/programmatic/cancel", post(cancel_route))
         .route("/v1/exec/programmatic/{session_id}", get(session_route))
+        .route(
+            "/v1/upload",
+            post(files::routes::upload).layer(axum::extract::DefaultBodyLimit::max(files::routes::upload_limit(
+                &state.config,
+            ))),
+        )
+        .route("/v1/download/{session_id}/{file_id}", get(files::routes::download))
+        .route("/v1/files/{session_id}", get(files::routes::list))
+        .route("/v1/files/{session_id}/{file_id}", delete(files::routes::remove))
+        .route(
+            "/v1/sessions/{session_id}/objects/{file_id}",
+            get(files::routes::object),
+        )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::auth::authenticate,
+        ))
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response))
         .with_state(state)
@@ -86,25 +106,33 @@ async fn health(State(state): State<AppState>) -> Response {
     (code, body).into_response()
 }
 
-async fn exec_route(State(state): State<AppState>, JsonBody(req): JsonBody<ExecRequest>) -> Result<Response, ApiError> {
+async fn exec_route(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    JsonBody(req): JsonBody<ExecRequest>,
+) -> Result<Response, ApiError> {
     let cmd = exec::parse_exec(req, &state.config)?;
-    let result = state.execute(cmd).await?;
+    let result = state.execute(&principal, cmd).await?;
     Ok(Json(result).into_response())
 }
 
 async fn programmatic_route(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     JsonBody(req): JsonBody<ProgrammaticRequest>,
 ) -> Result<Json<ProgrammaticResponse>, ApiError> {
     let response = match req.continuation_token.as_deref() {
         Some(token) => {
             let results = req.tool_results.as_deref().unwrap_or_default();
-            state.sessions.resume(token, req.session_id.as_deref(), results).await?
+            state
+                .sessions
+                .resume(&principal, token, req.session_id.as_deref(), results)
+                .await?
         }
         None => {
             state
                 .sessions
-                .start(programmatic::parse_start(req, &state.config)?)
+                .start(&principal, programmatic::parse_start(req, &state.config)?)
                 .await?
         }
     };
@@ -113,16 +141,18 @@ async fn programmatic_route(
 
 async fn cancel_route(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     JsonBody(req): JsonBody<CancelRequest>,
 ) -> Result<Json<ProgrammaticResponse>, ApiError> {
-    Ok(Json(state.sessions.cancel(&req.session_id).await?))
+    Ok(Json(state.sessions.cancel(&principal, &req.session_id).await?))
 }
 
 async fn session_route(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     Path(session_id): Path<String>,
 ) -> Result<Json<ProgrammaticResponse>, ApiError> {
-    Ok(Json(state.sessions.status(&session_id)?))
+    Ok(Json(state.sessions.status(&principal, &session_id)?))
 }
 
 async fn not_found() -> ApiError {

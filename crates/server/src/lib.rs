@@ -3,10 +3,12 @@
 //! those happen only in the helper process (`sandcall_sandbox::helper`).
 
 pub mod admission;
+pub mod auth;
 pub mod config;
 pub mod doctor;
 pub mod error;
 pub mod exec;
+pub mod files;
 pub mod host;
 pub mod http;
 pub mod ids;
@@ -29,6 +31,10 @@ pub struct AppState {
     pub runner: Runner,
     pub admission: Admission,
     pub sessions: programmatic::session::Sessions,
+    pub auth: auth::Auth,
+    pub files: Arc<dyn files::FileStore>,
+    /// Where helpers put a run's output files before the store takes them.
+    pub outbox_dir: std::path::PathBuf,
 }
 
 impl AppState {
@@ -38,45 +44,54 @@ impl AppState {
         self.runner.failing()?;
         let launch = runtime::launch(sandcall_api::Language::Bash, &self.config.bash, &[]);
         let limits = exec::resolve_limits(&self.config, None).ok()?;
-        let spec = RunSpec {
-            run_id: ids::new_id(),
-            code: "exit 0".into(),
-            code_file: launch.code_file,
-            argv: launch.argv,
-            env: launch.env,
-            stdin: String::new(),
-            timeout_ms: 10_000,
-            limits,
-            support_files: Vec::new(),
-            tools: None,
-        };
+        let spec = RunSpec::new(ids::new_id(), "exit 0".into(), launch, 10_000, limits);
         let _ = self.runner.run(spec, ()).await;
         self.runner.failing()
     }
 
-    /// Runs a validated exec command: waits for a slot, runs, maps the outcome.
-    pub async fn execute(&self, cmd: exec::ExecCommand) -> Result<ExecResponse, ApiError> {
+    /// Runs a validated exec command: stages its files, waits for a slot, runs, stores
+    /// its output files, maps the outcome.
+    pub async fn execute(&self, principal: &auth::Principal, cmd: exec::ExecCommand) -> Result<ExecResponse, ApiError> {
+        let inputs =
+            files::ops::resolve_inputs(&*self.files, &principal.0, &cmd.files, cmd.limits.workspace_bytes).await?;
         let slot = self.admission.admit().await?;
         let session_id = ids::new_id();
         let launch = exec::launch_for(&cmd, &self.config);
-        let spec = RunSpec {
-            run_id: session_id.clone(),
-            code: cmd.code,
-            code_file: launch.code_file,
-            argv: launch.argv,
-            env: launch.env,
-            stdin: cmd.stdin,
-            timeout_ms: cmd.timeout_ms,
-            limits: cmd.limits,
-            support_files: Vec::new(),
-            tools: None,
-        };
+        let outbox = self.outbox_dir.join(&session_id);
+        let mut spec = RunSpec::new(session_id.clone(), cmd.code, launch, cmd.timeout_ms, cmd.limits);
+        spec.stdin = cmd.stdin;
+        spec.inputs = inputs;
+        spec.collect = Some(self.collect_into(&outbox));
         // The slot travels with the run, which finishes even if the client goes away.
-        match self.runner.run(spec, slot).await {
-            Ok(result) => Ok(exec::to_response(session_id, result)),
+        let mut result = match self.runner.run(spec, slot).await {
+            Ok(result) => result,
             Err(e @ (RunError::Spawn(_) | RunError::Protocol(_) | RunError::Sandbox(_))) => {
-                Err(ApiError::internal(error_type::SANDBOX_FAILURE, &e.to_string()))
+                let _ = tokio::fs::remove_dir_all(&outbox).await;
+                return Err(ApiError::internal(error_type::SANDBOX_FAILURE, &e.to_string()));
             }
+        };
+        let (files, skipped, skipped_total) = files::ops::ingest_outputs(
+            &*self.files,
+            &principal.0,
+            &session_id,
+            self.config.file_ttl_s,
+            &outbox,
+            &mut result,
+        )
+        .await;
+        let mut response = exec::to_response(session_id, result);
+        response.files = files;
+        response.files_skipped = skipped;
+        response.files_skipped_total = skipped_total;
+        Ok(response)
+    }
+
+    /// Collection settings for a run whose outputs go to `outbox`.
+    pub fn collect_into(&self, outbox: &std::path::Path) -> sandcall_sandbox::protocol::Collect {
+        sandcall_sandbox::protocol::Collect {
+            outbox: outbox.to_path_buf(),
+            max_files: self.config.max_output_files,
+            max_file_bytes: self.config.max_file_bytes,
         }
     }
 }
@@ -94,6 +109,7 @@ pub enum ServeError {
 /// Runs the server until SIGTERM or SIGINT, then kills the running programs, reclaims
 /// their sandboxes and returns.
 pub async fn serve(config: Config) -> Result<(), ServeError> {
+    auth::check_listen(&config, &auth::Auth::new(&config)).map_err(ServeError::Preflight)?;
     let report = doctor::run(&config).await;
     if !report.all_passed() {
         eprint!("{}", report.render());
@@ -121,14 +137,31 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     let key = programmatic::token::TokenKey::load(config.token_secret.as_deref(), &host.data_dir)
         .map_err(ServeError::Preflight)?;
     let shared_config = Arc::new(config.clone());
-    let sessions =
-        programmatic::session::Sessions::new(key, runner.clone(), shared_config.clone(), shutdown_rx.clone());
+    let store: Arc<dyn files::FileStore> =
+        Arc::new(files::local::LocalStore::open(&host.data_dir).map_err(|e| ServeError::Preflight(e.to_string()))?);
+    let outbox_dir = host.data_dir.join("outbox");
+    // Outputs of runs a previous server did not finish storing are lost with it.
+    let _ = std::fs::remove_dir_all(&outbox_dir);
+    std::fs::create_dir_all(&outbox_dir)?;
+    let sessions = programmatic::session::Sessions::new(
+        key,
+        runner.clone(),
+        shared_config.clone(),
+        shutdown_rx.clone(),
+        store.clone(),
+        outbox_dir.clone(),
+    );
+    let auth = auth::Auth::new(&config);
     let state = AppState {
         config: shared_config,
         runner: runner.clone(),
         admission,
         sessions,
+        auth,
+        files: store.clone(),
+        outbox_dir,
     };
+    tokio::spawn(sweep_files(store, Duration::from_secs(config.file_sweep_interval_s)));
     let listener = tokio::net::TcpListener::bind(&config.listen)
         .await
         .map_err(|source| ServeError::Bind {
@@ -156,6 +189,19 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     let left = host.cgroups.sweep();
     tracing::info!(left, "stopped");
     Ok(())
+}
+
+/// Deletes expired files now and then.
+async fn sweep_files(store: Arc<dyn files::FileStore>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tick.tick().await;
+        match store.sweep(files::now_ms()).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(n, "expired files deleted"),
+            Err(e) => tracing::warn!(error = %e, "sweeping expired files"),
+        }
+    }
 }
 
 async fn wait_for_signal() {

@@ -2,7 +2,7 @@
 //! namespaces itself: each run is a fresh `sandcall sandbox-helper` process.
 
 use sandcall_sandbox::cgroup::CgroupRoot;
-use sandcall_sandbox::protocol::{Event, Limits, Prepare, Run, RunResult, ToolChannel};
+use sandcall_sandbox::protocol::{Collect, Event, InputFile, Limits, Prepare, Run, RunResult, ToolChannel};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -36,6 +36,30 @@ pub struct RunSpec {
     pub support_files: Vec<(String, String)>,
     /// The tool channel, for programmatic runs.
     pub tools: Option<ToolChannel>,
+    /// Files staged into the working directory.
+    pub inputs: Vec<InputFile>,
+    /// Where the run's output files go, if they are collected.
+    pub collect: Option<Collect>,
+}
+
+impl RunSpec {
+    /// A run of `code` as `launch` says, with no stdin, inputs, outputs or tools.
+    pub fn new(run_id: String, code: String, launch: crate::runtime::Launch, timeout_ms: u64, limits: Limits) -> Self {
+        RunSpec {
+            run_id,
+            code,
+            code_file: launch.code_file,
+            argv: launch.argv,
+            env: launch.env,
+            stdin: String::new(),
+            timeout_ms,
+            limits,
+            support_files: launch.support_files,
+            tools: None,
+            inputs: Vec::new(),
+            collect: None,
+        }
+    }
 }
 
 /// What the runner needs from the configuration.
@@ -206,6 +230,8 @@ impl Runner {
             env: spec.env,
             stdin: spec.stdin,
             timeout_ms: spec.timeout_ms,
+            inputs: spec.inputs,
+            collect: spec.collect,
         };
         let started = async {
             helper.send(&prepare).await?;

@@ -1268,3 +1268,63 @@ fn fifty_concurrent_sessions() {
     wait_until_reclaimed(&s, None, Duration::from_secs(10));
     s.assert_healthy();
 }
+
+#[test]
+fn concurrent_resumes_with_one_token_exactly_one_wins() {
+    let s = Server::start();
+    for round in 0..5 {
+        let first = start(
+            &s,
+            &json!({"language": "python", "code": "print(get_exchange_rate(base='USD', quote='EUR'))", "tools": [rate_tool()]}),
+        );
+        let call = first["tool_calls"][0]["id"].clone();
+        let answers: Vec<(u16, Value)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..2)
+                .map(|i| {
+                    let (s, first, call) = (&s, &first, &call);
+                    scope.spawn(move || resume(s, first, json!([ok_result(call, json!(i))])))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let won: Vec<&Value> = answers.iter().filter(|(c, _)| *c == 200).map(|(_, v)| v).collect();
+        let lost: Vec<&Value> = answers.iter().filter(|(c, _)| *c == 409).map(|(_, v)| v).collect();
+        assert_eq!((won.len(), lost.len()), (1, 1), "round {round}: {answers:?}");
+        assert_eq!(lost[0]["error_type"], "continuation_token_used");
+        assert_eq!(won[0]["status"], "completed", "{}", won[0]);
+        assert!(won[0]["stdout"] == "0\n" || won[0]["stdout"] == "1\n", "{}", won[0]);
+    }
+}
+
+#[test]
+fn syntax_errors_and_line_numbers_are_the_users_own() {
+    let s = Server::start();
+    let r = start(
+        &s,
+        &json!({"language": "python", "code": "x = 1\n\ny = (\n", "tools": [rate_tool()]}),
+    );
+    assert_eq!(r["status"], "completed", "{r}");
+    assert_eq!(r["exit_code"], 1);
+    let err = r["stderr"].as_str().unwrap();
+    assert!(
+        err.contains("File \"/run/sandcall/main.py\", line 3") && err.contains("SyntaxError"),
+        "{err}"
+    );
+    assert!(!err.contains("runner.py"), "the runner stays out of the way: {err}");
+    let r = start(
+        &s,
+        &json!({"language": "python", "code": "import sys\nprint(sys.argv, __name__, __file__)\nraise KeyError('k')\n", "tools": []}),
+    );
+    assert_eq!(
+        r["stdout"], "['/run/sandcall/main.py'] __main__ /run/sandcall/main.py\n",
+        "{r}"
+    );
+    let err = r["stderr"].as_str().unwrap();
+    assert!(err.contains("line 3") && err.contains("KeyError"), "{err}");
+    assert!(!err.contains("runner.py"), "{err}");
+    let r = start(
+        &s,
+        &json!({"language": "bash", "code": "echo one\nnot_a_command_xyz\n", "tools": [rate_tool()]}),
+    );
+    assert!(r["stderr"].as_str().unwrap().contains("line 2"), "{r}");
+}

@@ -42,11 +42,6 @@ pub fn parse_start(req: ProgrammaticRequest, config: &Config) -> Result<StartCom
     if args.iter().any(|a| a.contains('\0')) {
         return Err(ApiError::bad_request("`args` may not contain NUL bytes"));
     }
-    if req.files.as_ref().is_some_and(|f| !f.is_empty()) {
-        return Err(ApiError::bad_request(
-            "input `files` are not supported by this server version",
-        ));
-    }
     let tools = ToolSet::declare(req.tools.as_deref().unwrap_or_default())
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, error_type::INVALID_TOOL_SCHEMA, e.0))?;
     let timeout_ms = exec::timeout(req.timeout, config)?;
@@ -60,26 +55,17 @@ pub fn parse_start(req: ProgrammaticRequest, config: &Config) -> Result<StartCom
         Language::Bash => &config.bash,
     };
     let launch = runtime::launch_with_tools(language, interpreter, &args, &tools.names());
-    let spec = RunSpec {
-        run_id: ids::new_id(),
-        code,
-        code_file: launch.code_file,
-        argv: launch.argv,
-        env: launch.env,
-        stdin: String::new(),
-        timeout_ms,
-        limits,
-        support_files: launch.support_files,
-        tools: Some(ToolChannel {
-            // A call's whole message may be somewhat over max_tool_call_bytes (names,
-            // quoting); much larger than that and the connection is cut unread.
-            max_message_bytes: config.max_tool_call_bytes.saturating_mul(2) + (64 << 10),
-            max_connections: MAX_TOOL_CONNECTIONS,
-        }),
-    };
+    let mut spec = RunSpec::new(ids::new_id(), code, launch, timeout_ms, limits);
+    spec.tools = Some(ToolChannel {
+        // A call's whole message may be somewhat over max_tool_call_bytes (names,
+        // quoting); much larger than that and the connection is cut unread.
+        max_message_bytes: config.max_tool_call_bytes.saturating_mul(2) + (64 << 10),
+        max_connections: MAX_TOOL_CONNECTIONS,
+    });
     Ok(StartCommand {
         spec,
         tools,
         max_tool_calls,
+        files: req.files.unwrap_or_default(),
     })
 }

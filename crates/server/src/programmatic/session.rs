@@ -13,15 +13,18 @@
 
 use super::token::TokenKey;
 use super::tools::ToolSet;
+use crate::auth::Principal;
 use crate::config::Config;
 use crate::error::ApiError;
+use crate::files::{ops, FileStore};
 use crate::ids;
 use crate::runner::{Helper, RunError, RunSpec, Runner};
 use axum::http::StatusCode;
-use sandcall_api::{error_type, ProgrammaticResponse, ToolCall, ToolResult};
-use sandcall_sandbox::protocol::{Command, Event, RunResult, ToolReply};
+use sandcall_api::{error_type, OutputFile, ProgrammaticResponse, SkippedFile, ToolCall, ToolResult};
+use sandcall_sandbox::protocol::{Collect, Command, Event, RunResult, ToolReply};
 use serde_json::Value;
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
@@ -46,6 +49,8 @@ struct Shared {
 
 pub struct Session {
     id: String,
+    /// Only this principal may see or touch the session.
+    principal: String,
     shared: Mutex<Shared>,
     /// Bumped every time `response` changes to a pause or an end.
     version: watch::Sender<u64>,
@@ -86,6 +91,7 @@ pub struct StartCommand {
     pub spec: RunSpec,
     pub tools: ToolSet,
     pub max_tool_calls: u64,
+    pub files: Vec<sandcall_api::FileRef>,
 }
 
 #[derive(Clone)]
@@ -100,6 +106,8 @@ struct Inner {
     config: Arc<Config>,
     slots: Arc<Semaphore>,
     shutdown: watch::Receiver<bool>,
+    files: Arc<dyn FileStore>,
+    outbox_dir: PathBuf,
 }
 
 fn not_found() -> ApiError {
@@ -111,7 +119,14 @@ fn not_found() -> ApiError {
 }
 
 impl Sessions {
-    pub fn new(key: TokenKey, runner: Runner, config: Arc<Config>, shutdown: watch::Receiver<bool>) -> Self {
+    pub fn new(
+        key: TokenKey,
+        runner: Runner,
+        config: Arc<Config>,
+        shutdown: watch::Receiver<bool>,
+        files: Arc<dyn FileStore>,
+        outbox_dir: PathBuf,
+    ) -> Self {
         let slots = Arc::new(Semaphore::new(config.max_sessions));
         Sessions {
             inner: Arc::new(Inner {
@@ -121,6 +136,8 @@ impl Sessions {
                 config,
                 slots,
                 shutdown,
+                files,
+                outbox_dir,
             }),
         }
     }
@@ -129,8 +146,13 @@ impl Sessions {
         self.inner.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn get(&self, id: &str) -> Result<Arc<Session>, ApiError> {
-        self.map().get(id).cloned().ok_or_else(not_found)
+    /// The session, if it exists and belongs to `principal`; anyone else gets 404.
+    fn get(&self, id: &str, principal: &Principal) -> Result<Arc<Session>, ApiError> {
+        self.map()
+            .get(id)
+            .filter(|s| s.principal == principal.0)
+            .cloned()
+            .ok_or_else(not_found)
     }
 
     /// Sessions alive (running, paused, or ended and still readable).
@@ -139,15 +161,24 @@ impl Sessions {
     }
 
     /// Starts the program and answers with its first pause or its end.
-    pub async fn start(&self, cmd: StartCommand) -> Result<ProgrammaticResponse, ApiError> {
+    pub async fn start(&self, principal: &Principal, cmd: StartCommand) -> Result<ProgrammaticResponse, ApiError> {
+        let mut spec = cmd.spec;
+        let inner = &self.inner;
+        spec.inputs = ops::resolve_inputs(&*inner.files, &principal.0, &cmd.files, spec.limits.workspace_bytes).await?;
+        let outbox = inner.outbox_dir.join(&spec.run_id);
+        spec.collect = Some(Collect {
+            outbox: outbox.clone(),
+            max_files: inner.config.max_output_files,
+            max_file_bytes: inner.config.max_file_bytes,
+        });
         let slot = self
             .inner
             .slots
             .clone()
             .try_acquire_owned()
             .map_err(|_| ApiError::at_capacity(1))?;
-        let id = cmd.spec.run_id.clone();
-        let helper = match self.inner.runner.start(cmd.spec).await {
+        let id = spec.run_id.clone();
+        let helper = match self.inner.runner.start(spec).await {
             Ok(h) => h,
             Err(e) => {
                 self.inner.runner.record_failure(&e);
@@ -157,6 +188,7 @@ impl Sessions {
         let (commands, rx) = mpsc::unbounded_channel();
         let session = Arc::new(Session {
             id: id.clone(),
+            principal: principal.0.clone(),
             shared: Mutex::new(Shared {
                 phase: Phase::Running,
                 response: ProgrammaticResponse::Running { session_id: id.clone() },
@@ -170,6 +202,7 @@ impl Sessions {
             session: session.clone(),
             tools: cmd.tools,
             max_tool_calls: cmd.max_tool_calls,
+            outbox,
         };
         tokio::spawn(driver.run(helper, rx, slot));
         Ok(session.next_outcome(0).await)
@@ -178,6 +211,7 @@ impl Sessions {
     /// Hands the caller's results to the paused program and answers with what comes next.
     pub async fn resume(
         &self,
+        principal: &Principal,
         token: &str,
         session_id: Option<&str>,
         results: &[ToolResult],
@@ -194,7 +228,7 @@ impl Sessions {
                 "session_id does not match the continuation token",
             ));
         }
-        let session = self.get(&id)?;
+        let session = self.get(&id, principal)?;
         let seen = {
             let mut shared = session.lock();
             let Phase::Paused { pause: current, calls } = &shared.phase else {
@@ -214,13 +248,13 @@ impl Sessions {
         Ok(session.next_outcome(seen).await)
     }
 
-    pub fn status(&self, id: &str) -> Result<ProgrammaticResponse, ApiError> {
-        Ok(self.get(id)?.current())
+    pub fn status(&self, principal: &Principal, id: &str) -> Result<ProgrammaticResponse, ApiError> {
+        Ok(self.get(id, principal)?.current())
     }
 
     /// Kills the program; answers with the session's end.
-    pub async fn cancel(&self, id: &str) -> Result<ProgrammaticResponse, ApiError> {
-        let session = self.get(id)?;
+    pub async fn cancel(&self, principal: &Principal, id: &str) -> Result<ProgrammaticResponse, ApiError> {
+        let session = self.get(id, principal)?;
         loop {
             let seen = {
                 let shared = session.lock();
@@ -303,6 +337,7 @@ struct Driver {
     session: Arc<Session>,
     tools: ToolSet,
     max_tool_calls: u64,
+    outbox: PathBuf,
 }
 
 /// How a session ended, besides what the program did.
@@ -336,7 +371,7 @@ impl Driver {
         let mut paused_at: Option<Instant> = None;
         let mut ending = Ending::Normal;
 
-        let response = loop {
+        let outcome = loop {
             tokio::select! {
                 event = helper.next_event() => match event {
                     Ok(Event::ToolCall { key, name, arguments, argv }) => {
@@ -383,10 +418,10 @@ impl Driver {
                         paused_at = Some(Instant::now());
                         self.session.publish(Phase::Paused { pause, calls: handed }, response);
                     }
-                    Ok(Event::Finished { result }) => break self.ending(result, ending, delivered),
-                    Ok(Event::Failed { message }) => break self.failure(&RunError::Sandbox(message)),
+                    Ok(Event::Finished { result }) => break Ok(result),
+                    Ok(Event::Failed { message }) => break Err(RunError::Sandbox(message)),
                     Ok(Event::Ready) => {}
-                    Err(e) => break self.failure(&e),
+                    Err(e) => break Err(e),
                 },
                 command = commands.recv() => match command {
                     Some(DriverCommand::Results(replies)) => {
@@ -429,6 +464,25 @@ impl Driver {
         // The sandbox is gone once the helper has exited; only then is the slot free.
         helper.wait().await;
         drop(slot);
+        let response = match outcome {
+            Ok(mut result) => {
+                let inner = &self.sessions.inner;
+                let stored = ops::ingest_outputs(
+                    &*inner.files,
+                    &self.session.principal,
+                    &id,
+                    inner.config.file_ttl_s,
+                    &self.outbox,
+                    &mut result,
+                )
+                .await;
+                self.ending(result, ending, delivered, stored)
+            }
+            Err(e) => {
+                let _ = tokio::fs::remove_dir_all(&self.outbox).await;
+                self.failure(&e)
+            }
+        };
         if ending == Ending::Expired {
             // An expired session is gone: resuming it gets 404.
             self.sessions.remove(&self.session);
@@ -441,7 +495,13 @@ impl Driver {
         self.sessions.remove(&self.session);
     }
 
-    fn ending(&self, result: RunResult, ending: Ending, delivered: u64) -> ProgrammaticResponse {
+    fn ending(
+        &self,
+        result: RunResult,
+        ending: Ending,
+        delivered: u64,
+        (files, files_skipped, files_skipped_total): (Vec<OutputFile>, Vec<SkippedFile>, usize),
+    ) -> ProgrammaticResponse {
         let session_id = self.session.id.clone();
         let error = |error_type: &str, error: String| ProgrammaticResponse::Error {
             session_id: session_id.clone(),
@@ -470,7 +530,9 @@ impl Driver {
             session_id: session_id.clone(),
             stdout: result.stdout,
             stderr: result.stderr,
-            files: Vec::new(),
+            files,
+            files_skipped,
+            files_skipped_total,
             tool_calls_made: delivered,
             execution_time: result.wall_time_ms,
             exit_code: result.exit_code,

@@ -1,0 +1,250 @@
+//! Files into and out of the working directory, done by the helper on the host side.
+//!
+//! Staging happens before the program starts, into a fresh tmpfs. Collection happens
+//! after every process of the run is gone, and still trusts nothing the program left:
+//! each directory is opened relative to its parent with O_NOFOLLOW, each file is
+//! opened with O_NOFOLLOW and checked to be the regular file the walk saw, so no
+//! symlink, however placed, makes the helper read or write outside the workspace.
+
+use crate::protocol::{Collect, CollectedFile, InputFile, SkippedFile};
+use nix::fcntl::{openat, OFlag};
+use nix::sys::stat::{fstat, fstatat, Mode, SFlag};
+use sha2::{Digest, Sha256};
+use std::collections::{HashMap, HashSet};
+use std::fs::{self, File};
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::{chown, OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+
+/// Skipped entries listed in full; the total counts all of them.
+const MAX_LISTED_SKIPS: usize = 100;
+
+fn hex(digest: &[u8]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Copies the inputs into the (still empty) workspace, owned by the sandbox user.
+/// Returns each staged name with the SHA-256 of its content.
+pub(crate) fn stage(work: &Path, inputs: &[InputFile], uid: u32, gid: u32) -> Result<HashMap<String, String>, String> {
+    let mut staged = HashMap::new();
+    for input in inputs {
+        let dest = work.join(&input.name);
+        // The server checked the name; check again that it stays below `work`.
+        if input.name.split('/').any(|p| p.is_empty() || p == "." || p == "..") || input.name.starts_with('/') {
+            return Err(format!("bad input name {:?}", input.name));
+        }
+        if let Some(parent) = dest.parent() {
+            let mut dir = work.to_path_buf();
+            for part in parent.strip_prefix(work).map_err(|e| e.to_string())?.components() {
+                dir.push(part);
+                if !dir.exists() {
+                    fs::create_dir(&dir).map_err(|e| format!("stage {}: {e}", input.name))?;
+                    chown(&dir, Some(uid), Some(gid)).map_err(|e| format!("stage {}: {e}", input.name))?;
+                }
+            }
+        }
+        let mut src = File::open(&input.source).map_err(|e| format!("stage {}: {e}", input.name))?;
+        let mut out = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(&dest)
+            .map_err(|e| format!("stage {}: {e}", input.name))?;
+        let mut hasher = Sha256::new();
+        let mut buf = vec![0u8; 256 * 1024];
+        loop {
+            let n = src.read(&mut buf).map_err(|e| format!("stage {}: {e}", input.name))?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+            out.write_all(&buf[..n])
+                .map_err(|e| format!("stage {}: {e}", input.name))?;
+        }
+        chown(&dest, Some(uid), Some(gid)).map_err(|e| format!("stage {}: {e}", input.name))?;
+        staged.insert(input.name.clone(), hex(&hasher.finalize()));
+    }
+    Ok(staged)
+}
+
+/// What collection found.
+#[derive(Default)]
+pub(crate) struct Collected {
+    pub files: Vec<CollectedFile>,
+    pub skipped: Vec<SkippedFile>,
+    pub skipped_total: usize,
+}
+
+impl Collected {
+    fn skip(&mut self, name: &str, reason: &str) {
+        self.skipped_total += 1;
+        if self.skipped.len() < MAX_LISTED_SKIPS {
+            self.skipped.push(SkippedFile {
+                name: name.to_owned(),
+                reason: reason.to_owned(),
+            });
+        }
+    }
+}
+
+struct Walk<'a> {
+    opts: &'a Collect,
+    inputs: &'a HashMap<String, String>,
+    seen_inodes: HashSet<(u64, u64)>,
+    out: Collected,
+    next: usize,
+}
+
+/// Collects every regular file the run created or changed into `opts.outbox`.
+pub(crate) fn collect(work: &Path, opts: &Collect, inputs: &HashMap<String, String>) -> Result<Collected, String> {
+    fs::create_dir(&opts.outbox).map_err(|e| format!("create outbox: {e}"))?;
+    fs::set_permissions(&opts.outbox, fs::Permissions::from_mode(0o700)).map_err(|e| e.to_string())?;
+    let root = openat(
+        None,
+        work,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| format!("open workspace: {e}"))?;
+    // SAFETY: openat returned a fresh descriptor.
+    let root = unsafe { OwnedFd::from_raw_fd(root) };
+    let mut walk = Walk {
+        opts,
+        inputs,
+        seen_inodes: HashSet::new(),
+        out: Collected::default(),
+        next: 0,
+    };
+    walk.dir(root, "");
+    Ok(walk.out)
+}
+
+/// A name fit for the API: valid UTF-8 without control characters.
+fn clean_name(raw: &[u8]) -> Option<&str> {
+    std::str::from_utf8(raw)
+        .ok()
+        .filter(|s| !s.chars().any(char::is_control))
+}
+
+impl Walk<'_> {
+    fn dir(&mut self, dirfd: OwnedFd, prefix: &str) {
+        let Ok(mut dir) = nix::dir::Dir::from_fd(dirfd.as_raw_fd()) else {
+            return;
+        };
+        // Dir now owns the descriptor.
+        std::mem::forget(dirfd);
+        let mut names: Vec<Vec<u8>> = dir
+            .iter()
+            .flatten()
+            .map(|e| e.file_name().to_bytes().to_vec())
+            .filter(|n| n != b"." && n != b"..")
+            .collect();
+        names.sort();
+        let fd = dir.as_raw_fd();
+        for raw in names {
+            let shown = format!("{prefix}{}", String::from_utf8_lossy(&raw));
+            let Some(name) = clean_name(&raw) else {
+                self.out.skip(&shown, "invalid_name");
+                continue;
+            };
+            let rel = format!("{prefix}{name}");
+            let Ok(st) = fstatat(Some(fd), raw.as_slice(), nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) else {
+                self.out.skip(&rel, "not_regular_file");
+                continue;
+            };
+            match SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) {
+                SFlag::S_IFLNK => self.out.skip(&rel, "symlink"),
+                SFlag::S_IFDIR => {
+                    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+                    match openat(Some(fd), raw.as_slice(), flags, Mode::empty()) {
+                        // SAFETY: openat returned a fresh descriptor.
+                        Ok(child) => self.dir(unsafe { OwnedFd::from_raw_fd(child) }, &format!("{rel}/")),
+                        Err(_) => self.out.skip(&rel, "symlink"),
+                    }
+                }
+                SFlag::S_IFREG => self.file(fd, &raw, &rel, st.st_size as u64),
+                _ => self.out.skip(&rel, "not_regular_file"),
+            }
+        }
+    }
+
+    fn file(&mut self, dirfd: RawFd, raw: &[u8], rel: &str, size: u64) {
+        if size > self.opts.max_file_bytes {
+            return self.out.skip(rel, "too_large");
+        }
+        let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC | OFlag::O_NOCTTY;
+        let Ok(fd) = openat(Some(dirfd), raw, flags, Mode::empty()) else {
+            return self.out.skip(rel, "not_regular_file");
+        };
+        // SAFETY: openat returned a fresh descriptor.
+        let mut file = unsafe { File::from_raw_fd(fd) };
+        let Ok(st) = fstat(file.as_raw_fd()) else {
+            return self.out.skip(rel, "not_regular_file");
+        };
+        if SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) != SFlag::S_IFREG {
+            return self.out.skip(rel, "not_regular_file");
+        }
+        if st.st_size as u64 > self.opts.max_file_bytes {
+            return self.out.skip(rel, "too_large");
+        }
+        let inode = (st.st_dev, st.st_ino);
+        if st.st_nlink > 1 && self.seen_inodes.contains(&inode) {
+            return self.out.skip(rel, "hard_link");
+        }
+        if self.out.files.len() >= self.opts.max_files {
+            return self.out.skip(rel, "too_many_files");
+        }
+        let dest = self.opts.outbox.join(self.next.to_string());
+        match copy_hashed(&mut file, &dest, self.opts.max_file_bytes) {
+            Ok((size, sha256)) => {
+                if self.inputs.get(rel) == Some(&sha256) {
+                    // An input the run did not change is not an output.
+                    let _ = fs::remove_file(&dest);
+                    return;
+                }
+                self.next += 1;
+                self.seen_inodes.insert(inode);
+                self.out.files.push(CollectedFile {
+                    name: rel.to_owned(),
+                    size,
+                    sha256,
+                    path: dest,
+                });
+            }
+            Err(e) => {
+                let _ = fs::remove_file(&dest);
+                let reason = if e.raw_os_error() == Some(libc::ENOSPC) {
+                    "storage_full"
+                } else {
+                    "unreadable"
+                };
+                self.out.skip(rel, reason);
+            }
+        }
+    }
+}
+
+fn copy_hashed(src: &mut File, dest: &Path, cap: u64) -> io::Result<(u64, String)> {
+    let mut out = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(dest)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut total = 0u64;
+    loop {
+        let n = src.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+        if total > cap {
+            return Err(io::Error::other("grew past the cap"));
+        }
+        hasher.update(&buf[..n]);
+        out.write_all(&buf[..n])?;
+    }
+    Ok((total, hex(&hasher.finalize())))
+}

@@ -1,0 +1,148 @@
+//! Files: what callers upload and what runs produce, kept per principal and session.
+//!
+//! `FileStore` is the seam between the routes and where bytes live. The embedded
+//! default (`local::LocalStore`) keeps bytes under the data dir and metadata in redb;
+//! an object store would implement the same trait (its `local_path` downloading to a
+//! temporary file for staging into a sandbox).
+
+pub mod local;
+pub mod ops;
+pub mod routes;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use tokio::io::AsyncRead;
+
+/// What is known about one stored file.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct FileMeta {
+    pub principal: String,
+    pub session_id: String,
+    pub id: String,
+    /// The name the file had (a relative path for output files).
+    pub name: String,
+    pub size: u64,
+    pub content_type: String,
+    pub sha256: String,
+    /// Milliseconds since the Unix epoch.
+    pub created_ms: u64,
+    pub expires_ms: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("storage is full")]
+    Full,
+    #[error("storage: {0}")]
+    Io(String),
+}
+
+impl From<std::io::Error> for StoreError {
+    fn from(e: std::io::Error) -> Self {
+        if e.raw_os_error() == Some(libc_enospc()) {
+            StoreError::Full
+        } else {
+            StoreError::Io(e.to_string())
+        }
+    }
+}
+
+const fn libc_enospc() -> i32 {
+    28 // ENOSPC on Linux
+}
+
+#[async_trait]
+pub trait FileStore: Send + Sync {
+    /// A directory where files being received are written before `insert`.
+    fn incoming_dir(&self) -> PathBuf;
+    /// Takes ownership of the finished file at `temp` (moved, not copied).
+    async fn insert(&self, meta: FileMeta, temp: &Path) -> Result<(), StoreError>;
+    async fn get(&self, principal: &str, session_id: &str, id: &str) -> Result<Option<FileMeta>, StoreError>;
+    async fn open(&self, meta: &FileMeta) -> Result<Box<dyn AsyncRead + Send + Unpin>, StoreError>;
+    /// A host path holding the bytes, for the sandbox helper to copy from.
+    async fn local_path(&self, meta: &FileMeta) -> Result<PathBuf, StoreError>;
+    async fn list(&self, principal: &str, session_id: &str) -> Result<Vec<FileMeta>, StoreError>;
+    async fn delete(&self, principal: &str, session_id: &str, id: &str) -> Result<bool, StoreError>;
+    /// Deletes every file whose time is up; returns how many.
+    async fn sweep(&self, now_ms: u64) -> Result<usize, StoreError>;
+}
+
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+pub fn rfc3339(ms: u64) -> String {
+    humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms)).to_string()
+}
+
+pub fn guess_type(name: &str) -> String {
+    mime_guess::from_path(name)
+        .first_or_octet_stream()
+        .essence_str()
+        .to_owned()
+}
+
+/// A name a file may be staged under: a relative path of normal components, no `..`,
+/// no control characters. Returns why not.
+pub fn check_input_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 1024 {
+        return Err("a file name must be 1 to 1024 bytes".into());
+    }
+    if name.starts_with('/') {
+        return Err(format!("file name {name:?} must be relative to the working directory"));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(format!("file name {name:?} contains control characters"));
+    }
+    for part in name.split('/') {
+        if part.is_empty() || part == "." || part == ".." {
+            return Err(format!("file name {name:?} must not contain empty, `.` or `..` parts"));
+        }
+        if part.len() > 255 {
+            return Err(format!("file name {name:?} has a part longer than 255 bytes"));
+        }
+    }
+    Ok(())
+}
+
+/// An uploaded file's name: one path component (directories are dropped).
+pub fn upload_name(raw: &str) -> Result<String, String> {
+    let base = raw.rsplit(['/', '\\']).next().unwrap_or("").trim();
+    check_input_name(base).map(|()| base.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn input_names_stay_inside_the_workspace() {
+        for ok in ["a.csv", "data/x.csv", "a..b", "...", "über.txt"] {
+            assert!(check_input_name(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "/etc/passwd",
+            "../x",
+            "a/../../x",
+            "a//b",
+            "a/./b",
+            "line\nbreak",
+            "tab\there",
+            "a/",
+        ] {
+            assert!(check_input_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn upload_names_lose_their_directories() {
+        assert_eq!(upload_name("C:\\\\Users\\\\me\\\\report.pdf").unwrap(), "report.pdf");
+        assert_eq!(upload_name("../../etc/passwd").unwrap(), "passwd");
+        assert!(upload_name("..").is_err());
+        assert!(upload_name("dir/").is_err());
+    }
+}

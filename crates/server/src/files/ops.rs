@@ -1,0 +1,132 @@
+//! Files as runs use them: resolving a request's input files, and storing what a run
+//! produced as output files.
+
+use super::{check_input_name, guess_type, now_ms, FileMeta, FileStore, StoreError};
+use crate::error::ApiError;
+use axum::http::StatusCode;
+use sandcall_api::{error_type, FileRef, OutputFile, SkippedFile};
+use sandcall_sandbox::protocol::{InputFile, RunResult};
+use std::collections::HashSet;
+use std::path::Path;
+
+pub fn file_not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, error_type::FILE_NOT_FOUND, "no such file")
+}
+
+pub fn storage_error(e: StoreError) -> ApiError {
+    match e {
+        StoreError::Full => ApiError::new(
+            StatusCode::INSUFFICIENT_STORAGE,
+            error_type::INSUFFICIENT_STORAGE,
+            "the server's storage is full",
+        ),
+        StoreError::Io(detail) => ApiError::internal(error_type::INTERNAL, &detail),
+    }
+}
+
+/// The request's input files, checked (name, owner) and located. The total size must
+/// fit the workspace.
+pub async fn resolve_inputs(
+    store: &dyn FileStore,
+    principal: &str,
+    refs: &[FileRef],
+    workspace_bytes: u64,
+) -> Result<Vec<InputFile>, ApiError> {
+    let mut inputs = Vec::with_capacity(refs.len());
+    let mut names = HashSet::new();
+    let mut total = 0u64;
+    for r in refs {
+        check_input_name(&r.name).map_err(ApiError::bad_request)?;
+        if !names.insert(r.name.as_str()) {
+            return Err(ApiError::bad_request(format!("two input files are named {:?}", r.name)));
+        }
+        let session = r
+            .storage_session_id
+            .as_deref()
+            .ok_or_else(|| ApiError::bad_request(format!("input file {:?} needs its storage_session_id", r.name)))?;
+        if !crate::ids::is_id(session) || !crate::ids::is_id(&r.id) {
+            return Err(file_not_found());
+        }
+        let meta = store
+            .get(principal, session, &r.id)
+            .await
+            .map_err(storage_error)?
+            .ok_or_else(file_not_found)?;
+        total += meta.size;
+        let source = store.local_path(&meta).await.map_err(storage_error)?;
+        inputs.push(InputFile {
+            source,
+            name: r.name.clone(),
+        });
+    }
+    if total > workspace_bytes {
+        return Err(ApiError::too_large(format!(
+            "the input files ({total} bytes) do not fit the working directory ({workspace_bytes} bytes)"
+        )));
+    }
+    Ok(inputs)
+}
+
+/// Moves what the helper collected into the store under the run's session, and lists
+/// it for the response. The outbox is removed afterwards, whatever happened.
+pub async fn ingest_outputs(
+    store: &dyn FileStore,
+    principal: &str,
+    session_id: &str,
+    ttl_s: u64,
+    outbox: &Path,
+    result: &mut RunResult,
+) -> (Vec<OutputFile>, Vec<SkippedFile>, usize) {
+    let mut files = Vec::with_capacity(result.outputs.len());
+    let mut skipped: Vec<SkippedFile> = result
+        .skipped
+        .drain(..)
+        .map(|s| SkippedFile {
+            name: s.name,
+            reason: s.reason,
+        })
+        .collect();
+    let mut skipped_total = result.skipped_total;
+    let created = now_ms();
+    for out in result.outputs.drain(..) {
+        let meta = FileMeta {
+            principal: principal.to_owned(),
+            session_id: session_id.to_owned(),
+            id: crate::ids::new_id(),
+            content_type: guess_type(&out.name),
+            name: out.name,
+            size: out.size,
+            sha256: out.sha256,
+            created_ms: created,
+            expires_ms: created + ttl_s * 1000,
+        };
+        let entry = OutputFile {
+            id: meta.id.clone(),
+            name: meta.name.clone(),
+            storage_session_id: session_id.to_owned(),
+            size: meta.size,
+        };
+        let name = meta.name.clone();
+        match store.insert(meta, &out.path).await {
+            Ok(()) => files.push(entry),
+            Err(e) => {
+                let reason = match e {
+                    StoreError::Full => "storage_full",
+                    StoreError::Io(detail) => {
+                        tracing::error!(%detail, "storing an output file");
+                        "storage_error"
+                    }
+                };
+                skipped_total += 1;
+                if skipped.len() < 100 {
+                    skipped.push(SkippedFile {
+                        name,
+                        reason: reason.into(),
+                    });
+                }
+            }
+        }
+    }
+    let _ = tokio::fs::remove_dir_all(outbox).await;
+    (files, skipped, skipped_total)
+}

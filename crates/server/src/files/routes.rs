@@ -1,0 +1,255 @@
+//! The file routes: upload, download, list, metadata, delete. Every lookup is by the
+//! caller's principal: another principal's file is "not found".
+
+use super::ops::{file_not_found, storage_error};
+use super::{guess_type, now_ms, rfc3339, upload_name, FileMeta};
+use crate::auth::Principal;
+use crate::config::Config;
+use crate::error::ApiError;
+use crate::ids;
+use crate::AppState;
+use axum::body::Body;
+use axum::extract::multipart::{Multipart, MultipartRejection};
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use sandcall_api::{FileEntry, ObjectInfo, UploadResponse, UploadedFile};
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncWriteExt;
+
+/// Parts per upload request.
+const MAX_PARTS: usize = 100;
+
+/// The body limit of an upload: every part at its largest, and the multipart framing.
+pub fn upload_limit(config: &Config) -> usize {
+    (config.max_file_bytes as usize)
+        .saturating_mul(4)
+        .saturating_add(1 << 20)
+}
+
+fn multipart_error(e: axum::extract::multipart::MultipartError) -> ApiError {
+    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::too_large("the upload is larger than the server accepts")
+    } else {
+        ApiError::bad_request(format!("malformed multipart body: {}", e.body_text()))
+    }
+}
+
+/// POST /v1/upload: each part named `file` or `files` is streamed to disk, the size cap
+/// checked as the bytes arrive.
+pub async fn upload(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    multipart: Result<Multipart, MultipartRejection>,
+) -> Result<Json<UploadResponse>, ApiError> {
+    let mut multipart = multipart.map_err(|e| {
+        ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            sandcall_api::error_type::UNSUPPORTED_MEDIA_TYPE,
+            format!("expected a multipart/form-data body: {}", e.body_text()),
+        )
+    })?;
+    let session_id = ids::new_id();
+    let max = state.config.max_file_bytes;
+    let mut stored: Vec<FileMeta> = Vec::new();
+    let result: Result<(), ApiError> = async {
+        while let Some(mut field) = multipart.next_field().await.map_err(multipart_error)? {
+            if !matches!(field.name(), Some("file" | "files")) {
+                continue;
+            }
+            if stored.len() >= MAX_PARTS {
+                return Err(ApiError::bad_request(format!("at most {MAX_PARTS} files per upload")));
+            }
+            let name = upload_name(field.file_name().unwrap_or("file")).map_err(ApiError::bad_request)?;
+            let content_type = field
+                .content_type()
+                .filter(|c| !c.is_empty() && *c != "application/octet-stream")
+                .map(str::to_owned)
+                .unwrap_or_else(|| guess_type(&name));
+            let id = ids::new_id();
+            let temp = state.files.incoming_dir().join(&id);
+            let mut out = tokio::fs::File::create(&temp)
+                .await
+                .map_err(|e| storage_error(e.into()))?;
+            let mut hasher = Sha256::new();
+            let mut size = 0u64;
+            let copied: Result<(), ApiError> = async {
+                while let Some(chunk) = field.chunk().await.map_err(multipart_error)? {
+                    size += chunk.len() as u64;
+                    if size > max {
+                        return Err(ApiError::too_large(format!(
+                            "{name} is larger than {max} bytes (max_file_bytes)"
+                        )));
+                    }
+                    hasher.update(&chunk);
+                    out.write_all(&chunk).await.map_err(|e| storage_error(e.into()))?;
+                }
+                out.flush().await.map_err(|e| storage_error(e.into()))
+            }
+            .await;
+            drop(out);
+            if let Err(e) = copied {
+                let _ = tokio::fs::remove_file(&temp).await;
+                return Err(e);
+            }
+            let created = now_ms();
+            let meta = FileMeta {
+                principal: principal.0.clone(),
+                session_id: session_id.clone(),
+                id,
+                name,
+                size,
+                content_type,
+                sha256: hasher.finalize().iter().map(|b| format!("{b:02x}")).collect(),
+                created_ms: created,
+                expires_ms: created + state.config.file_ttl_s * 1000,
+            };
+            if let Err(e) = state.files.insert(meta.clone(), &temp).await {
+                let _ = tokio::fs::remove_file(&temp).await;
+                return Err(storage_error(e));
+            }
+            stored.push(meta);
+        }
+        Ok(())
+    }
+    .await;
+    if let Err(e) = result {
+        // All or nothing: a failed request leaves no file behind.
+        for meta in &stored {
+            let _ = state.files.delete(&meta.principal, &meta.session_id, &meta.id).await;
+        }
+        return Err(e);
+    }
+    if stored.is_empty() {
+        return Err(ApiError::bad_request(
+            "no file part: send the file in a part named `file`",
+        ));
+    }
+    let files = stored
+        .into_iter()
+        .map(|m| UploadedFile {
+            file_id: m.id.clone(),
+            id: m.id,
+            filename: m.name.clone(),
+            name: m.name,
+            storage_session_id: m.session_id,
+            size: m.size,
+            content_type: m.content_type,
+        })
+        .collect();
+    Ok(Json(UploadResponse {
+        message: "success".into(),
+        storage_session_id: session_id,
+        files,
+    }))
+}
+
+async fn find(state: &AppState, principal: &Principal, session_id: &str, file_id: &str) -> Result<FileMeta, ApiError> {
+    if !ids::is_id(session_id) || !ids::is_id(file_id) {
+        return Err(file_not_found());
+    }
+    state
+        .files
+        .get(&principal.0, session_id, file_id)
+        .await
+        .map_err(storage_error)?
+        .ok_or_else(file_not_found)
+}
+
+fn etag(meta: &FileMeta) -> String {
+    format!("\"{}\"", &meta.sha256)
+}
+
+/// GET /v1/download/{session_id}/{file_id}: the bytes, streamed.
+pub async fn download(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Path((session_id, file_id)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let meta = find(&state, &principal, &session_id, &file_id).await?;
+    let reader = state.files.open(&meta).await.map_err(storage_error)?;
+    let body = Body::from_stream(tokio_util::io::ReaderStream::new(reader));
+    let mut response = body.into_response();
+    let headers = response.headers_mut();
+    let header = |v: &str| HeaderValue::from_str(v).unwrap_or(HeaderValue::from_static("application/octet-stream"));
+    headers.insert(header::CONTENT_TYPE, header(&meta.content_type));
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(meta.size));
+    let base = meta.name.rsplit('/').next().unwrap_or("file");
+    let ascii: String = base
+        .chars()
+        .map(|c| {
+            if c.is_ascii_graphic() && c != '"' && c != '\\' || c == ' ' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let disposition = format!("attachment; filename=\"{ascii}\"");
+    if let Ok(v) = HeaderValue::from_str(&disposition) {
+        headers.insert(header::CONTENT_DISPOSITION, v);
+    }
+    if let Ok(v) = HeaderValue::from_str(&etag(&meta)) {
+        headers.insert(header::ETAG, v);
+    }
+    Ok(response)
+}
+
+/// GET /v1/files/{session_id}: the caller's files of that session (unknown → `[]`).
+pub async fn list(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Path(session_id): Path<String>,
+) -> Result<Json<Vec<FileEntry>>, ApiError> {
+    if !ids::is_id(&session_id) {
+        return Ok(Json(Vec::new()));
+    }
+    let files = state
+        .files
+        .list(&principal.0, &session_id)
+        .await
+        .map_err(storage_error)?;
+    Ok(Json(
+        files
+            .into_iter()
+            .map(|m| FileEntry {
+                id: m.id,
+                name: m.name,
+                size: m.size,
+                last_modified: rfc3339(m.created_ms),
+                content_type: m.content_type,
+            })
+            .collect(),
+    ))
+}
+
+/// GET /v1/sessions/{session_id}/objects/{file_id}: metadata without the bytes.
+pub async fn object(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Path((session_id, file_id)): Path<(String, String)>,
+) -> Result<Json<ObjectInfo>, ApiError> {
+    let meta = find(&state, &principal, &session_id, &file_id).await?;
+    Ok(Json(ObjectInfo {
+        last_modified: rfc3339(meta.created_ms),
+        size: meta.size,
+        content_type: meta.content_type.clone(),
+        etag: etag(&meta),
+    }))
+}
+
+/// DELETE /v1/files/{session_id}/{file_id}: 204.
+pub async fn remove(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Path((session_id, file_id)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    let meta = find(&state, &principal, &session_id, &file_id).await?;
+    state
+        .files
+        .delete(&meta.principal, &meta.session_id, &meta.id)
+        .await
+        .map_err(storage_error)?;
+    Ok(StatusCode::NO_CONTENT)
+}
