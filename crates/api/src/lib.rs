@@ -109,6 +109,8 @@ pub struct ProgrammaticRequest {
     pub files: Option<Vec<FileRef>>,
     pub tools: Option<Vec<ToolDecl>>,
     pub timeout: Option<u64>,
+    /// Accepted as on /v1/exec; `timeout` wins.
+    pub run_timeout: Option<u64>,
     pub max_tool_calls: Option<u64>,
     pub limits: Option<RequestLimits>,
     pub session_id: Option<String>,

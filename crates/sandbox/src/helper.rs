@@ -486,8 +486,13 @@ impl Sandbox {
                     PollFlags::POLLIN,
                     Source::Listener,
                 );
-                for (slot, fd) in hub.conn_fds() {
-                    push_poll(&mut fds, &mut what, fd, PollFlags::POLLIN, Source::Conn(slot));
+                for (slot, fd, writing) in hub.conn_fds() {
+                    let flags = if writing {
+                        PollFlags::POLLIN | PollFlags::POLLOUT
+                    } else {
+                        PollFlags::POLLIN
+                    };
+                    push_poll(&mut fds, &mut what, fd, flags, Source::Conn(slot));
                 }
             }
             match poll(&mut fds, timeout_of(Some(wake.saturating_duration_since(now)))) {
@@ -550,6 +555,12 @@ impl Sandbox {
                                 (serde_json::from_slice::<Command>(&line), self.tools.as_mut())
                             {
                                 hub.reply(key, &reply);
+                                // Calls made while the program was paused were announced
+                                // then, and held by the server; they are due at the next
+                                // pause, so the next wait must be reported again.
+                                if hub.has_pending() {
+                                    hub.unannounced = true;
+                                }
                             }
                         }
                         // End of file on the control pipe means abort.
@@ -569,6 +580,7 @@ impl Sandbox {
                     }
                     Source::Conn(slot) => {
                         if let Some(hub) = self.tools.as_mut() {
+                            hub.flush_out(slot);
                             for event in hub.read(slot) {
                                 emit(&event);
                                 quiet_checks = 0;

@@ -3,7 +3,7 @@
 //! program's messages, forwards each call to the server, which checks it, and passes
 //! the server's replies back on the connection the call came from.
 
-use crate::io::{read_some, write_all};
+use crate::io::read_some;
 use crate::protocol::{Event, ToolChannel, ToolReply};
 use serde_json::Value;
 use std::collections::HashMap;
@@ -18,7 +18,13 @@ use std::path::Path;
 struct Conn {
     stream: OwnedFd,
     buf: Vec<u8>,
+    /// Replies not yet taken by the program (a large result does not fit the socket
+    /// buffer at once); written as the socket becomes writable.
+    out: Vec<u8>,
 }
+
+/// Replies a connection may have waiting before the program counts as not reading.
+const MAX_QUEUED_REPLY_BYTES: usize = 256 << 20;
 
 pub(crate) struct ToolHub {
     listener: UnixListener,
@@ -68,11 +74,11 @@ impl ToolHub {
     }
 
     /// The open connections, with their slot numbers, for the poll set.
-    pub(crate) fn conn_fds(&self) -> Vec<(usize, BorrowedFd<'_>)> {
+    pub(crate) fn conn_fds(&self) -> Vec<(usize, BorrowedFd<'_>, bool)> {
         self.conns
             .iter()
             .enumerate()
-            .filter_map(|(i, c)| c.as_ref().map(|c| (i, c.stream.as_fd())))
+            .filter_map(|(i, c)| c.as_ref().map(|c| (i, c.stream.as_fd(), !c.out.is_empty())))
             .collect()
     }
 
@@ -89,6 +95,7 @@ impl ToolHub {
             let conn = Conn {
                 stream: OwnedFd::from(stream),
                 buf: Vec::new(),
+                out: Vec::new(),
             };
             match self.conns.iter().position(Option::is_none) {
                 Some(i) => self.conns[i] = Some(conn),
@@ -165,15 +172,32 @@ impl ToolHub {
     }
 
     fn send(&mut self, slot: usize, message: &Value) {
-        let Some(conn) = self.conns.get(slot).and_then(Option::as_ref) else {
+        let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
             return;
         };
         let mut line = serde_json::to_vec(message).unwrap_or_default();
         line.push(b'\n');
-        // Replies are small next to the socket buffer; a program that does not read
-        // them and fills the buffer loses its connection.
-        if write_blocking_briefly(&conn.stream, &line).is_err() {
-            self.close(slot);
+        if conn.out.len() + line.len() > MAX_QUEUED_REPLY_BYTES {
+            return self.close(slot);
+        }
+        conn.out.extend_from_slice(&line);
+        self.flush_out(slot);
+    }
+
+    /// Writes what the socket takes now of the replies queued for `slot`.
+    pub(crate) fn flush_out(&mut self, slot: usize) {
+        let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
+            return;
+        };
+        while !conn.out.is_empty() {
+            match nix::unistd::write(&conn.stream, &conn.out) {
+                Ok(n) => {
+                    conn.out.drain(..n);
+                }
+                Err(nix::errno::Errno::EINTR) => {}
+                Err(nix::errno::Errno::EAGAIN) => return,
+                Err(_) => return self.close(slot),
+            }
         }
     }
 
@@ -183,17 +207,6 @@ impl ToolHub {
         }
         self.calls.retain(|_, (s, _)| *s != slot);
     }
-}
-
-fn write_blocking_briefly(fd: &OwnedFd, data: &[u8]) -> io::Result<()> {
-    // The connection is non-blocking; a full buffer means the program is not reading.
-    write_all(fd, data).map_err(|e| {
-        if e.kind() == io::ErrorKind::WouldBlock {
-            io::Error::other("program not reading")
-        } else {
-            e
-        }
-    })
 }
 
 /// Connects to the tool socket from inside the sandbox (the Bash tool command's side).

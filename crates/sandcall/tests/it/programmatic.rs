@@ -1328,3 +1328,62 @@ fn syntax_errors_and_line_numbers_are_the_users_own() {
     );
     assert!(r["stderr"].as_str().unwrap().contains("line 2"), "{r}");
 }
+
+#[test]
+fn large_results_reach_the_program_whole() {
+    let s = Server::start();
+    let big = "x".repeat(3_000_000);
+    let tool = json!({"name": "fetch", "parameters": {"type": "object"}});
+    for (language, code) in [
+        ("python", "r = fetch()\nprint(len(r), r[:3])"),
+        ("bash", "r=$(fetch)\necho ${#r} ${r:0:3}"),
+    ] {
+        let out = drive(
+            &s,
+            &json!({"language": language, "code": code, "tools": [tool]}),
+            |_, _| ok(json!(big)),
+        );
+        assert_eq!(out.last["status"], "completed", "{language}: {}", out.last);
+        assert_eq!(
+            out.last["stdout"], "3000000 xxx\n",
+            "{language}: {}",
+            out.last["stderr"]
+        );
+    }
+}
+
+#[test]
+fn a_call_made_while_paused_is_handed_out_at_the_next_pause() {
+    let s = Server::start();
+    // Two threads call at nearly the same time; whichever comes second may arrive while
+    // the session is already paused on the first. Both must reach the caller.
+    let code = src(&[
+        "import threading",
+        "out = {}",
+        "def work(n):",
+        "    out[n] = double(x=n)",
+        "ts = [threading.Thread(target=work, args=(n,)) for n in (1, 2)]",
+        "[t.start() for t in ts]",
+        "[t.join() for t in ts]",
+        "print(sorted(out.items()))",
+    ]);
+    let tool = json!({"name": "double", "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}});
+    for _ in 0..3 {
+        let out = drive(
+            &s,
+            &json!({"code": code, "tools": [tool], "timeout": 20000}),
+            |_, args| ok(json!(args["x"].as_i64().unwrap() * 2)),
+        );
+        assert_eq!(out.last["status"], "completed", "{}", out.last);
+        assert_eq!(out.last["stdout"], "[(1, 2), (2, 4)]\n", "{}", out.last);
+        assert_eq!(out.last["tool_calls_made"], 2);
+    }
+    // Bash: a background call started after the first pause.
+    let code = "double x=1 > /tmp/a &\nsleep 0.3\ndouble x=2 > /tmp/b\nwait\ncat /tmp/a /tmp/b\n";
+    let out = drive(
+        &s,
+        &json!({"language": "bash", "code": code, "tools": [tool], "timeout": 20000}),
+        |_, args| ok(json!(args["x"].as_i64().unwrap() * 2)),
+    );
+    assert_eq!(out.last["stdout"], "2\n4\n", "{}", out.last);
+}

@@ -74,6 +74,19 @@ impl Session {
         self.version.send_modify(|v| *v += 1);
     }
 
+    /// Leaves the pause because a timer ran out, unless a resume got there first.
+    fn unpause(&self) -> bool {
+        let mut shared = self.lock();
+        if !matches!(shared.phase, Phase::Paused { .. }) {
+            return false;
+        }
+        shared.phase = Phase::Running;
+        shared.response = ProgrammaticResponse::Running {
+            session_id: self.id.clone(),
+        };
+        true
+    }
+
     fn current(&self) -> ProgrammaticResponse {
         self.lock().response.clone()
     }
@@ -171,13 +184,12 @@ impl Sessions {
             max_files: inner.config.max_output_files,
             max_file_bytes: inner.config.max_file_bytes,
         });
-        let slot = self
-            .inner
-            .slots
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| ApiError::at_capacity(1))?;
+        let slot = self.inner.slots.clone().try_acquire_owned().map_err(|_| ApiError {
+            message: "the server holds as many sessions as it may (max_sessions); retry later".into(),
+            ..ApiError::at_capacity(1)
+        })?;
         let id = spec.run_id.clone();
+        let deadline = Instant::now() + Duration::from_millis(spec.timeout_ms);
         let helper = match self.inner.runner.start(spec).await {
             Ok(h) => h,
             Err(e) => {
@@ -203,6 +215,7 @@ impl Sessions {
             tools: cmd.tools,
             max_tool_calls: cmd.max_tool_calls,
             outbox,
+            deadline,
         };
         tokio::spawn(driver.run(helper, rx, slot));
         Ok(session.next_outcome(0).await)
@@ -338,6 +351,20 @@ struct Driver {
     tools: ToolSet,
     max_tool_calls: u64,
     outbox: PathBuf,
+    /// When the whole-loop timeout ends the run (the helper enforces it).
+    deadline: Instant,
+}
+
+/// Appends `add`, keeping at most `cap` bytes (cut at a character boundary).
+fn push_capped(s: &mut String, add: &str, cap: usize) {
+    s.push_str(add);
+    if s.len() > cap {
+        let mut end = cap;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
 }
 
 /// How a session ended, besides what the program did.
@@ -391,8 +418,9 @@ impl Driver {
                         }
                     }
                     Ok(Event::Blocked { partial_stdout, partial_stderr }) => {
-                        carry.0.push_str(&partial_stdout);
-                        carry.1.push_str(&partial_stderr);
+                        let cap = config.max_output_bytes as usize;
+                        push_capped(&mut carry.0, &partial_stdout, cap);
+                        push_capped(&mut carry.1, &partial_stderr, cap);
                         if pending.is_empty() || paused_at.is_some() || ending != Ending::Normal {
                             continue;
                         }
@@ -413,7 +441,10 @@ impl Driver {
                             tool_calls: calls,
                             partial_stdout,
                             partial_stderr,
-                            expires_at: rfc3339_in(expiry),
+                            // The token is good until the first timer runs out.
+                            expires_at: rfc3339_in(
+                                tool_timeout.min(expiry).min(self.deadline.saturating_duration_since(Instant::now())),
+                            ),
                         };
                         paused_at = Some(Instant::now());
                         self.session.publish(Phase::Paused { pause, calls: handed }, response);
@@ -443,10 +474,8 @@ impl Driver {
                     // The caller did not answer in time: the program gets TimeoutError and
                     // goes on; the token of this pause is stale from now.
                     paused_at = None;
-                    {
-                        let mut shared = self.session.lock();
-                        shared.phase = Phase::Running;
-                        shared.response = ProgrammaticResponse::Running { session_id: id.clone() };
+                    if !self.session.unpause() {
+                        continue; // a resume won the race; its results are on their way
                     }
                     let message = format!("no result within tool_call_timeout ({} ms)", config.tool_call_timeout_ms);
                     for key in outstanding.drain(..) {
@@ -455,6 +484,9 @@ impl Driver {
                 },
                 _ = until(paused_at.map(|t| t + expiry)) => {
                     paused_at = None;
+                    if !self.session.unpause() {
+                        continue;
+                    }
                     ending = Ending::Expired;
                     helper.abort();
                 },
@@ -485,8 +517,8 @@ impl Driver {
         };
         if ending == Ending::Expired {
             // An expired session is gone: resuming it gets 404.
-            self.sessions.remove(&self.session);
             self.session.publish(Phase::Done, response);
+            self.sessions.remove(&self.session);
             return;
         }
         self.session.publish(Phase::Done, response);

@@ -191,12 +191,25 @@ def _tool(declared):
     return tool
 
 
+def _hide_runner(te, seen):
+    """Drops this runner's own frames from a traceback (and from its chained ones)."""
+    if te is None or id(te) in seen:
+        return
+    seen.add(id(te))
+    te.stack = traceback.StackSummary.from_list([f for f in te.stack if f.filename != __file__])
+    _hide_runner(te.__cause__, seen)
+    _hide_runner(te.__context__, seen)
+
+
 def _report(error):
-    """Prints the traceback from the program's first own frame, as python3 would."""
+    """Prints the traceback as python3 would for the program alone: from its first
+    own frame, without the runner's frames."""
     tb = error.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename != _MAIN:
         tb = tb.tb_next
-    traceback.print_exception(type(error), error, tb)
+    te = traceback.TracebackException(type(error), error, tb or error.__traceback__)
+    _hide_runner(te, set())
+    sys.stderr.write("".join(te.format()))
 
 
 def main():
