@@ -4,8 +4,10 @@
 mod common;
 mod errors;
 mod exec;
+mod files;
 mod hostile;
 mod leaks;
 mod lifecycle;
+mod principals;
 mod programmatic;
 mod unprivileged;

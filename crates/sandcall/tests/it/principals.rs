@@ -15,9 +15,9 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-const KEYS: &str = "alice:key-a-123,bob:key-b-456";
-const ALICE: &str = "key-a-123";
-const BOB: &str = "key-b-456";
+const KEYS: &str = "alice:key-a-0123456789abcdef,bob:key-b-0123456789abcdef";
+const ALICE: &str = "key-a-0123456789abcdef";
+const BOB: &str = "key-b-0123456789abcdef";
 const ROUTE: &str = "/v1/exec/programmatic";
 
 /// A request without credentials: method, path, Content-Type, body.
@@ -166,11 +166,14 @@ fn every_route_needs_a_valid_key() {
         ("empty bearer", Client::bearer(&s, "")),
         ("unknown key", Client::api_key(&s, "wrong")),
         ("alice's key cut short", Client::api_key(&s, "key-a-12")),
-        ("alice's key extended", Client::api_key(&s, "key-a-1234")),
+        ("alice's key extended", Client::api_key(&s, "key-a-0123456789abcdef4")),
         ("alice's key upper-cased", Client::bearer(&s, "KEY-A-123")),
         ("the principal's name", Client::api_key(&s, "alice")),
-        ("name:key", Client::api_key(&s, "alice:key-a-123")),
-        ("two keys run together", Client::bearer(&s, "key-a-123key-b-456")),
+        ("name:key", Client::api_key(&s, "alice:key-a-0123456789abcdef")),
+        (
+            "two keys run together",
+            Client::bearer(&s, "key-a-0123456789abcdefkey-b-0123456789abcdef"),
+        ),
         ("bob's key cut short", Client::bearer(&s, "key-b-45")),
         (
             "basic auth",
@@ -178,7 +181,7 @@ fn every_route_needs_a_valid_key() {
         ),
         (
             "another scheme",
-            Client::anonymous(&s).with("Authorization", "Token key-a-123"),
+            Client::anonymous(&s).with("Authorization", "Token key-a-0123456789abcdef"),
         ),
     ];
     let stored = stored_count(&s);
