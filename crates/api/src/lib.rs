@@ -279,10 +279,12 @@ pub struct Health {
     pub cgroup: String,
     pub active_runs: usize,
     pub max_concurrent_runs: usize,
+    /// Warm sandboxes ready now (extension).
+    pub warm_idle: usize,
 }
 
 /// The languages sandcall runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Language {
     Python,

@@ -76,6 +76,13 @@ pub fn run_helper() -> i32 {
             return 1;
         }
     };
+    if let Some(launch) = &prepare.launch {
+        if let Err(message) = sandbox.start_program(&InitRun::new(&launch.argv, &launch.env)) {
+            sandbox.teardown();
+            emit(&Event::Failed { message });
+            return 1;
+        }
+    }
     emit(&Event::Ready);
 
     let run: Run = match read_message(&mut control) {
@@ -93,7 +100,9 @@ pub fn run_helper() -> i32 {
         }
     };
     let outcome = sandbox.run(&run, &mut control);
-    let usage = sandbox.cgroup.as_ref().map(|c| c.usage()).unwrap_or_default();
+    let mut usage = sandbox.cgroup.as_ref().map(|c| c.usage()).unwrap_or_default();
+    // A launched program's start-up is not the run's.
+    usage.cpu_time_ms = usage.cpu_time_ms.saturating_sub(sandbox.cpu_before_run);
     // Collect only once init is reaped: its exit waits for every process of the pid
     // namespace, so nothing of the program runs while the files are read.
     sandbox.reap_init();
@@ -106,8 +115,11 @@ pub fn run_helper() -> i32 {
         }
         Ok(result)
     });
-    sandbox.teardown();
-    match outcome {
+    // The answer goes out first: every process of the run is gone and its files are
+    // collected, so the rest (removing the cgroup, which can wait for an RCU grace
+    // period, and the mounts) need not delay it. The server keeps counting this helper
+    // until it exits.
+    let code = match outcome {
         Ok(mut result) => {
             result.cpu_time_ms = usage.cpu_time_ms;
             result.memory_peak_bytes = usage.memory_peak_bytes;
@@ -119,7 +131,9 @@ pub fn run_helper() -> i32 {
             emit(&Event::Failed { message });
             1
         }
-    }
+    };
+    sandbox.teardown();
+    code
 }
 
 fn read_message<T: for<'de> Deserialize<'de>>(lines: &mut Lines) -> Result<Option<T>, String> {
@@ -157,6 +171,15 @@ struct InitRun {
     env: Vec<(String, String)>,
 }
 
+impl InitRun {
+    fn new(argv: &[String], env: &[(String, String)]) -> Self {
+        InitRun {
+            argv: argv.to_vec(),
+            env: env.to_vec(),
+        }
+    }
+}
+
 /// The helper's side of one sandbox.
 struct Sandbox {
     staging: PathBuf,
@@ -176,6 +199,10 @@ struct Sandbox {
     owner: (u32, u32),
     /// Staged inputs and their SHA-256, to tell changed inputs from unchanged ones.
     staged: std::collections::HashMap<String, String>,
+    /// The write end of a launched program's fd 3.
+    go_w: Option<OwnedFd>,
+    /// CPU time spent before the run began (a launched program's start-up).
+    cpu_before_run: u64,
 }
 
 /// Everything init and the program need, captured before clone(2).
@@ -183,6 +210,8 @@ struct InitContext<'a> {
     to_init_r: RawFd,
     from_init_w: RawFd,
     stdin_r: RawFd,
+    /// A launched program's fd 3, where its go message arrives.
+    go_r: Option<RawFd>,
     stdout_w: RawFd,
     stderr_w: RawFd,
     staging: &'a Path,
@@ -210,6 +239,8 @@ impl Sandbox {
             tools: None,
             owner: (prepare.host_uid, prepare.host_gid),
             staged: Default::default(),
+            go_w: None,
+            cpu_before_run: 0,
         }
     }
 
@@ -309,6 +340,13 @@ impl Sandbox {
         let (stdin_r, stdin_w) = pipe2(cloexec).map_err(errstr("pipe"))?;
         let (stdout_r, stdout_w) = pipe2(cloexec).map_err(errstr("pipe"))?;
         let (stderr_r, stderr_w) = pipe2(cloexec).map_err(errstr("pipe"))?;
+        let (go_r, go_w) = match prepare.launch {
+            Some(_) => {
+                let (r, w) = pipe2(cloexec).map_err(errstr("pipe"))?;
+                (Some(r), Some(w))
+            }
+            None => (None, None),
+        };
 
         let tool_client = std::env::current_exe().ok();
         // 5. The seccomp policy is compiled here, where errors can still be reported.
@@ -321,6 +359,7 @@ impl Sandbox {
             to_init_r: to_init_r.as_raw_fd(),
             from_init_w: from_init_w.as_raw_fd(),
             stdin_r: stdin_r.as_raw_fd(),
+            go_r: go_r.as_ref().map(|fd| fd.as_raw_fd()),
             stdout_w: stdout_w.as_raw_fd(),
             stderr_w: stderr_w.as_raw_fd(),
             staging: &self.staging,
@@ -341,7 +380,8 @@ impl Sandbox {
         let pid = unsafe { clone(Box::new(|| init_main(&ctx)), &mut stack, flags, Some(libc::SIGCHLD)) }
             .map_err(errstr("clone into new namespaces"))?;
         self.init = Some(pid);
-        drop((to_init_r, from_init_w, stdin_r, stdout_w, stderr_w));
+        drop((to_init_r, from_init_w, stdin_r, stdout_w, stderr_w, go_r));
+        self.go_w = go_w;
         self.stdin_w = Some(stdin_w);
         self.stdout_r = Some(stdout_r);
         self.stderr_r = Some(stderr_r);
@@ -401,16 +441,17 @@ impl Sandbox {
         }
         self.staged = crate::workspace::stage(&self.staging.join("work"), &run.inputs, self.owner.0, self.owner.1)?;
 
-        let message = serde_json::to_vec(&InitRun {
-            argv: run.argv.clone(),
-            env: run.env.clone(),
-        })
-        .map_err(|e| e.to_string())?;
-        let to_init = self.to_init.take().ok_or("init pipe closed")?;
-        write_all(&to_init, &message)
-            .and_then(|()| write_all(&to_init, b"\n"))
-            .map_err(|e| format!("start program: {e}"))?;
-        drop(to_init);
+        match self.go_w.take() {
+            // Launched ahead: the program waits on fd 3 for its go.
+            Some(go) => {
+                self.cpu_before_run = self.cgroup.as_ref().map_or(0, |c| c.cpu_time_ms());
+                let mut line = run.go.clone().unwrap_or_default().into_bytes();
+                line.push(b'\n');
+                // A program that died before its go shows up as its exit status.
+                let _ = write_all(&go, &line);
+            }
+            None => self.start_program(&InitRun::new(&run.argv, &run.env))?,
+        }
 
         let start = Instant::now();
         let deadline = start + Duration::from_millis(run.timeout_ms);
@@ -646,6 +687,15 @@ impl Sandbox {
         Ok(result)
     }
 
+    /// Tells init to fork and exec the program.
+    fn start_program(&mut self, program: &InitRun) -> Result<(), String> {
+        let message = serde_json::to_vec(program).map_err(|e| e.to_string())?;
+        let to_init = self.to_init.take().ok_or("init pipe closed")?;
+        write_all(&to_init, &message)
+            .and_then(|()| write_all(&to_init, b"\n"))
+            .map_err(|e| format!("start program: {e}"))
+    }
+
     fn reap_init(&mut self) {
         self.kill_init();
         if let Some(pid) = self.init.take() {
@@ -816,6 +866,7 @@ fn init_setup(ctx: &InitContext, commands: &mut Lines) -> Result<Option<InitRun>
     // holding those would keep the program's stdin from ever reaching end of file.
     close_all_except(&[
         2,
+        ctx.go_r.unwrap_or(ctx.to_init_r),
         ctx.to_init_r,
         ctx.from_init_w,
         ctx.stdin_r,
@@ -885,7 +936,7 @@ fn init_run(ctx: &InitContext, run: InitRun) -> InitReport {
             unsafe { libc::_exit(126) }
         }
         Ok(nix::unistd::ForkResult::Parent { child }) => {
-            for fd in [ctx.stdin_r, ctx.stdout_w, ctx.stderr_w] {
+            for fd in [ctx.stdin_r, ctx.stdout_w, ctx.stderr_w].into_iter().chain(ctx.go_r) {
                 let _ = nix::unistd::close(fd);
             }
             loop {
@@ -922,8 +973,14 @@ fn exec_program_steps(ctx: &InitContext, run: &InitRun) -> Result<Never, String>
     for (from, to) in [(ctx.stdin_r, 0), (ctx.stdout_w, 1), (ctx.stderr_w, 2)] {
         nix::unistd::dup2(from, to).map_err(errstr("dup2"))?;
     }
-    // Every other descriptor goes: the program gets stdio and nothing else.
-    close_all_except(&[0, 1, 2])?;
+    // A launched program also keeps fd 3, where its go message will arrive.
+    if let Some(go) = ctx.go_r {
+        nix::unistd::dup2(go, 3).map_err(errstr("dup2"))?;
+        // dup2 onto itself would leave close-on-exec set.
+        nix::fcntl::fcntl(3, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty())).map_err(errstr("fcntl"))?;
+    }
+    // Every other descriptor goes: the program gets stdio (and fd 3) and nothing else.
+    close_all_except(if ctx.go_r.is_some() { &[0, 1, 2, 3] } else { &[0, 1, 2] })?;
     reset_signals();
     set_rlimits(ctx.limits)?;
     // Capabilities last among the privileged steps: the bounding set can only be

@@ -67,10 +67,21 @@ pub struct Prepare {
     pub host_gid: u32,
     /// The most bytes of code a run may bring.
     pub max_code_bytes: u64,
+    /// Start the program now, before its code is known (a warm sandbox): it is launched
+    /// with fd 3 open, and `Run::go` is written there when the run begins.
+    #[serde(default)]
+    pub launch: Option<Launch>,
     /// Programmatic runs: open the tool socket `/run/sandcall/tools.sock` and put the
     /// tool-call client at `/run/sandcall/bin/sandcall`. None for plain runs.
     #[serde(default)]
     pub tools: Option<ToolChannel>,
+}
+
+/// How to start a program ahead of its run.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Launch {
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
 }
 
 /// Settings of the tool-call channel between the program and the helper.
@@ -91,8 +102,12 @@ pub struct Run {
     /// More files for `/run/sandcall` (a language's runner, the tool definitions).
     #[serde(default)]
     pub support_files: Vec<(String, String)>,
-    /// The full argv; `argv[0]` is the interpreter's absolute path.
+    /// The full argv; `argv[0]` is the interpreter's absolute path. Unused when the
+    /// sandbox was prepared with a `launch`.
     pub argv: Vec<String>,
+    /// For a launched program: the line written to its fd 3 to start it.
+    #[serde(default)]
+    pub go: Option<String>,
     /// The program's whole environment.
     pub env: Vec<(String, String)>,
     /// Bytes fed to standard input, which is then closed.

@@ -67,6 +67,10 @@ pub struct Config {
     /// Key that signs continuation tokens, as 64 hex characters. Default: generated on
     /// first start into `<data_dir>/token.key` (mode 0600) and kept there.
     pub token_secret: Option<String>,
+    /// Warm sandboxes kept ready per language (Python, Bash), each with its
+    /// interpreter started; 0 turns the pool off. Each holds up to `memory_limit_mb`.
+    /// Default 4.
+    pub warm_pool_size: usize,
     /// The most a request's `limits` may ask for; each defaults to the value above.
     pub ceilings: Ceilings,
     /// Python interpreter, an absolute path inside the runtime. Default `/usr/bin/python3`.
@@ -209,6 +213,7 @@ impl Default for Config {
             max_tool_call_bytes: 1 << 20,
             max_sessions: cores() * 32,
             token_secret: None,
+            warm_pool_size: 4,
             ceilings: Ceilings::default(),
             python: PathBuf::from("/usr/bin/python3"),
             bash: PathBuf::from("/usr/bin/bash"),

@@ -18,6 +18,8 @@ pub struct ExecCommand {
     pub timeout_ms: u64,
     pub limits: Limits,
     pub files: Vec<sandcall_api::FileRef>,
+    /// The request set its own limits (a warm sandbox has the defaults).
+    pub custom_limits: bool,
 }
 
 pub fn parse_language(language: Option<&str>, lang: Option<&str>) -> Result<Language, ApiError> {
@@ -66,6 +68,7 @@ pub fn parse_exec(req: ExecRequest, config: &Config) -> Result<ExecCommand, ApiE
         timeout_ms,
         limits,
         files: req.files.unwrap_or_default(),
+        custom_limits: req.limits.is_some_and(|l| l != RequestLimits::default()),
     })
 }
 

@@ -102,6 +102,7 @@ async fn health(State(state): State<AppState>) -> Response {
         cgroup: state.runner.settings().cgroups.version().into(),
         active_runs: state.admission.active(),
         max_concurrent_runs: state.admission.capacity(),
+        warm_idle: state.pool.idle(),
     });
     (code, body).into_response()
 }
@@ -112,8 +113,14 @@ async fn exec_route(
     JsonBody(req): JsonBody<ExecRequest>,
 ) -> Result<Response, ApiError> {
     let cmd = exec::parse_exec(req, &state.config)?;
-    let result = state.execute(&principal, cmd).await?;
-    Ok(Json(result).into_response())
+    let (result, warm) = state.execute(&principal, cmd).await?;
+    let mut response = Json(result).into_response();
+    // (extension) Which kind of sandbox ran the program, for benchmarks and tests.
+    let kind = if warm { "warm" } else { "cold" };
+    response
+        .headers_mut()
+        .insert("sandcall-sandbox", axum::http::HeaderValue::from_static(kind));
+    Ok(response)
 }
 
 async fn programmatic_route(

@@ -12,6 +12,7 @@ pub mod files;
 pub mod host;
 pub mod http;
 pub mod ids;
+pub mod pool;
 pub mod programmatic;
 pub mod runner;
 pub mod runtime;
@@ -32,6 +33,7 @@ pub struct AppState {
     pub admission: Admission,
     pub sessions: programmatic::session::Sessions,
     pub auth: auth::Auth,
+    pub pool: pool::Pool,
     pub files: Arc<dyn files::FileStore>,
     /// Where helpers put a run's output files before the store takes them.
     pub outbox_dir: std::path::PathBuf,
@@ -51,11 +53,22 @@ impl AppState {
 
     /// Runs a validated exec command: stages its files, waits for a slot, runs, stores
     /// its output files, maps the outcome.
-    pub async fn execute(&self, principal: &auth::Principal, cmd: exec::ExecCommand) -> Result<ExecResponse, ApiError> {
+    /// Also says whether the run had a warm sandbox.
+    pub async fn execute(
+        &self,
+        principal: &auth::Principal,
+        cmd: exec::ExecCommand,
+    ) -> Result<(ExecResponse, bool), ApiError> {
         let inputs =
             files::ops::resolve_inputs(&*self.files, &principal.0, &cmd.files, cmd.limits.workspace_bytes).await?;
         let slot = self.admission.admit().await?;
-        let session_id = ids::new_id();
+        // A warm sandbox serves requests that keep the default limits.
+        let warm = if cmd.custom_limits {
+            None
+        } else {
+            self.pool.take(cmd.language)
+        };
+        let session_id = warm.as_ref().map_or_else(ids::new_id, |h| h.run_id().to_owned());
         let launch = exec::launch_for(&cmd, &self.config);
         let outbox = self.outbox_dir.join(&session_id);
         let mut spec = RunSpec::new(session_id.clone(), cmd.code, launch, cmd.timeout_ms, cmd.limits);
@@ -63,7 +76,23 @@ impl AppState {
         spec.inputs = inputs;
         spec.collect = Some(self.collect_into(&outbox));
         // The slot travels with the run, which finishes even if the client goes away.
-        let mut result = match self.runner.run(spec, slot).await {
+        let started = std::time::Instant::now();
+        let was_warm = warm.is_some();
+        let outcome = match warm {
+            Some(helper) => {
+                let (go, files) = runtime::warm_go(cmd.language, &cmd.args, None);
+                spec.go = Some(go);
+                spec.support_files.extend(files);
+                self.runner.run_warm(helper, spec, slot).await
+            }
+            None => self.runner.run(spec, slot).await,
+        };
+        tracing::debug!(
+            warm = was_warm,
+            elapsed_us = started.elapsed().as_micros() as u64,
+            "run finished"
+        );
+        let mut result = match outcome {
             Ok(result) => result,
             Err(e @ (RunError::Spawn(_) | RunError::Protocol(_) | RunError::Sandbox(_))) => {
                 let _ = tokio::fs::remove_dir_all(&outbox).await;
@@ -83,7 +112,7 @@ impl AppState {
         response.files = files;
         response.files_skipped = skipped;
         response.files_skipped_total = skipped_total;
-        Ok(response)
+        Ok((response, was_warm))
     }
 
     /// Collection settings for a run whose outputs go to `outbox`.
@@ -143,6 +172,14 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     // Outputs of runs a previous server did not finish storing are lost with it.
     let _ = std::fs::remove_dir_all(&outbox_dir);
     std::fs::create_dir_all(&outbox_dir)?;
+    let default_limits = exec::resolve_limits(&config, None).map_err(|e| ServeError::Preflight(e.message))?;
+    let pool = pool::Pool::start(
+        runner.clone(),
+        shared_config.clone(),
+        default_limits,
+        programmatic::tool_channel(&config),
+        shutdown_rx.clone(),
+    );
     let sessions = programmatic::session::Sessions::new(
         key,
         runner.clone(),
@@ -150,11 +187,13 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
         shutdown_rx.clone(),
         store.clone(),
         outbox_dir.clone(),
+        pool.clone(),
     );
     let auth = auth::Auth::new(&config);
     let state = AppState {
         config: shared_config,
         runner: runner.clone(),
+        pool,
         admission,
         sessions,
         auth,

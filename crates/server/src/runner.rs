@@ -2,7 +2,7 @@
 //! namespaces itself: each run is a fresh `sandcall sandbox-helper` process.
 
 use sandcall_sandbox::cgroup::CgroupRoot;
-use sandcall_sandbox::protocol::{Collect, Event, InputFile, Limits, Prepare, Run, RunResult, ToolChannel};
+use sandcall_sandbox::protocol::{Collect, Event, InputFile, Launch, Limits, Prepare, Run, RunResult, ToolChannel};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -40,6 +40,8 @@ pub struct RunSpec {
     pub inputs: Vec<InputFile>,
     /// Where the run's output files go, if they are collected.
     pub collect: Option<Collect>,
+    /// For a warm sandbox: the line that starts its waiting program.
+    pub go: Option<String>,
 }
 
 impl RunSpec {
@@ -58,6 +60,7 @@ impl RunSpec {
             tools: None,
             inputs: Vec::new(),
             collect: None,
+            go: None,
         }
     }
 }
@@ -164,8 +167,40 @@ impl Runner {
         }
     }
 
+    /// Like `run`, in a warm sandbox from the pool (`spec.go` starts its program).
+    pub async fn run_warm<H: Send + 'static>(
+        &self,
+        mut helper: Helper,
+        spec: RunSpec,
+        hold: H,
+    ) -> Result<RunResult, RunError> {
+        let this = self.clone();
+        let task = async move {
+            let result = match helper.begin(spec).await {
+                Ok(()) => this.finish(helper).await,
+                Err(e) => {
+                    helper.abort();
+                    helper.wait().await;
+                    Err(e)
+                }
+            };
+            this.record(&result);
+            drop(hold);
+            result
+        };
+        match tokio::spawn(task).await {
+            Ok(r) => r,
+            Err(e) => Err(RunError::Protocol(format!("run task failed: {e}"))),
+        }
+    }
+
     async fn run_inner(&self, spec: RunSpec) -> Result<RunResult, RunError> {
-        let mut helper = self.start(spec).await?;
+        let helper = self.start(spec).await?;
+        self.finish(helper).await
+    }
+
+    /// Waits for the program to end (or kills it at shutdown), then for the helper.
+    async fn finish(&self, mut helper: Helper) -> Result<RunResult, RunError> {
         let mut shutdown = self.shutdown.clone();
         let outcome = loop {
             let event = tokio::select! {
@@ -183,12 +218,70 @@ impl Runner {
                 Err(e) => break Err(e),
             }
         };
-        helper.wait().await;
+        // The helper answers before it removes the cgroup and mounts; it is reaped (and
+        // still counted as active) in the background.
+        tokio::spawn(helper.wait());
         outcome
     }
 
     /// Builds a sandbox and starts the program in it; the caller drives the rest.
     pub async fn start(&self, spec: RunSpec) -> Result<Helper, RunError> {
+        let (prepare, run) = self.messages(spec, None);
+        let mut helper = self.prepare(&prepare).await?;
+        match helper.send(&run).await {
+            Ok(()) => Ok(helper),
+            Err(e) => {
+                helper.abort();
+                helper.wait().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// A warm sandbox: built, its program launched and waiting for `Helper::begin`.
+    pub async fn prepare_warm(
+        &self,
+        run_id: String,
+        limits: Limits,
+        launch: Launch,
+        tools: ToolChannel,
+    ) -> Result<Helper, RunError> {
+        let s = &self.settings;
+        let prepare = Prepare {
+            staging_dir: s.runs_dir.join(&run_id),
+            cgroup: s.cgroups.placement(&run_id),
+            run_id,
+            limits,
+            extra_runtime_paths: s.extra_runtime_paths.clone(),
+            host_uid: s.host_uid,
+            host_gid: s.host_gid,
+            max_code_bytes: s.max_code_bytes,
+            launch: Some(launch),
+            tools: Some(tools),
+        };
+        self.prepare(&prepare).await
+    }
+
+    /// The two messages of a cold run.
+    fn messages(&self, spec: RunSpec, launch: Option<Launch>) -> (Prepare, Run) {
+        let s = &self.settings;
+        let prepare = Prepare {
+            run_id: spec.run_id.clone(),
+            staging_dir: s.runs_dir.join(&spec.run_id),
+            cgroup: s.cgroups.placement(&spec.run_id),
+            limits: spec.limits.clone(),
+            extra_runtime_paths: s.extra_runtime_paths.clone(),
+            host_uid: s.host_uid,
+            host_gid: s.host_gid,
+            max_code_bytes: s.max_code_bytes,
+            launch,
+            tools: spec.tools.clone(),
+        };
+        (prepare, run_message(spec))
+    }
+
+    /// Spawns a helper and has it build a sandbox.
+    async fn prepare(&self, prepare: &Prepare) -> Result<Helper, RunError> {
         let s = &self.settings;
         let guard = ActiveGuard::new(self.active.clone());
         let mut child = Command::new(&s.helper_exe)
@@ -205,45 +298,23 @@ impl Runner {
             .take()
             .ok_or_else(|| RunError::Protocol("no stdout".into()))?;
         let mut helper = Helper {
+            run_id: prepare.run_id.clone(),
             child,
             stdin,
             events: BufReader::new(stdout).lines(),
             _guard: guard,
         };
 
-        let prepare = Prepare {
-            run_id: spec.run_id.clone(),
-            staging_dir: s.runs_dir.join(&spec.run_id),
-            cgroup: s.cgroups.placement(&spec.run_id),
-            limits: spec.limits.clone(),
-            extra_runtime_paths: s.extra_runtime_paths.clone(),
-            host_uid: s.host_uid,
-            host_gid: s.host_gid,
-            max_code_bytes: s.max_code_bytes,
-            tools: spec.tools,
-        };
-        let run = Run {
-            code: spec.code,
-            code_file: spec.code_file,
-            support_files: spec.support_files,
-            argv: spec.argv,
-            env: spec.env,
-            stdin: spec.stdin,
-            timeout_ms: spec.timeout_ms,
-            inputs: spec.inputs,
-            collect: spec.collect,
-        };
-        let started = async {
-            helper.send(&prepare).await?;
+        let ready = async {
+            helper.send(prepare).await?;
             match helper.next_event().await? {
-                Event::Ready => {}
-                Event::Failed { message } => return Err(RunError::Sandbox(message)),
-                other => return Err(RunError::Protocol(format!("expected ready, got {other:?}"))),
+                Event::Ready => Ok(()),
+                Event::Failed { message } => Err(RunError::Sandbox(message)),
+                other => Err(RunError::Protocol(format!("expected ready, got {other:?}"))),
             }
-            helper.send(&run).await
         }
         .await;
-        match started {
+        match ready {
             Ok(()) => Ok(helper),
             Err(e) => {
                 helper.abort();
@@ -254,8 +325,25 @@ impl Runner {
     }
 }
 
+/// The run message of a spec.
+fn run_message(spec: RunSpec) -> Run {
+    Run {
+        code: spec.code,
+        code_file: spec.code_file,
+        support_files: spec.support_files,
+        argv: spec.argv,
+        go: spec.go,
+        env: spec.env,
+        stdin: spec.stdin,
+        timeout_ms: spec.timeout_ms,
+        inputs: spec.inputs,
+        collect: spec.collect,
+    }
+}
+
 /// A running sandbox helper: its events, and the commands it takes.
 pub struct Helper {
+    run_id: String,
     child: tokio::process::Child,
     stdin: Option<tokio::process::ChildStdin>,
     events: Lines<BufReader<ChildStdout>>,
@@ -263,6 +351,12 @@ pub struct Helper {
 }
 
 impl Helper {
+    /// Names the sandbox's cgroup and staging directory; a warm sandbox's run takes it
+    /// as its session id.
+    pub fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
     pub async fn next_event(&mut self) -> Result<Event, RunError> {
         next_event(&mut self.events).await
     }
@@ -275,6 +369,11 @@ impl Helper {
     /// (with `aborted`) follows.
     pub fn abort(&mut self) {
         self.stdin = None;
+    }
+
+    /// Starts the program of a warm sandbox (see `Runner::prepare_warm`).
+    pub async fn begin(&mut self, spec: RunSpec) -> Result<(), RunError> {
+        self.send(&run_message(spec)).await
     }
 
     pub fn aborted(&self) -> bool {

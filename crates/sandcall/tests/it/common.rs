@@ -78,6 +78,11 @@ impl Server {
             .env("SANDCALL_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
+        // The warm pool is off unless a test (or SANDCALL_TEST_WARM_POOL, which CI sets
+        // for a second pass of the hostile tests) asks for it: tests that count what
+        // is left on the machine would otherwise see the pool's sandboxes.
+        let pool = std::env::var("SANDCALL_TEST_WARM_POOL").unwrap_or_else(|_| "0".into());
+        cmd.env("SANDCALL_WARM_POOL_SIZE", &pool);
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -101,13 +106,43 @@ impl Server {
         };
         let port = base.rsplit(':').next().unwrap().parse().unwrap();
         let data_dir = std::fs::canonicalize(&data_dir).unwrap();
-        Server {
+        let server = Server {
             child: Some(child),
             base,
             port,
             dir,
             data_dir,
             config_path,
+        };
+        // With a warm pool, start once it is full, so that the first runs are warm.
+        let size = env
+            .iter()
+            .find(|(k, _)| *k == "SANDCALL_WARM_POOL_SIZE")
+            .map(|(_, v)| v.to_string())
+            .unwrap_or(pool);
+        if user.is_none() {
+            server.wait_warm(2 * size.parse::<usize>().unwrap_or(0));
+        }
+        server
+    }
+
+    /// Waits until `n` warm sandboxes are ready (health's `warm_idle`).
+    pub fn wait_warm(&self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let idle = || {
+            let (status, _, health) = self.request("GET", "/v1/health", None, None);
+            // With API keys configured health needs one; such tests do not use the pool.
+            if status == 401 {
+                return usize::MAX;
+            }
+            health["warm_idle"].as_u64().unwrap_or(0) as usize
+        };
+        let start = Instant::now();
+        while idle() < n {
+            assert!(start.elapsed() < Duration::from_secs(60), "the warm pool did not fill");
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
@@ -159,6 +194,16 @@ impl Server {
         let (status, v) = self.post("/v1/exec", &body);
         assert_eq!(status, 200, "exec answered {status}: {v}");
         v
+    }
+
+    /// POST /v1/exec; returns the `sandcall-sandbox` header (warm or cold) and the body.
+    pub fn exec_kind(&self, body: &str) -> (String, Value) {
+        let resp = ureq::post(&self.url("/v1/exec"))
+            .set("Content-Type", "application/json")
+            .send_string(body)
+            .unwrap();
+        let kind = resp.header("sandcall-sandbox").unwrap_or("").to_owned();
+        (kind, serde_json::from_str(&resp.into_string().unwrap()).unwrap())
     }
 
     pub fn py(&self, code: &str) -> Value {
@@ -286,6 +331,44 @@ pub fn run_cgroups(instance: &str) -> usize {
         n += runs.flatten().filter(|e| e.path().is_dir()).count();
     }
     n
+}
+
+/// Polls `f` until it returns `want` (up to 10 s): helpers answer before they finish
+/// removing a run's cgroup and mounts, so counts settle a moment after the answer.
+pub fn settle<T: PartialEq + std::fmt::Debug>(mut f: impl FnMut() -> T, want: T) -> T {
+    let start = Instant::now();
+    loop {
+        let got = f();
+        if got == want || start.elapsed() > Duration::from_secs(10) {
+            return got;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Nothing of run `session_id` is left: no cgroup of it in any hierarchy, no staging
+/// directory (after the moment a helper takes to tear down).
+pub fn assert_run_reclaimed(s: &Server, session_id: &str) {
+    let instance = s.instance();
+    let left = || {
+        let mut left: Vec<String> = Vec::new();
+        for entry in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
+            let dir = entry.path().join(&instance).join(session_id);
+            if dir.exists() {
+                left.push(dir.display().to_string());
+            }
+        }
+        let staging = s.data_dir.join("runs").join(session_id);
+        if staging.exists() {
+            left.push(staging.display().to_string());
+        }
+        left
+    };
+    assert_eq!(
+        settle(left, Vec::new()),
+        Vec::<String>::new(),
+        "run {session_id} was not reclaimed"
+    );
 }
 
 pub fn mount_count() -> usize {

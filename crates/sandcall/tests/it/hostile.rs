@@ -1,7 +1,7 @@
 //! Hostile programs: each is contained, and afterwards the server answers and runs a
 //! normal program correctly.
 
-use crate::common::{descendants, hostile, processes_matching, Server};
+use crate::common::{assert_run_reclaimed, hostile, processes_matching, Server};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
@@ -25,11 +25,7 @@ fn fork_bomb_is_contained() {
             .contains("fork: retry: Resource temporarily unavailable"),
         "{r}"
     );
-    assert!(
-        descendants(s.pid()).is_empty(),
-        "processes left: {:?}",
-        descendants(s.pid())
-    );
+    assert_run_reclaimed(&s, r["session_id"].as_str().unwrap());
     s.assert_healthy();
 }
 
@@ -231,6 +227,6 @@ fn background_processes_die_with_the_run() {
     let r = s.exec(json!({"language": "bash", "code": hostile("leave_background.sh"), "args": ["1000.777"]}));
     assert_eq!(r["stdout"], "started\n");
     assert_eq!(processes_matching("sleep 1000.777"), Vec::<u32>::new());
-    assert!(descendants(s.pid()).is_empty());
+    assert_run_reclaimed(&s, r["session_id"].as_str().unwrap());
     s.assert_healthy();
 }

@@ -1,19 +1,54 @@
 //! Leak accounting: after many runs, hostile ones included, nothing is left over.
 
-use crate::common::{descendants, dir_entries, fd_count, hostile, mount_count, run_cgroups, Server};
+use crate::common::{descendants, dir_entries, fd_count, hostile, mount_count, run_cgroups, settle, Server};
 use serde_json::json;
 use std::time::{Duration, Instant};
 
 #[test]
 fn two_hundred_runs_leave_nothing_behind() {
-    let s = Server::start();
+    two_hundred_runs(0);
+}
+
+/// The same against warm sandboxes: afterwards, exactly the refilled pool is left.
+#[test]
+fn two_hundred_warm_runs_leave_nothing_behind() {
+    two_hundred_runs(3);
+}
+
+fn two_hundred_runs(pool: usize) {
+    let s = Server::start_with(&[("SANDCALL_WARM_POOL_SIZE", &pool.to_string())], "");
     s.assert_healthy();
     let instance = s.instance();
+    let pid = s.pid();
+    // Each warm sandbox: a helper, the sandbox's init and its waiting program; one
+    // staging directory; one cgroup per hierarchy.
+    let idle = 2 * pool;
+    let hierarchies = std::fs::read_dir("/sys/fs/cgroup")
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().join(&instance).is_dir())
+        .count();
+    let warm_idle = || {
+        s.request("GET", "/v1/health", None, None).2["warm_idle"]
+            .as_u64()
+            .unwrap() as usize
+    };
+    let steady = || {
+        (
+            warm_idle(),
+            descendants(pid).len(),
+            run_cgroups(&instance),
+            dir_entries(&s.data_dir.join("runs")),
+        )
+    };
+    let want = (idle, 3 * idle, idle * hierarchies, idle);
+    assert_eq!(
+        settle(steady, want),
+        want,
+        "(idle, processes, cgroups, staging dirs) before"
+    );
     let fds_before = fd_count(s.pid());
     let mounts_before = mount_count();
-    assert_eq!(descendants(s.pid()), Vec::<u32>::new());
-    assert_eq!(run_cgroups(&instance), 0);
-    assert_eq!(dir_entries(&s.data_dir.join("runs")), 0);
 
     let bodies = [
         json!({"code": "print(1)"}),
@@ -40,10 +75,12 @@ fn two_hundred_runs_leave_nothing_behind() {
     });
     eprintln!("200 runs in {:?}", started.elapsed());
 
-    assert_eq!(descendants(s.pid()), Vec::<u32>::new(), "processes left");
-    assert_eq!(run_cgroups(&instance), 0, "cgroups left");
-    assert_eq!(dir_entries(&s.data_dir.join("runs")), 0, "staging dirs left");
-    assert_eq!(mount_count(), mounts_before, "host mounts changed");
+    assert_eq!(
+        settle(steady, want),
+        want,
+        "(idle, processes, cgroups, staging dirs) after"
+    );
+    assert_eq!(settle(mount_count, mounts_before), mounts_before, "host mounts changed");
     // Descriptors of the server may vary by a few (connection pool, epoll); runs must
     // not add up.
     let fds_after = fd_count(s.pid());

@@ -11,3 +11,4 @@ mod lifecycle;
 mod principals;
 mod programmatic;
 mod unprivileged;
+mod warm;

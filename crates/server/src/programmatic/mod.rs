@@ -56,16 +56,29 @@ pub fn parse_start(req: ProgrammaticRequest, config: &Config) -> Result<StartCom
     };
     let launch = runtime::launch_with_tools(language, interpreter, &args, &tools.names());
     let mut spec = RunSpec::new(ids::new_id(), code, launch, timeout_ms, limits);
-    spec.tools = Some(ToolChannel {
-        // A call's whole message may be somewhat over max_tool_call_bytes (names,
-        // quoting); much larger than that and the connection is cut unread.
-        max_message_bytes: config.max_tool_call_bytes.saturating_mul(2) + (64 << 10),
-        max_connections: MAX_TOOL_CONNECTIONS,
-    });
+    spec.tools = Some(tool_channel(config));
+    let custom_limits = req
+        .limits
+        .as_ref()
+        .is_some_and(|l| *l != sandcall_api::RequestLimits::default());
+    let files = req.files.unwrap_or_default();
     Ok(StartCommand {
         spec,
         tools,
         max_tool_calls,
-        files: req.files.unwrap_or_default(),
+        files,
+        language,
+        args,
+        custom_limits,
     })
+}
+
+/// The tool channel every programmatic (and warm) sandbox gets.
+pub fn tool_channel(config: &Config) -> ToolChannel {
+    ToolChannel {
+        // A call's whole message may be somewhat over max_tool_call_bytes (names,
+        // quoting); much larger than that and the connection is cut unread.
+        max_message_bytes: config.max_tool_call_bytes.saturating_mul(2) + (64 << 10),
+        max_connections: MAX_TOOL_CONNECTIONS,
+    }
 }

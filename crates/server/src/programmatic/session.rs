@@ -18,6 +18,7 @@ use crate::config::Config;
 use crate::error::ApiError;
 use crate::files::{ops, FileStore};
 use crate::ids;
+use crate::pool::Pool;
 use crate::runner::{Helper, RunError, RunSpec, Runner};
 use axum::http::StatusCode;
 use sandcall_api::{error_type, OutputFile, ProgrammaticResponse, SkippedFile, ToolCall, ToolResult};
@@ -105,6 +106,9 @@ pub struct StartCommand {
     pub tools: ToolSet,
     pub max_tool_calls: u64,
     pub files: Vec<sandcall_api::FileRef>,
+    pub language: sandcall_api::Language,
+    pub args: Vec<String>,
+    pub custom_limits: bool,
 }
 
 #[derive(Clone)]
@@ -121,6 +125,7 @@ struct Inner {
     shutdown: watch::Receiver<bool>,
     files: Arc<dyn FileStore>,
     outbox_dir: PathBuf,
+    pool: Pool,
 }
 
 fn not_found() -> ApiError {
@@ -139,6 +144,7 @@ impl Sessions {
         shutdown: watch::Receiver<bool>,
         files: Arc<dyn FileStore>,
         outbox_dir: PathBuf,
+        pool: Pool,
     ) -> Self {
         let slots = Arc::new(Semaphore::new(config.max_sessions));
         Sessions {
@@ -151,6 +157,7 @@ impl Sessions {
                 shutdown,
                 files,
                 outbox_dir,
+                pool,
             }),
         }
     }
@@ -177,6 +184,14 @@ impl Sessions {
     pub async fn start(&self, principal: &Principal, cmd: StartCommand) -> Result<ProgrammaticResponse, ApiError> {
         let mut spec = cmd.spec;
         let inner = &self.inner;
+        let warm = if cmd.custom_limits {
+            None
+        } else {
+            inner.pool.take(cmd.language)
+        };
+        if let Some(helper) = &warm {
+            spec.run_id = helper.run_id().to_owned();
+        }
         spec.inputs = ops::resolve_inputs(&*inner.files, &principal.0, &cmd.files, spec.limits.workspace_bytes).await?;
         let outbox = inner.outbox_dir.join(&spec.run_id);
         spec.collect = Some(Collect {
@@ -190,7 +205,24 @@ impl Sessions {
         })?;
         let id = spec.run_id.clone();
         let deadline = Instant::now() + Duration::from_millis(spec.timeout_ms);
-        let helper = match self.inner.runner.start(spec).await {
+        let started = match warm {
+            Some(mut helper) => {
+                let names = cmd.tools.names();
+                let (go, files) = crate::runtime::warm_go(cmd.language, &cmd.args, Some(&names));
+                spec.go = Some(go);
+                spec.support_files = files;
+                match helper.begin(spec).await {
+                    Ok(()) => Ok(helper),
+                    Err(e) => {
+                        helper.abort();
+                        helper.wait().await;
+                        Err(e)
+                    }
+                }
+            }
+            None => self.inner.runner.start(spec).await,
+        };
+        let helper = match started {
             Ok(h) => h,
             Err(e) => {
                 self.inner.runner.record_failure(&e);

@@ -74,6 +74,54 @@ impl ToolNames {
     }
 }
 
+/// A warm sandbox's program: started before the code exists, it waits on fd 3 for its
+/// go line (see `warm_go`) and then runs `/run/sandcall/main.*` exactly as a cold run
+/// would. Python waits inside the runner (already started: the point of warming);
+/// Bash waits in a tiny shell that then execs the real one.
+pub fn warm_launch(language: Language, interpreter: &Path) -> (Vec<String>, Vec<(String, String)>) {
+    let base = launch(language, interpreter, &[]);
+    let mut env = base.env;
+    let interpreter = interpreter.to_string_lossy().into_owned();
+    let argv = match language {
+        Language::Python => {
+            env.push(("SANDCALL_WARM".into(), "1".into()));
+            vec![interpreter, "-c".into(), PYTHON_RUNNER.into()]
+        }
+        Language::Bash => {
+            // Tool commands, when the run has any, come through BASH_ENV; a file that
+            // does not exist is ignored.
+            env.push(("BASH_ENV".into(), format!("{CODE_DIR}/tools.sh")));
+            let script = format!(
+                "read -r _ <&3; exec 3<&-; mapfile -d '' -t a < {CODE_DIR}/args; exec {interpreter} {CODE_DIR}/main.sh \"${{a[@]}}\""
+            );
+            vec![interpreter.clone(), "-c".into(), script, "sandcall".into()]
+        }
+    };
+    (argv, env)
+}
+
+/// What a warm sandbox's program needs at its start: the go line, and support files.
+pub fn warm_go(language: Language, args: &[String], tools: Option<&[ToolNames]>) -> (String, Vec<(String, String)>) {
+    let mut files = Vec::new();
+    if let Some(tools) = tools {
+        files = launch_with_tools(language, Path::new("/"), args, tools).support_files;
+        files.retain(|(name, _)| name != "runner.py");
+    }
+    let go = match language {
+        Language::Python => serde_json::json!({"args": args, "tools": tools.is_some()}).to_string(),
+        Language::Bash => {
+            let mut list = String::new();
+            for a in args {
+                list.push_str(a);
+                list.push('\0');
+            }
+            files.push(("args".into(), list));
+            "go".into()
+        }
+    };
+    (go, files)
+}
+
 /// How a program that calls tools is started: Python through the runner, Bash with the
 /// tool commands defined through BASH_ENV. Neither adds a line to the user's file.
 pub fn launch_with_tools(language: Language, interpreter: &Path, args: &[String], tools: &[ToolNames]) -> Launch {

@@ -1,16 +1,12 @@
-# sandcall's Python runner for programs that call tools. It runs the submitted code,
-# /run/sandcall/main.py, as __main__, with every declared tool as a global function.
-# Nothing here shifts the program's line numbers: the code is compiled from its own file.
-import ast
-import asyncio
+# sandcall's Python runner. It runs the submitted code, /run/sandcall/main.py, as
+# __main__: for programs that call tools, with every declared tool as a global function;
+# in a warm sandbox, started before the code exists, it first waits on fd 3 for
+# {"args": [...], "tools": bool}. Nothing here shifts the program's line numbers: the
+# code is compiled from its own file.
 import builtins
-import inspect
 import json
-import selectors
-import socket
+import os
 import sys
-import threading
-import traceback
 import types
 
 _MAIN = "/run/sandcall/main.py"
@@ -18,185 +14,199 @@ _SOCKET = "/run/sandcall/tools.sock"
 _TOOLS = "/run/sandcall/tools.json"
 
 
-class ToolError(Exception):
-    """A tool call failed: the caller answered with is_error, or sandcall refused it."""
-
-
-class _Channel:
-    """One connection to sandcall, shared by every call of the program."""
-
-    def __init__(self):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(_SOCKET)
-        self.send_lock = threading.Lock()
-        self.read_lock = threading.Lock()
-        self.cond = threading.Condition()
-        self.buf = b""
-        self.next_id = 0
-        self.replies = {}
-        self.futures = {}
-        self.loops = set()
-        self.unflushed = False
-
-    def send(self, message):
-        data = (json.dumps(message, separators=(",", ":")) + "\n").encode()
-        with self.send_lock:
-            self.sock.sendall(data)
-
-    def new_call(self, name, arguments):
-        with self.cond:
-            self.next_id += 1
-            call_id = "c%d" % self.next_id
-        self.send({"op": "call", "id": call_id, "name": name, "arguments": arguments})
-        return call_id
-
-    def _take_lines(self):
-        lines = []
-        while b"\n" in self.buf:
-            line, self.buf = self.buf.split(b"\n", 1)
-            lines.append(json.loads(line))
-        return lines
-
-    def _deliver(self, reply):
-        future = self.futures.pop(reply.get("id"), None)
-        if future is not None:
-            if not future.done():
-                try:
-                    future.set_result(reply)
-                except Exception:
-                    pass
-            return
-        with self.cond:
-            self.replies[reply.get("id")] = reply
-            self.cond.notify_all()
-
-    def wait_sync(self, call_id):
-        """Blocks until the reply to call_id arrives (plain, synchronous calls)."""
-        while True:
-            with self.cond:
-                if call_id in self.replies:
-                    return self.replies.pop(call_id)
-            if self.read_lock.acquire(blocking=False):
-                try:
-                    chunk = self.sock.recv(1 << 16)
-                    if not chunk:
-                        raise ToolError("the connection to sandcall closed")
-                    self.buf += chunk
-                    for reply in self._take_lines():
-                        self._deliver(reply)
-                finally:
-                    self.read_lock.release()
-            else:
-                with self.cond:
-                    self.cond.wait(0.05)
-
-    def on_readable(self):
-        """Event-loop reader callback: the socket has replies for awaited calls."""
-        with self.read_lock:
-            try:
-                chunk = self.sock.recv(1 << 16, socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                return
-            if not chunk:
-                for future in list(self.futures.values()):
-                    if not future.done():
-                        future.set_exception(ToolError("the connection to sandcall closed"))
-                self.futures.clear()
-                for loop in list(self.loops):
-                    loop.remove_reader(self.sock.fileno())
-                self.loops.clear()
-                return
-            self.buf += chunk
-            for reply in self._take_lines():
-                self._deliver(reply)
-
-
 _channel = None
 
+def _tools_api():
+    """The tool machinery, built only for runs that have tools: a plain run imports
+    nothing it would not import as `python3 main.py`."""
+    import asyncio
+    import selectors
+    import socket
+    import threading
 
-def _get_channel():
     global _channel
-    if _channel is None:
-        _channel = _Channel()
-    return _channel
+    class ToolError(Exception):
+        """A tool call failed: the caller answered with is_error, or sandcall refused it."""
 
 
-def _outcome(reply):
-    if reply.get("ok"):
-        return reply.get("result")
-    message = reply.get("error") or "tool call failed"
-    if reply.get("kind") == "timeout":
-        raise TimeoutError(message)
-    raise ToolError(message)
+    class _Channel:
+        """One connection to sandcall, shared by every call of the program."""
+
+        def __init__(self):
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.connect(_SOCKET)
+            self.send_lock = threading.Lock()
+            self.read_lock = threading.Lock()
+            self.cond = threading.Condition()
+            self.buf = b""
+            self.next_id = 0
+            self.replies = {}
+            self.futures = {}
+            self.loops = set()
+            self.unflushed = False
+
+        def send(self, message):
+            data = (json.dumps(message, separators=(",", ":")) + "\n").encode()
+            with self.send_lock:
+                self.sock.sendall(data)
+
+        def new_call(self, name, arguments):
+            with self.cond:
+                self.next_id += 1
+                call_id = "c%d" % self.next_id
+            self.send({"op": "call", "id": call_id, "name": name, "arguments": arguments})
+            return call_id
+
+        def _take_lines(self):
+            lines = []
+            while b"\n" in self.buf:
+                line, self.buf = self.buf.split(b"\n", 1)
+                lines.append(json.loads(line))
+            return lines
+
+        def _deliver(self, reply):
+            future = self.futures.pop(reply.get("id"), None)
+            if future is not None:
+                if not future.done():
+                    try:
+                        future.set_result(reply)
+                    except Exception:
+                        pass
+                return
+            with self.cond:
+                self.replies[reply.get("id")] = reply
+                self.cond.notify_all()
+
+        def wait_sync(self, call_id):
+            """Blocks until the reply to call_id arrives (plain, synchronous calls)."""
+            while True:
+                with self.cond:
+                    if call_id in self.replies:
+                        return self.replies.pop(call_id)
+                if self.read_lock.acquire(blocking=False):
+                    try:
+                        chunk = self.sock.recv(1 << 16)
+                        if not chunk:
+                            raise ToolError("the connection to sandcall closed")
+                        self.buf += chunk
+                        for reply in self._take_lines():
+                            self._deliver(reply)
+                    finally:
+                        self.read_lock.release()
+                else:
+                    with self.cond:
+                        self.cond.wait(0.05)
+
+        def on_readable(self):
+            """Event-loop reader callback: the socket has replies for awaited calls."""
+            with self.read_lock:
+                try:
+                    chunk = self.sock.recv(1 << 16, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    return
+                if not chunk:
+                    for future in list(self.futures.values()):
+                        if not future.done():
+                            future.set_exception(ToolError("the connection to sandcall closed"))
+                    self.futures.clear()
+                    for loop in list(self.loops):
+                        loop.remove_reader(self.sock.fileno())
+                    self.loops.clear()
+                    return
+                self.buf += chunk
+                for reply in self._take_lines():
+                    self._deliver(reply)
 
 
-class _Selector(selectors.DefaultSelector):
-    """Tells sandcall that the program waits, at the moment the event loop would block:
-    every call made until then (asyncio.gather, say) goes to the caller together."""
 
-    def select(self, timeout=None):
-        channel = _channel
-        if channel is not None and channel.unflushed and (timeout is None or timeout > 0):
-            channel.unflushed = False
+    def _get_channel():
+        global _channel
+        if _channel is None:
+            _channel = _Channel()
+        return _channel
+
+
+    def _outcome(reply):
+        if reply.get("ok"):
+            return reply.get("result")
+        message = reply.get("error") or "tool call failed"
+        if reply.get("kind") == "timeout":
+            raise TimeoutError(message)
+        raise ToolError(message)
+
+
+    class _Selector(selectors.DefaultSelector):
+        """Tells sandcall that the program waits, at the moment the event loop would block:
+        every call made until then (asyncio.gather, say) goes to the caller together."""
+
+        def select(self, timeout=None):
+            channel = _channel
+            if channel is not None and channel.unflushed and (timeout is None or timeout > 0):
+                channel.unflushed = False
+                channel.send({"op": "flush"})
+            return super().select(timeout)
+
+
+    class _Loop(asyncio.SelectorEventLoop):
+        def __init__(self):
+            super().__init__(_Selector())
+
+
+    class _Policy(asyncio.DefaultEventLoopPolicy):
+        _loop_factory = _Loop
+
+
+    def _call(name, args, kwargs):
+        if args and kwargs or len(args) > 1:
+            raise TypeError("%s() takes keyword arguments or one dict" % name)
+        if args:
+            if not isinstance(args[0], dict):
+                raise TypeError("%s() takes keyword arguments or one dict, not %s" % (name, type(args[0]).__name__))
+            arguments = args[0]
+        else:
+            arguments = kwargs
+        channel = _get_channel()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is None:
+            call_id = channel.new_call(name, arguments)
             channel.send({"op": "flush"})
-        return super().select(timeout)
-
-
-class _Loop(asyncio.SelectorEventLoop):
-    def __init__(self):
-        super().__init__(_Selector())
-
-
-class _Policy(asyncio.DefaultEventLoopPolicy):
-    _loop_factory = _Loop
-
-
-def _call(name, args, kwargs):
-    if args and kwargs or len(args) > 1:
-        raise TypeError("%s() takes keyword arguments or one dict" % name)
-    if args:
-        if not isinstance(args[0], dict):
-            raise TypeError("%s() takes keyword arguments or one dict, not %s" % (name, type(args[0]).__name__))
-        arguments = args[0]
-    else:
-        arguments = kwargs
-    channel = _get_channel()
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        loop = None
-    if loop is None:
+            return _outcome(channel.wait_sync(call_id))
+        if loop not in channel.loops:
+            loop.add_reader(channel.sock.fileno(), channel.on_readable)
+            channel.loops.add(loop)
+        future = loop.create_future()
         call_id = channel.new_call(name, arguments)
-        channel.send({"op": "flush"})
-        return _outcome(channel.wait_sync(call_id))
-    if loop not in channel.loops:
-        loop.add_reader(channel.sock.fileno(), channel.on_readable)
-        channel.loops.add(loop)
-    future = loop.create_future()
-    call_id = channel.new_call(name, arguments)
-    channel.futures[call_id] = future
-    channel.unflushed = True
+        channel.futures[call_id] = future
+        channel.unflushed = True
 
-    async def wait():
-        return _outcome(await future)
+        async def wait():
+            return _outcome(await future)
 
-    return wait()
+        return wait()
 
 
-def _tool(declared):
-    def tool(*args, **kwargs):
-        return _call(declared, args, kwargs)
+    def _tool(declared):
+        def tool(*args, **kwargs):
+            return _call(declared, args, kwargs)
 
-    tool.__name__ = declared
-    return tool
+        tool.__name__ = declared
+        return tool
+
+    return ToolError, _tool, _Policy
 
 
 def _hide_runner(te, seen):
     """Drops this runner's own frames from a traceback (and from its chained ones)."""
+    import traceback
+
     if te is None or id(te) in seen:
         return
     seen.add(id(te))
-    te.stack = traceback.StackSummary.from_list([f for f in te.stack if f.filename != __file__])
+    own = _report.__code__.co_filename
+    te.stack = traceback.StackSummary.from_list([f for f in te.stack if f.filename != own])
     _hide_runner(te.__cause__, seen)
     _hide_runner(te.__context__, seen)
 
@@ -204,6 +214,8 @@ def _hide_runner(te, seen):
 def _report(error):
     """Prints the traceback as python3 would for the program alone: from its first
     own frame, without the runner's frames."""
+    import traceback
+
     tb = error.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename != _MAIN:
         tb = tb.tb_next
@@ -212,35 +224,88 @@ def _report(error):
     sys.stderr.write("".join(te.format()))
 
 
+def _finish(status):
+    """Ends the process as Python would, minus tearing down every module: non-daemon
+    threads are joined, atexit handlers run, output is flushed."""
+    if isinstance(status, SystemExit):
+        code = status.code
+        if code is None:
+            status = 0
+        elif isinstance(code, int):
+            status = code
+        else:
+            print(code, file=sys.stderr)
+            status = 1
+    threading = sys.modules.get("threading")
+    try:
+        if threading is not None:
+            threading._shutdown()
+    except BaseException:
+        pass
+    try:
+        import atexit
+
+        atexit._run_exitfuncs()
+    except BaseException:
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+    os._exit(status & 0xFF)
+
+
 def main():
-    with open(_TOOLS, encoding="utf-8") as f:
-        tools = json.load(f)
+    if os.environ.pop("SANDCALL_WARM", None) == "1":
+        with os.fdopen(3, "rb") as go:
+            start = json.loads(go.readline() or b"{}")
+        args, with_tools = start.get("args", []), start.get("tools", False)
+    else:
+        args, with_tools = sys.argv[1:], True
+    tools = []
+    if with_tools:
+        with open(_TOOLS, encoding="utf-8") as f:
+            tools = json.load(f)
+        ToolError, _tool, _Policy = _tools_api()
     with open(_MAIN, "rb") as f:
         source = f.read()
     module = types.ModuleType("__main__")
     module.__file__ = _MAIN
     module.__builtins__ = builtins
-    module.ToolError = ToolError
-    for tool in tools:
-        setattr(module, tool["python"], _tool(tool["name"]))
+    if with_tools:
+        module.ToolError = ToolError
+        for tool in tools:
+            setattr(module, tool["python"], _tool(tool["name"]))
     sys.modules["__main__"] = module
-    sys.argv = [_MAIN] + sys.argv[1:]
-    sys.path[0] = "/mnt/data"
-    asyncio.set_event_loop_policy(_Policy())
+    sys.argv = [_MAIN] + args
+    # As `python3 main.py` would: the script's directory first (then PYTHONPATH).
+    sys.path[0] = "/run/sandcall"
+    if with_tools:
+        import asyncio
+
+        asyncio.set_event_loop_policy(_Policy())
+    # Top-level await only where tools are: a plain run is `python3 main.py` exactly.
+    flags = 0x2000 if with_tools else 0  # ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
     try:
-        code = compile(source, _MAIN, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
+        code = compile(source, _MAIN, "exec", flags=flags, dont_inherit=True)
     except SyntaxError as error:
+        import traceback
+
         traceback.print_exception(type(error), error, None)
-        sys.exit(1)
+        _finish(1)
     try:
         result = eval(code, module.__dict__)
-        if inspect.iscoroutine(result):
+        if with_tools and type(result).__name__ == "coroutine":
+            import asyncio
+
             asyncio.run(result)
-    except SystemExit:
-        raise
+    except SystemExit as exit_request:
+        _finish(exit_request)
     except BaseException as error:
         _report(error)
-        sys.exit(1)
+        _finish(1)
+    _finish(0)
 
 
 main()

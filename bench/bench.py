@@ -1,0 +1,334 @@
+#!/usr/bin/env python3
+"""sandcall's benchmark: sandcall against what a user would otherwise pick, in one run on
+one machine, reported as ratios so the figures hold on a noisy machine.
+
+  python3 bench/bench.py [--quick] [--guard] [--binary target/release/sandcall]
+
+Writes docs/benchmarks.md and bench/results.json. With --guard, exits 1 when sandcall's
+Python p50 is above 0.5 x the p50 of a fresh python3 process measured in the same run.
+Needs root (sandcall builds real sandboxes); bwrap and jupyter_client are optional
+baselines and are reported as missing when absent.
+"""
+import argparse
+import datetime
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PYTHON = "/usr/bin/python3"
+
+
+def percentile(values, p):
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * p / 100
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def summary(ms):
+    return {"p50": percentile(ms, 50), "p90": percentile(ms, 90), "p99": percentile(ms, 99), "n": len(ms)}
+
+
+class Server:
+    def __init__(self, binary):
+        self.dir = tempfile.mkdtemp(prefix="sandcall-bench-")
+        env = dict(os.environ, SANDCALL_LOG="warn", SANDCALL_MAX_SESSIONS="1024", SANDCALL_MAX_CONCURRENT_RUNS="16")
+        self.proc = subprocess.Popen(
+            [binary, "serve", "--listen", "127.0.0.1:0", "--data-dir", os.path.join(self.dir, "data")],
+            stdout=subprocess.PIPE, env=env, text=True)
+        for line in self.proc.stdout:
+            m = re.match(r"sandcall listening on http://([\d.]+):(\d+)", line)
+            if m:
+                self.host, self.port = m.group(1), int(m.group(2))
+                break
+        else:
+            raise SystemExit("sandcall did not start")
+
+    def conn(self):
+        return http.client.HTTPConnection(self.host, self.port, timeout=120)
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=60)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def post(conn, path, body):
+    conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    data = json.loads(resp.read())
+    if resp.status != 200:
+        raise RuntimeError(f"{path}: {resp.status} {data}")
+    return data
+
+
+def timed(fn, n, warmup=3):
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t) * 1000)
+    return out
+
+
+def sandcall_exec(server, language, code, n, gap_ms):
+    """One request at a time, `gap_ms` apart (an agent's loop: the model thinks between
+    runs). Returns the latencies and how many runs had a warm sandbox."""
+    conn = server.conn()
+    warm = []
+
+    def once():
+        conn.request("POST", "/v1/exec", json.dumps({"language": language, "code": code}), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        r = json.loads(resp.read())
+        assert resp.status == 200 and r["status"] == "ok" and r["stdout"] == "1\n", r
+        warm.append(resp.getheader("sandcall-sandbox") == "warm")
+        time.sleep(gap_ms / 1000)
+
+    out = []
+    for _ in range(3):
+        once()
+    warm.clear()
+    for _ in range(n):
+        t = time.perf_counter()
+        once()
+        out.append((time.perf_counter() - t) * 1000 - gap_ms)
+    return out, sum(warm)
+
+
+def sandcall_throughput(server, language, code, clients, per_client):
+    errors = []
+
+    def worker():
+        conn = server.conn()
+        try:
+            for _ in range(per_client):
+                r = post(conn, "/v1/exec", {"language": language, "code": code})
+                assert r["stdout"] == "1\n", r
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker) for _ in range(clients)]
+    t = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    elapsed = time.perf_counter() - t
+    if errors:
+        raise RuntimeError(errors[0])
+    return clients * per_client / elapsed
+
+
+TOOL = {"name": "inc", "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}
+
+
+def programmatic(server, calls):
+    conn = server.conn()
+    code = f"x = 0\nfor _ in range({calls}):\n    x = inc(x=x)\nprint(x)"
+    t0 = time.perf_counter()
+    r = post(conn, "/v1/exec/programmatic", {"code": code, "tools": [TOOL]})
+    trips = []
+    while r["status"] == "tool_call_required":
+        call = r["tool_calls"][0]
+        t = time.perf_counter()
+        r = post(conn, "/v1/exec/programmatic", {
+            "session_id": r["session_id"], "continuation_token": r["continuation_token"],
+            "tool_results": [{"call_id": call["id"], "result": call["arguments"]["x"] + 1}]})
+        trips.append((time.perf_counter() - t) * 1000)
+    total = (time.perf_counter() - t0) * 1000
+    assert r["status"] == "completed" and r["stdout"] == f"{calls}\n", r
+    return total, trips
+
+
+def descendants(pid):
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(entry))
+            except (OSError, ValueError, IndexError):
+                pass
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for c in children.get(p, []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def pss_kib(pids):
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1])
+        except OSError:
+            pass
+    return total
+
+
+def memory_per_paused_session(server, sessions):
+    before = pss_kib([server.proc.pid] + descendants(server.proc.pid))
+    conn = server.conn()
+    paused = []
+    for _ in range(sessions):
+        r = post(conn, "/v1/exec/programmatic", {"code": "inc(x=1)", "tools": [TOOL], "timeout": 600000})
+        assert r["status"] == "tool_call_required", r
+        paused.append(r["session_id"])
+    time.sleep(1)
+    after = pss_kib([server.proc.pid] + descendants(server.proc.pid))
+    for sid in paused:
+        post(conn, "/v1/exec/programmatic/cancel", {"session_id": sid})
+    return (after - before) / sessions / 1024
+
+
+def fresh_python(n):
+    return timed(lambda: subprocess.run([PYTHON, "-c", "print(1)"], check=True, stdout=subprocess.DEVNULL), n)
+
+
+def bwrap_python(n):
+    bwrap = shutil.which("bwrap")
+    if not bwrap:
+        return None
+    cmd = [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib",
+           "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/bin", "/bin", "--proc", "/proc", "--dev", "/dev",
+           "--tmpfs", "/tmp", PYTHON, "-c", "print(1)"]
+    try:
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    except (subprocess.CalledProcessError, OSError):
+        return None
+    return timed(lambda: subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL), n)
+
+
+def jupyter_kernel(n):
+    try:
+        from jupyter_client.manager import start_new_kernel
+    except ImportError:
+        return None
+    km, kc = start_new_kernel(kernel_name="python3")
+    try:
+        def once():
+            out = []
+            kc.execute_interactive("print(1)", output_hook=lambda m: out.append(m), timeout=30)
+        return timed(once, n)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="small samples (CI)")
+    ap.add_argument("--guard", action="store_true", help="fail unless Python p50 <= 0.5 x fresh python3 p50")
+    ap.add_argument("--binary", default=os.path.join(ROOT, "target/release/sandcall"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs/benchmarks.md"))
+    ap.add_argument("--json", default=os.path.join(ROOT, "bench/results.json"))
+    args = ap.parse_args()
+    n, clients, per_client, sessions = (40, 8, 10, 50) if args.quick else (300, 8, 60, 500)
+    gap = 50
+
+    server = Server(args.binary)
+    try:
+        res = {
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "cores": os.cpu_count(),
+            "quick": args.quick,
+            "gap_ms": gap,
+        }
+        py, py_warm = sandcall_exec(server, "python", "print(1)", n, gap)
+        sh, sh_warm = sandcall_exec(server, "bash", "echo 1", n, gap)
+        back, back_warm = sandcall_exec(server, "python", "print(1)", n, 0)
+        res.update({
+            "sandcall_python": summary(py),
+            "sandcall_python_warm_share": py_warm / n,
+            "sandcall_bash": summary(sh),
+            "sandcall_bash_warm_share": sh_warm / n,
+            "sandcall_python_back_to_back": summary(back),
+            "sandcall_python_back_to_back_warm_share": back_warm / n,
+            "sandcall_python_runs_per_s": sandcall_throughput(server, "python", "print(1)", clients, per_client),
+        })
+        total, trips = programmatic(server, 20)
+        res["programmatic_20_calls_total_ms"] = total
+        res["programmatic_round_trip"] = summary(trips)
+        res["memory_per_paused_session_mib"] = memory_per_paused_session(server, sessions)
+        res["paused_sessions_measured"] = sessions
+    finally:
+        server.stop()
+    res["fresh_python3"] = summary(fresh_python(n))
+    b = bwrap_python(n)
+    res["bwrap_python3"] = summary(b) if b else None
+    j = jupyter_kernel(n)
+    res["jupyter_kernel"] = summary(j) if j else None
+
+    os.makedirs(os.path.dirname(args.json), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump(res, f, indent=1)
+    write_markdown(res, args.out)
+    print(open(args.out).read())
+    if args.guard:
+        ratio = res["sandcall_python"]["p50"] / res["fresh_python3"]["p50"]
+        print(f"guard: sandcall python p50 / fresh python3 p50 = {ratio:.2f} (must be <= 0.50)")
+        if ratio > 0.5:
+            sys.exit(1)
+
+
+def write_markdown(r, path):
+    def row(name, s, base=None):
+        if s is None:
+            return f"| {name} | not installed | | | |\n"
+        ratio = f"{r['sandcall_python']['p50'] / s['p50']:.2f}" if base else ""
+        return f"| {name} | {s['p50']:.1f} | {s['p90']:.1f} | {s['p99']:.1f} | {ratio} |\n"
+
+    goals = [
+        ("Python `print(1)` p50", f"{r['sandcall_python']['p50']:.1f} ms", "<= 3 ms", r['sandcall_python']['p50'] <= 3),
+        ("Python `print(1)` p99", f"{r['sandcall_python']['p99']:.1f} ms", "<= 10 ms", r['sandcall_python']['p99'] <= 10),
+        ("Bash `echo 1` p50", f"{r['sandcall_bash']['p50']:.1f} ms", "<= 2 ms", r['sandcall_bash']['p50'] <= 2),
+        ("Python runs/s, 8 clients", f"{r['sandcall_python_runs_per_s']:.0f}", ">= 300", r['sandcall_python_runs_per_s'] >= 300),
+        ("tool-call round trip p50", f"{r['programmatic_round_trip']['p50']:.2f} ms", "<= 1 ms", r['programmatic_round_trip']['p50'] <= 1),
+        ("memory per paused session", f"{r['memory_per_paused_session_mib']:.1f} MiB", "<= 10 MiB", r['memory_per_paused_session_mib'] <= 10),
+    ]
+    with open(path, "w") as f:
+        f.write("# Benchmarks\n\n")
+        f.write("Generated by `python3 bench/bench.py` (do not edit by hand). "
+                f"Measured {r['date']} on a machine with {r['cores']} cores, over HTTP on loopback"
+                f"{' (quick sample)' if r['quick'] else ''}. All figures come from one run, so the ratios "
+                "compare like with like on a shared, noisy machine.\n\n")
+        f.write("## One `print(1)` at a time (ms)\n\n| what | p50 | p90 | p99 | sandcall Python p50 / this p50 |\n|---|---|---|---|---|\n")
+        f.write(row(f"sandcall, Python ({r['sandcall_python_warm_share']:.0%} warm)", r["sandcall_python"]))
+        f.write(row(f"sandcall, Bash `echo 1` ({r['sandcall_bash_warm_share']:.0%} warm)", r["sandcall_bash"]))
+        f.write(row(f"sandcall, Python back to back, no gap ({r['sandcall_python_back_to_back_warm_share']:.0%} warm)", r["sandcall_python_back_to_back"]))
+        f.write(row("fresh `python3 -c` process (no isolation)", r["fresh_python3"], True))
+        f.write(row("`bwrap --unshare-all` + python3", r["bwrap_python3"], True))
+        f.write(row("warm Jupyter kernel, jupyter_client (no isolation)", r["jupyter_kernel"], True))
+        f.write(f"\n## Throughput and tool calls\n\n- Python runs per second with 8 concurrent clients: "
+                f"{r['sandcall_python_runs_per_s']:.0f}\n- A program making 20 sequential tool calls: "
+                f"{r['programmatic_20_calls_total_ms']:.0f} ms in all; round trip as the client sees it (resume sent "
+                f"to next pause received): p50 {r['programmatic_round_trip']['p50']:.2f} ms, p99 "
+                f"{r['programmatic_round_trip']['p99']:.2f} ms\n- Memory per paused session (PSS of the server and "
+                f"every sandbox process, {r['paused_sessions_measured']} sessions paused at once): "
+                f"{r['memory_per_paused_session_mib']:.1f} MiB\n")
+        f.write("\n## Goals\n\n| goal | measured | target | met |\n|---|---|---|---|\n")
+        for name, got, target, met in goals:
+            f.write(f"| {name} | {got} | {target} | {'yes' if met else 'no'} |\n")
+
+
+if __name__ == "__main__":
+    main()

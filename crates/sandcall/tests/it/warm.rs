@@ -1,0 +1,136 @@
+//! Warm sandboxes: each is used once, nothing of one run reaches the next, and a burst
+//! larger than the pool still succeeds. (The hostile and leak tests also run against
+//! warm sandboxes: leaks.rs has a warm variant, and CI runs hostile.rs a second time
+//! with SANDCALL_TEST_WARM_POOL set.)
+
+use crate::common::{assert_run_reclaimed, Server};
+use serde_json::json;
+use std::collections::HashSet;
+
+fn warm_server(size: usize) -> Server {
+    Server::start_with(&[("SANDCALL_WARM_POOL_SIZE", &size.to_string())], "")
+}
+
+#[test]
+fn a_warm_sandbox_is_never_handed_out_twice() {
+    let s = warm_server(2);
+    let mut ids = HashSet::new();
+    let code = "import os, glob\nprint(sorted(glob.glob('/tmp/*') + glob.glob('/mnt/data/*') + glob.glob('/dev/shm/*')))\nopen(f'/tmp/m{os.getpid()}', 'w').write('x')\nopen('/mnt/data/m', 'w').write('x')\nopen('/dev/shm/m', 'w').write('x')";
+    for _ in 0..12 {
+        s.wait_warm(4);
+        let (kind, r) = s.exec_kind(&json!({"code": code}).to_string());
+        assert_eq!(kind, "warm");
+        assert_eq!(r["stdout"], "[]\n", "a file of an earlier run is visible: {r}");
+        assert!(
+            ids.insert(r["session_id"].as_str().unwrap().to_owned()),
+            "session id reused: {r}"
+        );
+    }
+}
+
+#[test]
+fn no_state_leaks_from_one_warm_run_into_the_next() {
+    let s = warm_server(1);
+    let dirty = "import builtins, os, resource, signal, sys, types\n\
+builtins.LEAKED = 1\n\
+os.environ['LEAKED'] = '1'\n\
+sys.modules['leaked_module'] = types.ModuleType('leaked_module')\n\
+sys.path.append('/leaked')\n\
+open('/tmp/leaked', 'w').write('x')\n\
+os.chdir('/tmp')\n\
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))\n\
+signal.signal(signal.SIGTERM, signal.SIG_IGN)\n\
+os.umask(0o077)\n\
+print('dirtied')";
+    let check = "import builtins, os, resource, signal, sys\n\
+print(hasattr(builtins, 'LEAKED'), 'LEAKED' in os.environ, 'leaked_module' in sys.modules,\n\
+      '/leaked' in sys.path, os.path.exists('/tmp/leaked'), os.getcwd(),\n\
+      resource.getrlimit(resource.RLIMIT_NOFILE), signal.getsignal(signal.SIGTERM) is signal.SIG_DFL,\n\
+      oct(os.umask(0o022)))";
+    for _ in 0..3 {
+        s.wait_warm(2);
+        let (kind, r) = s.exec_kind(&json!({"code": dirty}).to_string());
+        assert_eq!(
+            (kind.as_str(), r["stdout"].as_str()),
+            ("warm", Some("dirtied\n")),
+            "{r}"
+        );
+        s.wait_warm(2);
+        let (kind, r) = s.exec_kind(&json!({"code": check}).to_string());
+        assert_eq!(kind, "warm");
+        assert_eq!(
+            r["stdout"], "False False False False False /mnt/data (1024, 1024) True 0o22\n",
+            "{r}"
+        );
+    }
+    // Bash: variables, functions, traps, cwd, limits and files.
+    s.wait_warm(2);
+    let r = s.bash("export LEAKED=1; leaked() { :; }; trap 'echo trapped' EXIT; cd /tmp; ulimit -n 64; touch /tmp/leaked; echo dirtied");
+    assert_eq!(r["stdout"], "dirtied\ntrapped\n", "{r}");
+    s.wait_warm(2);
+    let r = s.bash("echo \"${LEAKED:-none} $(type -t leaked || echo none) $(pwd) $(ulimit -n) $(ls /tmp | wc -l)\"");
+    assert_eq!(r["stdout"], "none none /mnt/data 1024 0\n", "{r}");
+}
+
+#[test]
+fn a_burst_larger_than_the_pool_still_succeeds() {
+    let s = warm_server(1);
+    let results: Vec<serde_json::Value> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..12)
+            .map(|i| {
+                let s = &s;
+                scope.spawn(move || s.exec(json!({"code": format!("print({i} * 3)")})))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, r) in results.iter().enumerate() {
+        assert_eq!(r["status"], "ok", "{r}");
+        assert_eq!(r["stdout"], format!("{}\n", i * 3));
+        assert_run_reclaimed(&s, r["session_id"].as_str().unwrap());
+    }
+}
+
+#[test]
+fn custom_limits_take_a_cold_sandbox_and_defaults_a_warm_one() {
+    let s = warm_server(1);
+    // A warm sandbox has the defaults; a request that lowers a limit must get it.
+    s.wait_warm(2);
+    let body = json!({"language": "bash", "code": "ulimit -n", "limits": {"max_open_files": 64}}).to_string();
+    let (kind, r) = s.exec_kind(&body);
+    assert_eq!(r["stdout"], "64\n", "{r}");
+    assert_eq!(kind, "cold");
+    let (kind, r) = s.exec_kind(&json!({"language": "bash", "code": "ulimit -n"}).to_string());
+    assert_eq!(r["stdout"], "1024\n");
+    assert_eq!(kind, "warm");
+}
+
+#[test]
+fn programmatic_runs_use_warm_sandboxes_too() {
+    let s = warm_server(2);
+    let tool =
+        json!({"name": "get_rate", "parameters": {"type": "object", "properties": {"base": {"type": "string"}}}});
+    for (language, code, want) in [
+        (
+            "python",
+            "import sys\nrate = get_rate(base='USD')\nprint(rate, sys.argv[1:])",
+            "0.5 ['x']\n",
+        ),
+        ("bash", "echo $(get_rate base=USD) \"$@\"", "0.5 x\n"),
+    ] {
+        s.wait_warm(4);
+        let (status, first) = s.post(
+            "/v1/exec/programmatic",
+            &json!({"language": language, "code": code, "tools": [tool], "args": ["x"]}),
+        );
+        assert_eq!(status, 200, "{first}");
+        assert_eq!(first["status"], "tool_call_required", "{first}");
+        let call = &first["tool_calls"][0];
+        let (_, done) = s.post(
+            "/v1/exec/programmatic",
+            &json!({"continuation_token": first["continuation_token"], "tool_results": [{"call_id": call["id"], "result": 0.5}]}),
+        );
+        assert_eq!(done["status"], "completed", "{done}");
+        assert_eq!(done["stdout"], want, "{done}");
+    }
+}

@@ -1,0 +1,135 @@
+//! Warm sandboxes: built, with their interpreter already started and waiting, before a
+//! request arrives. Each is used once and replaced in the background, so no state of
+//! one run can reach another; a request that finds the pool empty (a burst) or asks for
+//! limits other than the defaults takes the cold path instead.
+
+use crate::config::Config;
+use crate::ids;
+use crate::runner::{Helper, Runner};
+use crate::runtime;
+use sandcall_api::Language;
+use sandcall_sandbox::protocol::{Launch, Limits, ToolChannel};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{watch, Notify};
+
+#[derive(Clone)]
+pub struct Pool {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    ready: Mutex<HashMap<Language, Vec<Helper>>>,
+    wake: Notify,
+    size: usize,
+}
+
+const LANGUAGES: [Language; 2] = [Language::Python, Language::Bash];
+
+impl Pool {
+    /// Starts one refill task per language; `size` sandboxes are kept ready for each.
+    pub fn start(
+        runner: Runner,
+        config: Arc<Config>,
+        limits: Limits,
+        tools: ToolChannel,
+        shutdown: watch::Receiver<bool>,
+    ) -> Pool {
+        let size = config.warm_pool_size;
+        let pool = Pool {
+            inner: Arc::new(Inner {
+                ready: Mutex::new(HashMap::new()),
+                wake: Notify::new(),
+                size,
+            }),
+        };
+        if size > 0 {
+            for language in LANGUAGES {
+                let interpreter = match language {
+                    Language::Python => config.python.clone(),
+                    Language::Bash => config.bash.clone(),
+                };
+                let (argv, env) = runtime::warm_launch(language, &interpreter);
+                let fill = Refill {
+                    pool: pool.clone(),
+                    runner: runner.clone(),
+                    language,
+                    launch: Launch { argv, env },
+                    limits: limits.clone(),
+                    tools: tools.clone(),
+                };
+                tokio::spawn(fill.run(shutdown.clone()));
+            }
+        }
+        pool
+    }
+
+    fn ready(&self) -> std::sync::MutexGuard<'_, HashMap<Language, Vec<Helper>>> {
+        self.inner.ready.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A warm sandbox for `language`, if one is ready. It is the caller's now.
+    pub fn take(&self, language: Language) -> Option<Helper> {
+        let helper = self.ready().get_mut(&language).and_then(Vec::pop);
+        self.inner.wake.notify_waiters();
+        helper
+    }
+
+    /// Warm sandboxes ready now, all languages together.
+    pub fn idle(&self) -> usize {
+        self.ready().values().map(Vec::len).sum()
+    }
+}
+
+struct Refill {
+    pool: Pool,
+    runner: Runner,
+    language: Language,
+    launch: Launch,
+    limits: Limits,
+    tools: ToolChannel,
+}
+
+impl Refill {
+    async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        loop {
+            if *shutdown.borrow() {
+                break;
+            }
+            let have = self.pool.ready().get(&self.language).map_or(0, Vec::len);
+            if have >= self.pool.inner.size {
+                let woken = self.pool.inner.wake.notified();
+                tokio::select! {
+                    _ = woken => {}
+                    _ = shutdown.changed() => {}
+                    // Notifications can be missed between the check and the wait.
+                    _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                }
+                continue;
+            }
+            let prepared = self
+                .runner
+                .prepare_warm(
+                    ids::new_id(),
+                    self.limits.clone(),
+                    self.launch.clone(),
+                    self.tools.clone(),
+                )
+                .await;
+            match prepared {
+                Ok(helper) => self.pool.ready().entry(self.language).or_default().push(helper),
+                Err(e) => {
+                    tracing::warn!(language = ?self.language, error = %e, "could not prepare a warm sandbox");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
+        // Shutting down: every idle sandbox is reclaimed.
+        let idle: Vec<Helper> = self.pool.ready().remove(&self.language).unwrap_or_default();
+        for mut helper in idle {
+            helper.abort();
+            helper.wait().await;
+        }
+    }
+}
