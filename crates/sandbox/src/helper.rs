@@ -570,6 +570,7 @@ impl Sandbox {
                         }
                     }
                     Source::Init => {
+                        let init = self.init;
                         let lines = self.from_init.as_mut().ok_or("init pipe closed")?;
                         let _ = lines.fill();
                         while let Some(line) = lines.take_line() {
@@ -577,10 +578,14 @@ impl Sandbox {
                                 Ok(InitReport::Exited { code }) => {
                                     result.exit_code = Some(code);
                                     ended_at.get_or_insert_with(Instant::now);
+                                    // The run is over: whatever it left behind dies now,
+                                    // while the output drains.
+                                    kill_pid(init);
                                 }
                                 Ok(InitReport::Signaled { signal }) => {
                                     result.signal = Some(signal_name(signal));
                                     ended_at.get_or_insert_with(Instant::now);
+                                    kill_pid(init);
                                 }
                                 _ => {}
                             }
@@ -704,10 +709,7 @@ impl Sandbox {
     }
 
     fn kill_init(&self) {
-        if let Some(pid) = self.init {
-            // Killing pid 1 of the namespace makes the kernel kill every process in it.
-            let _ = kill(pid, Signal::SIGKILL);
-        }
+        kill_pid(self.init);
     }
 
     /// Kills what is left and removes every trace: processes, cgroup, mounts, directory.
@@ -757,6 +759,14 @@ fn push_poll<'a>(
 ) {
     fds.push(PollFd::new(fd, flags));
     what.push(source);
+}
+
+/// SIGKILL to the sandbox's init: the kernel then kills every process of its pid
+/// namespace.
+fn kill_pid(init: Option<Pid>) {
+    if let Some(pid) = init {
+        let _ = kill(pid, Signal::SIGKILL);
+    }
 }
 
 /// What a descriptor in the poll set is.

@@ -98,8 +98,6 @@ struct Walk<'a> {
 
 /// Collects every regular file the run created or changed into `opts.outbox`.
 pub(crate) fn collect(work: &Path, opts: &Collect, inputs: &HashMap<String, String>) -> Result<Collected, String> {
-    fs::create_dir(&opts.outbox).map_err(|e| format!("create outbox: {e}"))?;
-    fs::set_permissions(&opts.outbox, fs::Permissions::from_mode(0o700)).map_err(|e| e.to_string())?;
     let root = openat(
         None,
         work,
@@ -194,6 +192,14 @@ impl Walk<'_> {
         }
         if self.out.files.len() >= self.opts.max_files {
             return self.out.skip(rel, "too_many_files");
+        }
+        // The outbox is made for the first file: most runs have none.
+        if self.next == 0 && !self.opts.outbox.exists() {
+            let made = fs::create_dir(&self.opts.outbox)
+                .and_then(|()| fs::set_permissions(&self.opts.outbox, fs::Permissions::from_mode(0o700)));
+            if made.is_err() {
+                return self.out.skip(rel, "storage_full");
+            }
         }
         let dest = self.opts.outbox.join(self.next.to_string());
         match copy_hashed(&mut file, &dest, self.opts.max_file_bytes) {

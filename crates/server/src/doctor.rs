@@ -227,6 +227,12 @@ async fn trial_run(config: &Config) -> Check {
             }
         }
     }
+    // Helpers answer before they finish tearing down; let them finish, so that nothing
+    // of the trial is mistaken for a leftover by the sweep that `serve` does next.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while runner.active() > 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
     Check {
         name: "sandbox trial run",
         ok: true,

@@ -88,6 +88,7 @@ pub async fn ingest_outputs(
         .collect();
     let mut skipped_total = result.skipped_total;
     let created = now_ms();
+    let had_outputs = !result.outputs.is_empty();
     for out in result.outputs.drain(..) {
         let meta = FileMeta {
             principal: principal.to_owned(),
@@ -127,6 +128,8 @@ pub async fn ingest_outputs(
             }
         }
     }
-    let _ = tokio::fs::remove_dir_all(outbox).await;
+    if had_outputs {
+        let _ = tokio::fs::remove_dir_all(outbox).await;
+    }
     (files, skipped, skipped_total)
 }

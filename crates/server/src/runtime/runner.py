@@ -256,7 +256,23 @@ def _finish(status):
     os._exit(status & 0xFF)
 
 
+def _warm_up():
+    """Runs a little code through the same paths a program takes (compile, exec, print,
+    file I/O) while the sandbox waits for its program: the interpreter's code pages are
+    then in memory, which takes over a millisecond off the run. Nothing of it is left
+    for the program to see."""
+    import io
+
+    sink = io.StringIO()
+    code = compile("x = [i * 2 for i in range(10)]\nprint(x, file=sink)\n", "<warm-up>", "exec", dont_inherit=True)
+    exec(code, {"sink": sink, "__name__": "__warm_up__"})
+    with open("/proc/self/stat", "rb") as f:
+        f.read()
+
+
 def main():
+    if os.environ.get("SANDCALL_WARM") == "1":
+        _warm_up()
     if os.environ.pop("SANDCALL_WARM", None) == "1":
         with os.fdopen(3, "rb") as go:
             start = json.loads(go.readline() or b"{}")
