@@ -43,9 +43,17 @@ pub mod error_type {
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 pub struct FileRef {
     pub id: String,
-    #[serde(alias = "session_id")]
     pub storage_session_id: Option<String>,
+    /// Accepted in place of `storage_session_id` (which wins when both are sent).
+    #[serde(default, skip_serializing)]
+    pub session_id: Option<String>,
     pub name: String,
+}
+
+impl FileRef {
+    pub fn session(&self) -> Option<&str> {
+        self.storage_session_id.as_deref().or(self.session_id.as_deref())
+    }
 }
 
 /// Per-request limits (an extension): each may only lower the server's ceiling.
@@ -317,7 +325,10 @@ mod tests {
     #[test]
     fn file_ref_accepts_session_id() {
         let f: FileRef = serde_json::from_str(r#"{"id":"a","session_id":"b","name":"x.csv","kind":"user"}"#).unwrap();
-        assert_eq!(f.storage_session_id.as_deref(), Some("b"));
+        assert_eq!(f.session(), Some("b"));
+        let both = r#"{"id":"a","session_id":"b","storage_session_id":"c","name":"x.csv"}"#;
+        let f: FileRef = serde_json::from_str(both).unwrap();
+        assert_eq!(f.session(), Some("c"));
     }
 
     #[test]

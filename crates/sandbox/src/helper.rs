@@ -273,14 +273,7 @@ impl Sandbox {
             write_id_maps("self", 0, euid, egid)?;
             (0, 0)
         };
-        mount(
-            None::<&str>,
-            "/",
-            None::<&str>,
-            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-            None::<&str>,
-        )
-        .map_err(errstr("make / private"))?;
+        crate::mounts::make_root_private().map_err(errstr("make / private"))?;
         self.owner = (uid, gid);
 
         // 2. Staging: a small tmpfs for the code, and a size-limited tmpfs that becomes the

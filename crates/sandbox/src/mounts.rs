@@ -77,6 +77,18 @@ fn tmpfs(target: &Path, options: &str) -> Result<(), MountError> {
     )
 }
 
+/// Makes every mount of this mount namespace private: nothing mounted afterwards
+/// propagates to (or from) the namespace it was copied from.
+pub(crate) fn make_root_private() -> nix::Result<()> {
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+}
+
 /// Read-only bind of a host path.
 fn bind_ro(source: &Path, target: &Path) -> Result<(), MountError> {
     bind_rw(source, target)?;
@@ -213,17 +225,7 @@ fn host_file(path: &Path) -> bool {
 pub fn build_root(spec: &RootSpec) -> Result<(), MountError> {
     let root = spec.new_root;
     // Nothing done below may propagate back to the host's mount namespace.
-    step(
-        || "make / private".into(),
-        mount(
-            None::<&str>,
-            "/",
-            None::<&str>,
-            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-            None::<&str>,
-        )
-        .map_err(errno),
-    )?;
+    step(|| "make / private".into(), make_root_private().map_err(errno))?;
     // pivot_root needs the new root to be a mount point of its own.
     bind_rw(root, root)?;
 

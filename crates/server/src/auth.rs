@@ -82,7 +82,13 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
             req.extensions_mut().insert(principal);
             next.run(req).await
         }
-        Err(e) => e.into_response(),
+        Err(e) => {
+            let mut response = e.into_response();
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, axum::http::HeaderValue::from_static("Bearer"));
+            response
+        }
     }
 }
 

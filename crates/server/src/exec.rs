@@ -35,9 +35,14 @@ pub fn parse_language(language: Option<&str>, lang: Option<&str>) -> Result<Lang
     }
 }
 
-pub fn parse_exec(req: ExecRequest, config: &Config) -> Result<ExecCommand, ApiError> {
-    let language = parse_language(req.language.as_deref(), req.lang.as_deref())?;
-    let code = req.code.ok_or_else(|| ApiError::bad_request("`code` is required"))?;
+/// `code` must be there, not blank, and within max_code_bytes; `args` free of NULs.
+pub fn check_code_and_args(
+    code: Option<String>,
+    args: Option<Vec<String>>,
+    config: &Config,
+    missing: &str,
+) -> Result<(String, Vec<String>), ApiError> {
+    let code = code.ok_or_else(|| ApiError::bad_request(missing))?;
     if code.trim().is_empty() {
         return Err(ApiError::bad_request("`code` is empty"));
     }
@@ -47,16 +52,22 @@ pub fn parse_exec(req: ExecRequest, config: &Config) -> Result<ExecCommand, ApiE
             config.max_code_bytes
         )));
     }
+    let args = args.unwrap_or_default();
+    if args.iter().any(|a| a.contains('\0')) {
+        return Err(ApiError::bad_request("`args` may not contain NUL bytes"));
+    }
+    Ok((code, args))
+}
+
+pub fn parse_exec(req: ExecRequest, config: &Config) -> Result<ExecCommand, ApiError> {
+    let language = parse_language(req.language.as_deref(), req.lang.as_deref())?;
+    let (code, args) = check_code_and_args(req.code, req.args, config, "`code` is required")?;
     let stdin = req.stdin.unwrap_or_default();
     if stdin.len() as u64 > config.max_stdin_bytes {
         return Err(ApiError::too_large(format!(
             "`stdin` is larger than {} bytes",
             config.max_stdin_bytes
         )));
-    }
-    let args = req.args.unwrap_or_default();
-    if args.iter().any(|a| a.contains('\0')) {
-        return Err(ApiError::bad_request("`args` may not contain NUL bytes"));
     }
     let timeout_ms = timeout(req.run_timeout.or(req.timeout), config)?;
     let limits = resolve_limits(config, req.limits.as_ref())?;

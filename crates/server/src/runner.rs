@@ -155,8 +155,19 @@ impl Runner {
     /// `hold` (an admission slot, say) is kept until the run is over.
     pub async fn run<H: Send + 'static>(&self, spec: RunSpec, hold: H) -> Result<RunResult, RunError> {
         let this = self.clone();
+        self.detached(async move { this.run_inner(spec).await }, hold).await
+    }
+
+    /// Runs `work` in a task of its own, keeping `hold` until it is done, and notes its
+    /// outcome for the health route.
+    async fn detached<H: Send + 'static>(
+        &self,
+        work: impl std::future::Future<Output = Result<RunResult, RunError>> + Send + 'static,
+        hold: H,
+    ) -> Result<RunResult, RunError> {
+        let this = self.clone();
         let task = async move {
-            let result = this.run_inner(spec).await;
+            let result = work.await;
             this.record(&result);
             drop(hold);
             result
@@ -170,28 +181,13 @@ impl Runner {
     /// Like `run`, in a warm sandbox from the pool (`spec.go` starts its program).
     pub async fn run_warm<H: Send + 'static>(
         &self,
-        mut helper: Helper,
+        helper: Helper,
         spec: RunSpec,
         hold: H,
     ) -> Result<RunResult, RunError> {
         let this = self.clone();
-        let task = async move {
-            let result = match helper.begin(spec).await {
-                Ok(()) => this.finish(helper).await,
-                Err(e) => {
-                    helper.abort();
-                    helper.wait().await;
-                    Err(e)
-                }
-            };
-            this.record(&result);
-            drop(hold);
-            result
-        };
-        match tokio::spawn(task).await {
-            Ok(r) => r,
-            Err(e) => Err(RunError::Protocol(format!("run task failed: {e}"))),
-        }
+        self.detached(async move { this.finish(helper.begin(spec).await?).await }, hold)
+            .await
     }
 
     async fn run_inner(&self, spec: RunSpec) -> Result<RunResult, RunError> {
@@ -230,11 +226,7 @@ impl Runner {
         let mut helper = self.prepare(&prepare).await?;
         match helper.send(&run).await {
             Ok(()) => Ok(helper),
-            Err(e) => {
-                helper.abort();
-                helper.wait().await;
-                Err(e)
-            }
+            Err(e) => Err(helper.reclaim(e).await),
         }
     }
 
@@ -316,11 +308,7 @@ impl Runner {
         .await;
         match ready {
             Ok(()) => Ok(helper),
-            Err(e) => {
-                helper.abort();
-                helper.wait().await;
-                Err(e)
-            }
+            Err(e) => Err(helper.reclaim(e).await),
         }
     }
 }
@@ -371,9 +359,20 @@ impl Helper {
         self.stdin = None;
     }
 
-    /// Starts the program of a warm sandbox (see `Runner::prepare_warm`).
-    pub async fn begin(&mut self, spec: RunSpec) -> Result<(), RunError> {
-        self.send(&run_message(spec)).await
+    /// Starts the program of a warm sandbox (see `Runner::prepare_warm`); on failure the
+    /// sandbox is reclaimed.
+    pub async fn begin(mut self, spec: RunSpec) -> Result<Helper, RunError> {
+        match self.send(&run_message(spec)).await {
+            Ok(()) => Ok(self),
+            Err(e) => Err(self.reclaim(e).await),
+        }
+    }
+
+    /// Aborts, waits for the helper to reclaim everything, and hands back `error`.
+    async fn reclaim(mut self, error: RunError) -> RunError {
+        self.abort();
+        self.wait().await;
+        error
     }
 
     pub fn aborted(&self) -> bool {

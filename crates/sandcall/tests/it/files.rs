@@ -1718,3 +1718,29 @@ fn files_expire_after_file_ttl() {
     assert_error(&reply, 404, "file_not_found");
     s.assert_healthy();
 }
+
+#[test]
+fn inputs_that_cannot_fit_or_clash_are_refused_before_the_run() {
+    let s = Server::start_with(&[("SANDCALL_WORKSPACE_LIMIT_MB", "1")], "");
+    let c = Client::anonymous(&s);
+    let big = c.upload("big.bin", "application/octet-stream", &vec![7u8; (1 << 20) - 100]);
+    let small = c.upload("small.txt", "text/plain", b"tiny");
+    // Together they are within a byte count of 1 MiB, but not in tmpfs pages.
+    let r = s.post(
+        "/v1/exec",
+        &json!({"code": "print(1)", "files": [
+            {"id": big.id, "storage_session_id": big.session_id, "name": "a.bin"},
+            {"id": small.id, "storage_session_id": small.session_id, "name": "b.txt"}]}),
+    );
+    assert_eq!(r.0, 413, "{}", r.1);
+    // One name a folder of the other.
+    let r = s.post(
+        "/v1/exec",
+        &json!({"code": "print(1)", "files": [
+            {"id": small.id, "storage_session_id": small.session_id, "name": "a"},
+            {"id": small.id, "storage_session_id": small.session_id, "name": "a/b"}]}),
+    );
+    assert_eq!(r.0, 400, "{}", r.1);
+    assert_eq!(r.1["error_type"], "invalid_request");
+    s.assert_healthy();
+}

@@ -117,6 +117,8 @@ fn health_reports_503_while_sandboxes_cannot_be_built() {
     // Take away this instance's memory cgroup directory: no sandbox can be built.
     let memory = std::path::Path::new("/sys/fs/cgroup/memory").join(s.instance());
     assert!(memory.is_dir(), "this test needs the cgroup v1 memory hierarchy");
+    // The last run's helper may still be removing its cgroup.
+    assert_eq!(crate::common::settle(|| run_cgroups(&s.instance()), 0), 0);
     std::fs::remove_dir(&memory).unwrap();
     let (status, v) = s.post("/v1/exec", &json!({"code": "print(1)"}));
     assert_eq!(status, 500, "{v}");

@@ -40,9 +40,18 @@ pub async fn resolve_inputs(
         if !names.insert(r.name.as_str()) {
             return Err(ApiError::bad_request(format!("two input files are named {:?}", r.name)));
         }
+        // A file cannot also be a folder of another input.
+        if let Some(other) = names
+            .iter()
+            .find(|n| n.starts_with(&format!("{}/", r.name)) || r.name.starts_with(&format!("{n}/")))
+        {
+            return Err(ApiError::bad_request(format!(
+                "input files {other:?} and {:?} clash: one would be a folder of the other",
+                r.name
+            )));
+        }
         let session = r
-            .storage_session_id
-            .as_deref()
+            .session()
             .ok_or_else(|| ApiError::bad_request(format!("input file {:?} needs its storage_session_id", r.name)))?;
         if !crate::ids::is_id(session) || !crate::ids::is_id(&r.id) {
             return Err(file_not_found());
@@ -52,7 +61,8 @@ pub async fn resolve_inputs(
             .await
             .map_err(storage_error)?
             .ok_or_else(file_not_found)?;
-        total += meta.size;
+        // tmpfs counts whole pages.
+        total += meta.size.div_ceil(4096) * 4096 + 4096;
         let source = store.local_path(&meta).await.map_err(storage_error)?;
         inputs.push(InputFile {
             source,

@@ -22,9 +22,10 @@ use tokio::io::AsyncWriteExt;
 const MAX_PARTS: usize = 100;
 
 /// The body limit of an upload: every part at its largest, and the multipart framing.
+/// Each part is capped on its own while it streams to disk.
 pub fn upload_limit(config: &Config) -> usize {
     (config.max_file_bytes as usize)
-        .saturating_mul(4)
+        .saturating_mul(MAX_PARTS)
         .saturating_add(1 << 20)
 }
 

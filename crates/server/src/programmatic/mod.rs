@@ -26,22 +26,8 @@ const MAX_TOOL_CONNECTIONS: usize = 64;
 /// Validates a first call into a command for `Sessions::start`.
 pub fn parse_start(req: ProgrammaticRequest, config: &Config) -> Result<StartCommand, ApiError> {
     let language = exec::parse_language(req.language.as_deref(), req.lang.as_deref())?;
-    let code = req
-        .code
-        .ok_or_else(|| ApiError::bad_request("`code` is required (or `continuation_token` to resume)"))?;
-    if code.trim().is_empty() {
-        return Err(ApiError::bad_request("`code` is empty"));
-    }
-    if code.len() as u64 > config.max_code_bytes {
-        return Err(ApiError::too_large(format!(
-            "`code` is larger than {} bytes",
-            config.max_code_bytes
-        )));
-    }
-    let args = req.args.unwrap_or_default();
-    if args.iter().any(|a| a.contains('\0')) {
-        return Err(ApiError::bad_request("`args` may not contain NUL bytes"));
-    }
+    let missing = "`code` is required (or `continuation_token` to resume)";
+    let (code, args) = exec::check_code_and_args(req.code, req.args, config, missing)?;
     let tools = ToolSet::declare(req.tools.as_deref().unwrap_or_default())
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, error_type::INVALID_TOOL_SCHEMA, e.0))?;
     let timeout_ms = exec::timeout(req.timeout.or(req.run_timeout), config)?;

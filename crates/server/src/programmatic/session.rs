@@ -206,19 +206,12 @@ impl Sessions {
         let id = spec.run_id.clone();
         let deadline = Instant::now() + Duration::from_millis(spec.timeout_ms);
         let started = match warm {
-            Some(mut helper) => {
+            Some(helper) => {
                 let names = cmd.tools.names();
                 let (go, files) = crate::runtime::warm_go(cmd.language, &cmd.args, Some(&names));
                 spec.go = Some(go);
                 spec.support_files = files;
-                match helper.begin(spec).await {
-                    Ok(()) => Ok(helper),
-                    Err(e) => {
-                        helper.abort();
-                        helper.wait().await;
-                        Err(e)
-                    }
-                }
+                helper.begin(spec).await
             }
             None => self.inner.runner.start(spec).await,
         };
@@ -529,7 +522,9 @@ impl Driver {
         helper.wait().await;
         drop(slot);
         let response = match outcome {
-            Ok(mut result) => {
+            // Only a completed run has output files to give: an `error` answer has no
+            // field for them, so nothing is stored that nobody would be told about.
+            Ok(mut result) if ending == Ending::Normal && !result.timed_out && !result.aborted => {
                 let inner = &self.sessions.inner;
                 let stored = ops::ingest_outputs(
                     &*inner.files,
@@ -541,6 +536,10 @@ impl Driver {
                 )
                 .await;
                 self.ending(result, ending, delivered, stored)
+            }
+            Ok(result) => {
+                let _ = tokio::fs::remove_dir_all(&self.outbox).await;
+                self.ending(result, ending, delivered, (Vec::new(), Vec::new(), 0))
             }
             Err(e) => {
                 let _ = tokio::fs::remove_dir_all(&self.outbox).await;
