@@ -3,6 +3,9 @@
 //! Only this crate decides field names and shapes; it has no I/O and no async. The
 //! contract these types follow is the project's API reference (docs/api.md).
 
+// Request paths answer errors, they do not panic (tests may unwrap).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 use serde::{Deserialize, Serialize};
 
 /// Every error response on every route: `{"error": ..., "error_type": ...}`.

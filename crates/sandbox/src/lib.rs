@@ -8,6 +8,9 @@
 //!   `mounts::build_root` (in init) and `helper::exec_program_steps` (in the program),
 //!   in that order; ARCHITECTURE.md explains the order.
 
+// Request paths answer errors, they do not panic (tests may unwrap).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 pub mod cgroup;
 pub mod helper;
 mod io;

@@ -67,6 +67,10 @@ pub struct Config {
     /// Key that signs continuation tokens, as 64 hex characters. Default: generated on
     /// first start into `<data_dir>/token.key` (mode 0600) and kept there.
     pub token_secret: Option<String>,
+    /// For tests of the server itself: enables `GET /v1/_fault/panic`, whose handler
+    /// panics (to check that a panic is answered 500 and the server goes on). Default
+    /// false; never turn it on in production.
+    pub fault_injection: bool,
     /// Warm sandboxes kept ready per language (Python, Bash), each with its
     /// interpreter started; 0 turns the pool off. Each holds up to `memory_limit_mb`.
     /// Default 4.
@@ -214,6 +218,7 @@ impl Default for Config {
             max_sessions: cores() * 32,
             token_secret: None,
             warm_pool_size: 4,
+            fault_injection: false,
             ceilings: Ceilings::default(),
             python: PathBuf::from("/usr/bin/python3"),
             bash: PathBuf::from("/usr/bin/bash"),

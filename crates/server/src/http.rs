@@ -57,7 +57,11 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
 
 pub fn router(state: AppState) -> Router {
     let body_limit = state.config.max_body_bytes();
-    Router::new()
+    let mut router = Router::new();
+    if state.config.fault_injection {
+        router = router.route("/v1/_fault/panic", get(injected_panic));
+    }
+    router
         .route("/v1/health", get(health))
         .route("/v1/exec", post(exec_route))
         .route("/v1/exec/programmatic", post(programmatic_route))
@@ -160,6 +164,11 @@ async fn session_route(
     Path(session_id): Path<String>,
 ) -> Result<Json<ProgrammaticResponse>, ApiError> {
     Ok(Json(state.sessions.status(&principal, &session_id)?))
+}
+
+/// Only with `fault_injection`: a handler that panics.
+async fn injected_panic() -> Response {
+    panic!("fault injection: a panic inside a request handler")
 }
 
 async fn not_found() -> ApiError {

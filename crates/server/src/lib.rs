@@ -2,6 +2,9 @@
 //! drives sandbox helpers. It never forks, enters namespaces or loads seccomp filters:
 //! those happen only in the helper process (`sandcall_sandbox::helper`).
 
+// Request paths answer errors, they do not panic (tests may unwrap).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 pub mod admission;
 pub mod auth;
 pub mod config;

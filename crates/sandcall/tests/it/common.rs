@@ -224,6 +224,27 @@ impl Server {
         assert_eq!(r["stdout"], "45\n");
     }
 
+    /// Stops this server (SIGTERM, or SIGKILL when `hard`) and starts a new one on the
+    /// same data directory, configuration and environment; returns the old exit status.
+    pub fn restart(self, env: &[(&str, &str)], hard: bool) -> (Server, Option<std::process::ExitStatus>) {
+        let mut old = self;
+        let mut child = old.child.take().expect("server running");
+        let status = if hard {
+            let _ = child.kill();
+            let _ = child.wait();
+            None
+        } else {
+            // SAFETY: plain kill(2) on our own child.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            Some(child.wait().unwrap())
+        };
+        let dir = old.dir.clone();
+        let config = std::fs::read_to_string(&old.config_path).unwrap();
+        // The new server owns the directory now.
+        std::mem::forget(old);
+        (Server::launch(dir, env, &config, None), status)
+    }
+
     /// Sends SIGTERM.
     pub fn terminate(&self) {
         // SAFETY: plain kill(2) on our own child.

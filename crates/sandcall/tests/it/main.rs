@@ -4,6 +4,7 @@
 mod common;
 mod errors;
 mod exec;
+mod faults;
 mod files;
 mod hostile;
 mod leaks;
