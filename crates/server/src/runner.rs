@@ -222,9 +222,9 @@ impl Runner {
 
     /// Builds a sandbox and starts the program in it; the caller drives the rest.
     pub async fn start(&self, spec: RunSpec) -> Result<Helper, RunError> {
-        let (prepare, run) = self.messages(spec, None);
+        let prepare = self.prepare_message(spec.run_id.clone(), spec.limits.clone(), None, spec.tools.clone());
         let mut helper = self.prepare(&prepare).await?;
-        match helper.send(&run).await {
+        match helper.send(&run_message(spec)).await {
             Ok(()) => Ok(helper),
             Err(e) => Err(helper.reclaim(e).await),
         }
@@ -238,8 +238,20 @@ impl Runner {
         launch: Launch,
         tools: ToolChannel,
     ) -> Result<Helper, RunError> {
+        self.prepare(&self.prepare_message(run_id, limits, Some(launch), Some(tools)))
+            .await
+    }
+
+    /// What a helper needs to build a sandbox for run `run_id`.
+    fn prepare_message(
+        &self,
+        run_id: String,
+        limits: Limits,
+        launch: Option<Launch>,
+        tools: Option<ToolChannel>,
+    ) -> Prepare {
         let s = &self.settings;
-        let prepare = Prepare {
+        Prepare {
             staging_dir: s.runs_dir.join(&run_id),
             cgroup: s.cgroups.placement(&run_id),
             run_id,
@@ -248,28 +260,9 @@ impl Runner {
             host_uid: s.host_uid,
             host_gid: s.host_gid,
             max_code_bytes: s.max_code_bytes,
-            launch: Some(launch),
-            tools: Some(tools),
-        };
-        self.prepare(&prepare).await
-    }
-
-    /// The two messages of a cold run.
-    fn messages(&self, spec: RunSpec, launch: Option<Launch>) -> (Prepare, Run) {
-        let s = &self.settings;
-        let prepare = Prepare {
-            run_id: spec.run_id.clone(),
-            staging_dir: s.runs_dir.join(&spec.run_id),
-            cgroup: s.cgroups.placement(&spec.run_id),
-            limits: spec.limits.clone(),
-            extra_runtime_paths: s.extra_runtime_paths.clone(),
-            host_uid: s.host_uid,
-            host_gid: s.host_gid,
-            max_code_bytes: s.max_code_bytes,
             launch,
-            tools: spec.tools.clone(),
-        };
-        (prepare, run_message(spec))
+            tools,
+        }
     }
 
     /// Spawns a helper and has it build a sandbox.
