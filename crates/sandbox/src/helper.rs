@@ -104,10 +104,15 @@ pub fn run_helper() -> i32 {
     // A launched program's start-up is not the run's.
     usage.cpu_time_ms = usage.cpu_time_ms.saturating_sub(sandbox.cpu_before_run);
     // Collect only once init is reaped: its exit waits for every process of the pid
-    // namespace, so nothing of the program runs while the files are read.
-    sandbox.reap_init();
+    // namespace, so nothing of the program runs while the files are read. A run that
+    // leaves an empty working directory has nothing to collect, and its answer need not
+    // wait for the reaping (init is already killed; teardown reaps it).
+    let nothing_to_collect = run.collect.is_none() || crate::workspace::is_empty(&sandbox.staging.join("work"));
+    if !nothing_to_collect {
+        sandbox.reap_init();
+    }
     let outcome = outcome.and_then(|mut result| {
-        if let Some(opts) = &run.collect {
+        if let Some(opts) = run.collect.as_ref().filter(|_| !nothing_to_collect) {
             let found = crate::workspace::collect(&sandbox.staging.join("work"), opts, &sandbox.staged)?;
             result.outputs = found.files;
             result.skipped = found.skipped;
@@ -199,7 +204,7 @@ struct Sandbox {
     owner: (u32, u32),
     /// Staged inputs and their SHA-256, to tell changed inputs from unchanged ones.
     staged: std::collections::HashMap<String, String>,
-    /// The write end of a launched program's fd 3.
+    /// The helper's end of a launched program's fd 3.
     go_w: Option<OwnedFd>,
     /// CPU time spent before the run began (a launched program's start-up).
     cpu_before_run: u64,
@@ -333,10 +338,12 @@ impl Sandbox {
         let (stdin_r, stdin_w) = pipe2(cloexec).map_err(errstr("pipe"))?;
         let (stdout_r, stdout_w) = pipe2(cloexec).map_err(errstr("pipe"))?;
         let (stderr_r, stderr_w) = pipe2(cloexec).map_err(errstr("pipe"))?;
+        // A launched program's fd 3: a socket, so that the go goes one way and the
+        // program's own report of its end (`exit N`) comes back the other.
         let (go_r, go_w) = match prepare.launch {
             Some(_) => {
-                let (r, w) = pipe2(cloexec).map_err(errstr("pipe"))?;
-                (Some(r), Some(w))
+                let (r, w) = std::os::unix::net::UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
+                (Some(OwnedFd::from(r)), Some(OwnedFd::from(w)))
             }
             None => (None, None),
         };
@@ -434,6 +441,9 @@ impl Sandbox {
         }
         self.staged = crate::workspace::stage(&self.staging.join("work"), &run.inputs, self.owner.0, self.owner.1)?;
 
+        // A launched program says on fd 3 when it ends; that ends the run at once,
+        // without waiting for the kernel to tear the process down.
+        let mut status_fd: Option<Lines> = None;
         match self.go_w.take() {
             // Launched ahead: the program waits on fd 3 for its go.
             Some(go) => {
@@ -442,9 +452,12 @@ impl Sandbox {
                 line.push(b'\n');
                 // A program that died before its go shows up as its exit status.
                 let _ = write_all(&go, &line);
+                let _ = set_nonblocking(&go);
+                status_fd = Some(Lines::new(go));
             }
             None => self.start_program(&InitRun::new(&run.argv, &run.env))?,
         }
+        let mut ended_by_program = false;
 
         let start = Instant::now();
         let deadline = start + Duration::from_millis(run.timeout_ms);
@@ -512,6 +525,15 @@ impl Sandbox {
                     Source::Control,
                 );
             }
+            if let Some(status) = status_fd.as_ref().filter(|l| !l.eof) {
+                push_poll(
+                    &mut fds,
+                    &mut what,
+                    status.fd.as_fd(),
+                    PollFlags::POLLIN,
+                    Source::Status,
+                );
+            }
             if let Some(hub) = &self.tools {
                 push_poll(
                     &mut fds,
@@ -520,12 +542,16 @@ impl Sandbox {
                     PollFlags::POLLIN,
                     Source::Listener,
                 );
-                for (slot, fd, writing) in hub.conn_fds() {
-                    let flags = if writing {
-                        PollFlags::POLLIN | PollFlags::POLLOUT
-                    } else {
-                        PollFlags::POLLIN
-                    };
+                for (slot, fd, queued) in hub.conn_fds() {
+                    // A connection with much unread reply is not read from until the
+                    // program takes some: it only slows itself down.
+                    let mut flags = PollFlags::empty();
+                    if queued < crate::tools::READ_PAUSE_BYTES {
+                        flags |= PollFlags::POLLIN;
+                    }
+                    if queued > 0 {
+                        flags |= PollFlags::POLLOUT;
+                    }
                     push_poll(&mut fds, &mut what, fd, flags, Source::Conn(slot));
                 }
             }
@@ -560,6 +586,35 @@ impl Sandbox {
                             if stdin_data.is_empty() {
                                 stdin_w = None;
                             }
+                        }
+                    }
+                    Source::Status => {
+                        let mut misused = false;
+                        if let Some(status) = status_fd.as_mut() {
+                            // A program that floods its fd 3 just loses the channel.
+                            misused = status.fill().is_err();
+                            while let Some(line) = status.take_line().filter(|_| !misused) {
+                                if line.len() > 32 {
+                                    misused = true;
+                                    break;
+                                }
+                                let code = std::str::from_utf8(&line)
+                                    .ok()
+                                    .and_then(|l| l.strip_prefix("exit "))
+                                    .and_then(|n| n.trim().parse::<i32>().ok());
+                                if let (Some(code), None) = (code, ended_at) {
+                                    // The program has flushed its output and is about to
+                                    // exit: its output is in the pipes, and whatever it
+                                    // leaves behind dies now.
+                                    result.exit_code = Some(code);
+                                    ended_at = Some(Instant::now());
+                                    ended_by_program = true;
+                                    self.kill_init();
+                                }
+                            }
+                        }
+                        if misused {
+                            status_fd = None;
                         }
                     }
                     Source::Init => {
@@ -657,6 +712,11 @@ impl Sandbox {
                 }
             }
 
+            if ended_by_program {
+                out.drain(&mut stdout_r, false);
+                out.drain(&mut stderr_r, true);
+                break;
+            }
             let now = Instant::now();
             if killed_at.is_none() && ended_at.is_none() {
                 if now >= deadline {
@@ -665,7 +725,12 @@ impl Sandbox {
                     killed_at = Some(now);
                 } else if cpu_budget > 0 && now >= next_cpu_check {
                     next_cpu_check = now + CPU_CHECK_EVERY;
-                    if self.cgroup.as_ref().is_some_and(|c| c.cpu_time_ms() > cpu_budget) {
+                    let before = self.cpu_before_run;
+                    if self
+                        .cgroup
+                        .as_ref()
+                        .is_some_and(|c| c.cpu_time_ms().saturating_sub(before) > cpu_budget)
+                    {
                         result.cpu_limit_exceeded = true;
                         self.kill_init();
                         killed_at = Some(now);
@@ -765,6 +830,7 @@ fn kill_pid(init: Option<Pid>) {
 /// What a descriptor in the poll set is.
 #[derive(Clone, Copy)]
 enum Source {
+    Status,
     Stdout,
     Stderr,
     Stdin,

@@ -87,6 +87,9 @@ impl Lines {
             Ok(n) => {
                 self.buf.extend_from_slice(&chunk[..n]);
                 if self.buf.len() > MAX_LINE {
+                    // Whoever sends this much without a newline is cut off.
+                    self.buf = Vec::new();
+                    self.eof = true;
                     return Err(io::Error::new(io::ErrorKind::InvalidData, "message too long"));
                 }
                 Ok(true)

@@ -25,6 +25,13 @@ struct Conn {
 
 /// Replies a connection may have waiting before the program counts as not reading.
 const MAX_QUEUED_REPLY_BYTES: usize = 256 << 20;
+/// While this much waits to be written to a connection, nothing more is read from it:
+/// a program that sends without reading only slows itself down.
+pub(crate) const READ_PAUSE_BYTES: usize = 1 << 20;
+/// Calls forwarded and not answered yet, across all connections; more are refused here.
+const MAX_PENDING_CALLS: usize = 1024;
+/// The longest call id a program may use (its id comes back in the reply).
+const MAX_ID_BYTES: usize = 256;
 
 pub(crate) struct ToolHub {
     listener: UnixListener,
@@ -74,11 +81,11 @@ impl ToolHub {
     }
 
     /// The open connections, with their slot numbers, for the poll set.
-    pub(crate) fn conn_fds(&self) -> Vec<(usize, BorrowedFd<'_>, bool)> {
+    pub(crate) fn conn_fds(&self) -> Vec<(usize, BorrowedFd<'_>, usize)> {
         self.conns
             .iter()
             .enumerate()
-            .filter_map(|(i, c)| c.as_ref().map(|c| (i, c.stream.as_fd(), !c.out.is_empty())))
+            .filter_map(|(i, c)| c.as_ref().map(|c| (i, c.stream.as_fd(), c.out.len())))
             .collect()
     }
 
@@ -129,6 +136,16 @@ impl ToolHub {
         let too_long = conn.buf.len() as u64 > self.settings.max_message_bytes;
         for line in lines {
             match serde_json::from_slice::<ProgramMessage>(&line) {
+                Ok(ProgramMessage::Call { id, .. }) if id.to_string().len() > MAX_ID_BYTES => {
+                    let reply =
+                        serde_json::json!({"id": null, "ok": false, "kind": "refused", "error": "call id too long"});
+                    self.send(slot, &reply);
+                }
+                Ok(ProgramMessage::Call { id, .. }) if self.calls.len() >= MAX_PENDING_CALLS => {
+                    let reply = serde_json::json!({"id": id, "ok": false, "kind": "refused",
+                        "error": format!("more than {MAX_PENDING_CALLS} tool calls are waiting for an answer")});
+                    self.send(slot, &reply);
+                }
                 Ok(ProgramMessage::Call {
                     id,
                     name,

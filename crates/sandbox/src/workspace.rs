@@ -68,6 +68,12 @@ pub(crate) fn stage(work: &Path, inputs: &[InputFile], uid: u32, gid: u32) -> Re
     Ok(staged)
 }
 
+/// Whether the working directory holds nothing (no input was staged, and the run left
+/// no entry). Reads the directory only.
+pub(crate) fn is_empty(work: &Path) -> bool {
+    fs::read_dir(work).map(|mut d| d.next().is_none()).unwrap_or(false)
+}
+
 /// What collection found.
 #[derive(Default)]
 pub(crate) struct Collected {

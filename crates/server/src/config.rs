@@ -371,6 +371,11 @@ impl Config {
                 "max_file_bytes, max_output_files, file_ttl_s and file_sweep_interval_s must be above 0".into(),
             );
         }
+        if self.sandbox_uid == Some(0) || self.sandbox_gid == Some(0) {
+            return bad(
+                "sandbox_uid and sandbox_gid may not be 0: the sandbox user must not be the host's root".into(),
+            );
+        }
         if let Some(secret) = &self.token_secret {
             if secret.len() != 64 || !secret.bytes().all(|b| b.is_ascii_hexdigit()) {
                 return bad("token_secret must be 64 hex characters (32 bytes)".into());

@@ -37,6 +37,8 @@ pub struct AppState {
     pub sessions: programmatic::session::Sessions,
     pub auth: auth::Auth,
     pub pool: pool::Pool,
+    /// A health check's trial run is under way.
+    pub probing: Arc<std::sync::atomic::AtomicBool>,
     pub files: Arc<dyn files::FileStore>,
     /// Where helpers put a run's output files before the store takes them.
     pub outbox_dir: std::path::PathBuf,
@@ -46,7 +48,17 @@ impl AppState {
     /// Whether sandboxes can be built: after a failure, a trial run (outside admission
     /// control, so a full queue cannot hide a recovery) decides. Returns the reason when not.
     pub async fn sandbox_unavailable(&self) -> Option<String> {
-        self.runner.failing()?;
+        let failing = self.runner.failing()?;
+        // One trial at a time, however many health checks arrive meanwhile.
+        if self.probing.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return Some(failing);
+        }
+        let still = self.probe().await;
+        self.probing.store(false, std::sync::atomic::Ordering::SeqCst);
+        still
+    }
+
+    async fn probe(&self) -> Option<String> {
         let launch = runtime::launch(sandcall_api::Language::Bash, &self.config.bash, &[]);
         let limits = exec::resolve_limits(&self.config, None).ok()?;
         let spec = RunSpec::new(ids::new_id(), "exit 0".into(), launch, 10_000, limits);
@@ -197,6 +209,7 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
         config: shared_config,
         runner: runner.clone(),
         pool,
+        probing: Default::default(),
         admission,
         sessions,
         auth,

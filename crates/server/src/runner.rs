@@ -2,7 +2,9 @@
 //! namespaces itself: each run is a fresh `sandcall sandbox-helper` process.
 
 use sandcall_sandbox::cgroup::CgroupRoot;
-use sandcall_sandbox::protocol::{Collect, Event, InputFile, Launch, Limits, Prepare, Run, RunResult, ToolChannel};
+use sandcall_sandbox::protocol::{
+    Collect, Event, InputFile, Launch, Limits, Prepare, Run, RunResult, ToolChannel, ToolReply,
+};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -209,7 +211,14 @@ impl Runner {
             match event {
                 Ok(Event::Finished { result }) => break Ok(result),
                 Ok(Event::Failed { message }) => break Err(RunError::Sandbox(message)),
-                // A plain run has no tool channel; nothing else is expected.
+                // A plain run in a warm sandbox (which has a tool socket) gets an answer
+                // for any call it makes, so the helper never holds it.
+                Ok(Event::ToolCall { key, .. }) => {
+                    let reply = ToolReply::error("refused", "this run declared no tools");
+                    let _ = helper
+                        .send(&sandcall_sandbox::protocol::Command::Reply { key, reply })
+                        .await;
+                }
                 Ok(_) => {}
                 Err(e) => break Err(e),
             }
@@ -277,7 +286,10 @@ impl Runner {
             .stderr(Stdio::inherit())
             .spawn()
             .map_err(RunError::Spawn)?;
-        let stdin = child.stdin.take();
+        let stdin = child
+            .stdin
+            .take()
+            .ok_or_else(|| RunError::Protocol("no stdin".into()))?;
         let stdout = child
             .stdout
             .take()
@@ -285,7 +297,7 @@ impl Runner {
         let mut helper = Helper {
             run_id: prepare.run_id.clone(),
             child,
-            stdin,
+            stdin: Some(spawn_writer(stdin)),
             events: BufReader::new(stdout).lines(),
             _guard: guard,
         };
@@ -326,7 +338,10 @@ fn run_message(spec: RunSpec) -> Run {
 pub struct Helper {
     run_id: String,
     child: tokio::process::Child,
-    stdin: Option<tokio::process::ChildStdin>,
+    /// Lines for the helper's stdin, written by a task of their own: a sender never
+    /// waits on the helper, so the helper and the server can never block on each other.
+    /// Dropping it closes the helper's stdin (abort).
+    stdin: Option<tokio::sync::mpsc::UnboundedSender<Vec<u8>>>,
     events: Lines<BufReader<ChildStdout>>,
     _guard: ActiveGuard,
 }
@@ -380,20 +395,30 @@ impl Helper {
 }
 
 async fn send<T: serde::Serialize>(
-    stdin: &mut Option<tokio::process::ChildStdin>,
+    stdin: &mut Option<tokio::sync::mpsc::UnboundedSender<Vec<u8>>>,
     message: &T,
 ) -> Result<(), RunError> {
     let w = stdin
-        .as_mut()
+        .as_ref()
         .ok_or_else(|| RunError::Protocol("helper stdin closed".into()))?;
     let mut line = serde_json::to_vec(message).map_err(|e| RunError::Protocol(e.to_string()))?;
     line.push(b'\n');
-    w.write_all(&line)
-        .await
-        .map_err(|e| RunError::Protocol(format!("writing to helper: {e}")))?;
-    w.flush()
-        .await
-        .map_err(|e| RunError::Protocol(format!("writing to helper: {e}")))
+    w.send(line)
+        .map_err(|_| RunError::Protocol("helper stdin closed".into()))
+}
+
+/// The task that writes queued lines to a helper's stdin, and closes it when the queue's
+/// sender is dropped.
+fn spawn_writer(mut stdin: tokio::process::ChildStdin) -> tokio::sync::mpsc::UnboundedSender<Vec<u8>> {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+    tokio::spawn(async move {
+        while let Some(line) = rx.recv().await {
+            if stdin.write_all(&line).await.is_err() || stdin.flush().await.is_err() {
+                break;
+            }
+        }
+    });
+    tx
 }
 
 async fn next_event(events: &mut Lines<BufReader<ChildStdout>>) -> Result<Event, RunError> {

@@ -38,7 +38,10 @@ fn a_program_killed_from_outside_ends_as_killed() {
         assert_eq!(r["signal"], "SIGKILL");
         assert_eq!(r["stdout"], "up\n");
     });
-    assert!(processes_matching("sleep 300.9876").is_empty());
+    assert_eq!(
+        settle(|| processes_matching("sleep 300.9876"), Vec::new()),
+        Vec::<u32>::new()
+    );
     s.assert_healthy();
 }
 

@@ -98,7 +98,6 @@ pub async fn ingest_outputs(
         .collect();
     let mut skipped_total = result.skipped_total;
     let created = now_ms();
-    let had_outputs = !result.outputs.is_empty();
     for out in result.outputs.drain(..) {
         let meta = FileMeta {
             principal: principal.to_owned(),
@@ -138,7 +137,8 @@ pub async fn ingest_outputs(
             }
         }
     }
-    if had_outputs {
+    // Made by the helper for the first file it saw, even one it then dropped.
+    if tokio::fs::try_exists(outbox).await.unwrap_or(false) {
         let _ = tokio::fs::remove_dir_all(outbox).await;
     }
     (files, skipped, skipped_total)

@@ -15,6 +15,7 @@ _TOOLS = "/run/sandcall/tools.json"
 
 
 _channel = None
+_status_fd = None
 
 def _tools_api():
     """The tool machinery, built only for runs that have tools: a plain run imports
@@ -253,7 +254,15 @@ def _finish(status):
             stream.flush()
         except BaseException:
             pass
-    os._exit(status & 0xFF)
+    status &= 0xFF
+    if _status_fd is not None:
+        # Tells sandcall the run is over, so that it need not wait for the kernel to
+        # end this process.
+        try:
+            os.write(_status_fd, b"exit %d\n" % status)
+        except OSError:
+            pass
+    os._exit(status)
 
 
 def _warm_up():
@@ -274,8 +283,16 @@ def main():
     if os.environ.get("SANDCALL_WARM") == "1":
         _warm_up()
     if os.environ.pop("SANDCALL_WARM", None) == "1":
-        with os.fdopen(3, "rb") as go:
-            start = json.loads(go.readline() or b"{}")
+        global _status_fd
+        line = b""
+        while not line.endswith(b"\n"):
+            chunk = os.read(3, 4096)
+            if not chunk:
+                break
+            line += chunk
+        start = json.loads(line or b"{}")
+        # fd 3 stays open: the run's end is reported there (see _finish).
+        _status_fd = 3
         args, with_tools = start.get("args", []), start.get("tools", False)
     else:
         args, with_tools = sys.argv[1:], True
