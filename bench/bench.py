@@ -315,27 +315,30 @@ def main():
 MISSED = """
 ## Where the time goes, and what would close the gaps
 
-A warm Python run of `print(1)`, from the go to the answer: the program reads its go and
-runs in about 0.3 ms; the kernel then takes about 1.2 ms to end the Python process and
-0.3-0.7 ms to end the sandbox's pid namespace (the helper must wait for that before it
-reads the working directory, so that nothing of the run is still writing); the server and
-HTTP on both sides add 1-2 ms. The rest of a run's cost (removing its cgroup and mounts)
-comes after the answer. Bash is about the same, since the warm launcher execs bash for the
-program.
+Measured with strace and timers in the helper and the runner, 2 cores, cgroup v1.
 
-- **p50 3 ms / Bash 2 ms.** What remains is process and namespace teardown inside the request.
-  Closing it needs a design where a run does not end processes or namespaces before the
-  answer: for example a pre-forked child per run that reports its exit while the namespace
-  is torn down afterwards, with output collection moved after the answer where the request
-  has no output files.
-- **300 runs/s.** Throughput is bounded by how fast warm sandboxes are rebuilt: each costs a
-  Python start (about 15 ms of CPU) plus building the sandbox, and on cgroup v1 the first
-  process to join a memory cgroup waits for an RCU grace period (about 10 ms). A zygote that
-  forks ready interpreters (sharing their pages), and `clone3(CLONE_INTO_CGROUP)` on cgroup v2
-  to skip the migration, would cut both.
+- **Python p50 (goal 3 ms).** In a warm sandbox the runner reads its go and runs
+  `print(1)` in about 0.3 ms, then reports its end on fd 3 before exiting. The helper
+  kills the sandbox at once, and when the working directory is empty it answers without
+  waiting for the kernel to end the processes. The rest is the server and HTTP on both
+  sides (1-2 ms), and the other core being busy rebuilding the warm sandbox that was just
+  used. Closing the last millisecond: a leaner request path (no task per run, fewer JSON
+  round trips between server and helper), and rebuilding warm sandboxes at a lower CPU
+  priority than requests.
+- **Python p99 (goal 10 ms).** The slow tail is runs that coincide with a rebuild on the
+  same 2 cores. The same lower-priority rebuild would cut it.
+- **Bash p50 (goal 2 ms).** Bash cannot report its own end, so the helper waits for the
+  kernel to end the process and the sandbox's pid namespace (1-2 ms). The warm launcher
+  also execs a second bash for the program (about 1 ms). An EXIT trap reporting on fd 3,
+  with the launcher sourcing the program instead of exec'ing it, would remove both.
+- **300 runs/s.** Throughput is bounded by how fast warm sandboxes are rebuilt. Each
+  costs a Python start (about 15 ms of CPU) plus building the sandbox. On cgroup v1 the
+  first process to join a memory cgroup also waits for an RCU grace period (about 10 ms).
+  A zygote that forks ready interpreters (sharing their pages), and
+  `clone3(CLONE_INTO_CGROUP)` on cgroup v2 to skip the migration, would cut both.
 - **10 MiB per paused session.** A paused session holds a whole Python interpreter (about
-  9-10 MiB PSS with the tool machinery loaded) plus its helper and init. Forking sessions from
-  a zygote would share most of those pages.
+  9-10 MiB PSS with the tool machinery loaded) plus its helper and init. Forking sessions
+  from a zygote would share most of those pages.
 """
 
 
