@@ -134,3 +134,40 @@ fn programmatic_runs_use_warm_sandboxes_too() {
         assert_eq!(done["stdout"], want, "{done}");
     }
 }
+
+#[test]
+fn warm_runs_report_exit_codes_output_and_files_like_cold_ones() {
+    let s = warm_server(2);
+    for (code, status, exit, stdout) in [
+        ("import sys\nprint('a')\nsys.exit(3)", "failed", 3, "a\n"),
+        ("print('b', flush=False)\nraise ValueError('x')", "failed", 1, "b\n"),
+        ("import sys\nsys.stdout.write('no newline')", "ok", 0, "no newline"),
+        (
+            "import os, sys\nsys.stdout.write('raw')\nsys.stdout.flush()\nos._exit(7)",
+            "failed",
+            7,
+            "raw",
+        ),
+    ] {
+        s.wait_warm(4);
+        let (kind, r) = s.exec_kind(&json!({"code": code}).to_string());
+        assert_eq!(kind, "warm");
+        assert_eq!(
+            (r["status"].as_str(), r["exit_code"].as_i64(), r["stdout"].as_str()),
+            (Some(status), Some(exit), Some(stdout)),
+            "{r}"
+        );
+    }
+    s.wait_warm(4);
+    let (kind, r) = s.exec_kind(&json!({"code": "open('out.txt', 'w').write('made warm')\nprint('done')"}).to_string());
+    assert_eq!(kind, "warm");
+    assert_eq!(r["files"].as_array().map(Vec::len), Some(1), "{r}");
+    assert_eq!(r["files"][0]["name"], "out.txt");
+    let url = s.url(&format!(
+        "/v1/download/{}/{}",
+        r["session_id"].as_str().unwrap(),
+        r["files"][0]["id"].as_str().unwrap()
+    ));
+    assert_eq!(ureq::get(&url).call().unwrap().into_string().unwrap(), "made warm");
+    assert_run_reclaimed(&s, r["session_id"].as_str().unwrap());
+}
