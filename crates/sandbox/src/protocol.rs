@@ -152,7 +152,7 @@ pub struct CollectedFile {
 
 /// Something in the working directory that was not collected, and why: `symlink`,
 /// `not_regular_file`, `hard_link`, `invalid_name`, `too_large`, `too_many_files`,
-/// `storage_full`, `unreadable`.
+/// `too_deep`, `storage_full`, `unreadable`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct SkippedFile {
     pub name: String,

@@ -17,6 +17,10 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{chown, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
+/// Directories deeper than this are not walked (each level holds a descriptor and a
+/// stack frame of the helper); they are skipped as `too_deep`.
+const MAX_DEPTH: usize = 64;
+
 /// Skipped entries listed in full; the total counts all of them.
 const MAX_LISTED_SKIPS: usize = 100;
 
@@ -120,7 +124,7 @@ pub(crate) fn collect(work: &Path, opts: &Collect, inputs: &HashMap<String, Stri
         out: Collected::default(),
         next: 0,
     };
-    walk.dir(root, "");
+    walk.dir(root, "", 0);
     Ok(walk.out)
 }
 
@@ -132,7 +136,7 @@ fn clean_name(raw: &[u8]) -> Option<&str> {
 }
 
 impl Walk<'_> {
-    fn dir(&mut self, dirfd: OwnedFd, prefix: &str) {
+    fn dir(&mut self, dirfd: OwnedFd, prefix: &str, depth: usize) {
         let Ok(mut dir) = nix::dir::Dir::from_fd(dirfd.as_raw_fd()) else {
             return;
         };
@@ -159,11 +163,12 @@ impl Walk<'_> {
             };
             match SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) {
                 SFlag::S_IFLNK => self.out.skip(&rel, "symlink"),
+                SFlag::S_IFDIR if depth + 1 >= MAX_DEPTH => self.out.skip(&rel, "too_deep"),
                 SFlag::S_IFDIR => {
                     let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
                     match openat(Some(fd), raw.as_slice(), flags, Mode::empty()) {
                         // SAFETY: openat returned a fresh descriptor.
-                        Ok(child) => self.dir(unsafe { OwnedFd::from_raw_fd(child) }, &format!("{rel}/")),
+                        Ok(child) => self.dir(unsafe { OwnedFd::from_raw_fd(child) }, &format!("{rel}/"), depth + 1),
                         Err(_) => self.out.skip(&rel, "symlink"),
                     }
                 }

@@ -86,6 +86,9 @@ impl AppState {
         let session_id = warm.as_ref().map_or_else(ids::new_id, |h| h.run_id().to_owned());
         let launch = exec::launch_for(&cmd, &self.config);
         let outbox = self.outbox_dir.join(&session_id);
+        // Whatever happens to this request (a client that goes away drops it mid-way),
+        // the run's outbox does not outlive it.
+        let _outbox = OutboxGuard(outbox.clone());
         let mut spec = RunSpec::new(session_id.clone(), cmd.code, launch, cmd.timeout_ms, cmd.limits);
         spec.stdin = cmd.stdin;
         spec.inputs = inputs;
@@ -136,6 +139,17 @@ impl AppState {
             outbox: outbox.to_path_buf(),
             max_files: self.config.max_output_files,
             max_file_bytes: self.config.max_file_bytes,
+        }
+    }
+}
+
+/// Removes a run's outbox directory when dropped.
+struct OutboxGuard(std::path::PathBuf);
+
+impl Drop for OutboxGuard {
+    fn drop(&mut self) {
+        if self.0.exists() {
+            let _ = std::fs::remove_dir_all(&self.0);
         }
     }
 }
@@ -216,7 +230,13 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
         files: store.clone(),
         outbox_dir,
     };
-    tokio::spawn(sweep_files(store, Duration::from_secs(config.file_sweep_interval_s)));
+    let stale_outbox = Duration::from_millis(config.max_run_timeout_ms) + Duration::from_secs(600);
+    tokio::spawn(sweep_files(
+        store,
+        Duration::from_secs(config.file_sweep_interval_s),
+        state.outbox_dir.clone(),
+        stale_outbox,
+    ));
     let listener = tokio::net::TcpListener::bind(&config.listen)
         .await
         .map_err(|source| ServeError::Bind {
@@ -246,11 +266,25 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     Ok(())
 }
 
-/// Deletes expired files now and then.
-async fn sweep_files(store: Arc<dyn files::FileStore>, every: Duration) {
+/// Deletes expired files now and then, and outbox directories that no request came
+/// back for (their client went away before the run ended).
+async fn sweep_files(store: Arc<dyn files::FileStore>, every: Duration, outbox: std::path::PathBuf, stale: Duration) {
     let mut tick = tokio::time::interval(every);
     loop {
         tick.tick().await;
+        let outbox = outbox.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            for entry in std::fs::read_dir(&outbox).into_iter().flatten().flatten() {
+                let old = entry
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .map(|t| t.elapsed().unwrap_or_default() > stale);
+                if old.unwrap_or(false) {
+                    let _ = std::fs::remove_dir_all(entry.path());
+                }
+            }
+        })
+        .await;
         match store.sweep(files::now_ms()).await {
             Ok(0) => {}
             Ok(n) => tracing::info!(n, "expired files deleted"),

@@ -1744,3 +1744,14 @@ fn inputs_that_cannot_fit_or_clash_are_refused_before_the_run() {
     assert_eq!(r.1["error_type"], "invalid_request");
     s.assert_healthy();
 }
+
+#[test]
+fn folders_nested_too_deep_are_not_walked() {
+    let s = Server::start();
+    let r = s.py("import os\nfor i in range(100):\n    os.mkdir('d')\n    os.chdir('d')\nopen('deep.txt', 'w').write('x')\nos.chdir('/mnt/data')\nopen('top.txt', 'w').write('y')");
+    assert_eq!(r["status"], "ok", "{r}");
+    assert_eq!(output_names(&r), vec!["top.txt".to_string()], "{r}");
+    let skipped = r["files_skipped"].as_array().unwrap();
+    assert!(skipped.iter().any(|e| e["reason"] == "too_deep"), "{r}");
+    s.assert_healthy();
+}

@@ -184,6 +184,13 @@ impl Sessions {
     pub async fn start(&self, principal: &Principal, cmd: StartCommand) -> Result<ProgrammaticResponse, ApiError> {
         let mut spec = cmd.spec;
         let inner = &self.inner;
+        spec.inputs = ops::resolve_inputs(&*inner.files, &principal.0, &cmd.files, spec.limits.workspace_bytes).await?;
+        let slot = self.inner.slots.clone().try_acquire_owned().map_err(|_| ApiError {
+            message: "the server holds as many sessions as it may (max_sessions); retry later".into(),
+            ..ApiError::at_capacity(1)
+        })?;
+        // Taken only once the request is known to go ahead: a refused request must not
+        // use up a warm sandbox.
         let warm = if cmd.custom_limits {
             None
         } else {
@@ -192,17 +199,12 @@ impl Sessions {
         if let Some(helper) = &warm {
             spec.run_id = helper.run_id().to_owned();
         }
-        spec.inputs = ops::resolve_inputs(&*inner.files, &principal.0, &cmd.files, spec.limits.workspace_bytes).await?;
         let outbox = inner.outbox_dir.join(&spec.run_id);
         spec.collect = Some(Collect {
             outbox: outbox.clone(),
             max_files: inner.config.max_output_files,
             max_file_bytes: inner.config.max_file_bytes,
         });
-        let slot = self.inner.slots.clone().try_acquire_owned().map_err(|_| ApiError {
-            message: "the server holds as many sessions as it may (max_sessions); retry later".into(),
-            ..ApiError::at_capacity(1)
-        })?;
         let id = spec.run_id.clone();
         let deadline = Instant::now() + Duration::from_millis(spec.timeout_ms);
         let started = match warm {
