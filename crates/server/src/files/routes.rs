@@ -70,6 +70,9 @@ pub async fn upload(
                 .unwrap_or_else(|| guess_type(&name));
             let id = ids::new_id();
             let temp = state.files.incoming_dir().join(&id);
+            // A client that goes away mid-upload drops this future; the half-received
+            // file goes with it (after `insert` has moved it, there is nothing to remove).
+            let _partial = PartialUpload(temp.clone());
             let mut out = tokio::fs::File::create(&temp)
                 .await
                 .map_err(|e| storage_error(e.into()))?;
@@ -144,6 +147,15 @@ pub async fn upload(
         storage_session_id: session_id,
         files,
     }))
+}
+
+/// Removes a half-received upload when dropped.
+struct PartialUpload(std::path::PathBuf);
+
+impl Drop for PartialUpload {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 async fn find(state: &AppState, principal: &Principal, session_id: &str, file_id: &str) -> Result<FileMeta, ApiError> {
