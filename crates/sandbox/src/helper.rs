@@ -1131,8 +1131,3 @@ fn set_rlimits(limits: &Limits) -> Result<(), String> {
     }
     Ok(())
 }
-
-/// Whether a path exists, for `doctor`-style checks from the server.
-pub fn exists(path: &Path) -> bool {
-    path.exists()
-}

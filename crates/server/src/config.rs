@@ -173,18 +173,10 @@ pub fn add_key(config_file: &Path, principal: &str) -> Result<String, ConfigErro
     Ok(key)
 }
 
-/// Ceilings for the limits a request may set in `limits`. Unset means "the default".
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct Ceilings {
-    pub memory_limit_mb: Option<u64>,
-    pub max_processes: Option<u64>,
-    pub max_open_files: Option<u64>,
-    pub max_output_bytes: Option<u64>,
-    pub cpu_time_limit_ms: Option<u64>,
-    pub workspace_limit_mb: Option<u64>,
-    pub file_size_limit_mb: Option<u64>,
-}
+/// Ceilings for the limits a request may set in `limits`: the same fields as the
+/// request's own `limits` object (one type, so the two cannot drift apart). Unset means
+/// "the default".
+pub use sandcall_api::RequestLimits as Ceilings;
 
 fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())

@@ -175,11 +175,6 @@ impl Sessions {
             .ok_or_else(not_found)
     }
 
-    /// Sessions alive (running, paused, or ended and still readable).
-    pub fn count(&self) -> usize {
-        self.map().len()
-    }
-
     /// Starts the program and answers with its first pause or its end.
     pub async fn start(&self, principal: &Principal, cmd: StartCommand) -> Result<ProgrammaticResponse, ApiError> {
         let mut spec = cmd.spec;
