@@ -38,8 +38,8 @@ use std::time::{Duration, Instant};
 const SANDBOX_ID: u32 = 1000;
 /// While tool calls wait unannounced, how often to look whether the program sleeps,
 /// and how many looks in a row must find it asleep.
-const QUIET_CHECK_EVERY: Duration = Duration::from_millis(2);
-const QUIET_CHECKS_NEEDED: u32 = 2;
+const QUIET_CHECK_EVERY: Duration = Duration::from_millis(3);
+const QUIET_CHECKS_NEEDED: u32 = 4;
 /// How often the run's CPU time is compared with its budget.
 const CPU_CHECK_EVERY: Duration = Duration::from_millis(50);
 /// How long init may take to build the root before the run is given up.
