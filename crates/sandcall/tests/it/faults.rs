@@ -133,7 +133,7 @@ fn a_full_data_directory_gives_507_and_plain_runs_still_work() {
     let _ = std::fs::write(&filler, vec![0u8; 4 << 20]);
     // Small enough to sit in the socket buffers whole: the server may answer 507 before
     // reading the rest, and the client must not be cut off mid-send.
-    let body = vec![b'x'; 48 << 10];
+    let body = vec![b'x'; 4 << 10];
     let boundary = "sandcallfaultboundary";
     let mut multipart = format!("--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"big.bin\"\r\nContent-Type: application/octet-stream\r\n\r\n").into_bytes();
     multipart.extend_from_slice(&body);
