@@ -1079,7 +1079,6 @@ fn files_over_max_file_bytes_are_refused_and_never_stored() {
 
     // One byte over, far over, and a small file riding along with a big one.
     let over = vec![b'b'; 1001];
-    // Small enough that the whole request sits in socket buffers before the answer.
     let far = vec![b'c'; 20_000];
     for parts in [
         vec![file_part("over.txt", "text/plain", &over)],
@@ -1113,6 +1112,23 @@ fn files_over_max_file_bytes_are_refused_and_never_stored() {
     assert_eq!(r["files_skipped_total"], 2, "{r}");
     assert_eq!(download_output(&c, &r, "ok.txt").len(), 1000);
     wait_for_stored_count(&s, stored + 1, Duration::from_secs(5));
+}
+
+#[test]
+fn a_refused_upload_is_read_to_its_end_so_the_client_gets_the_answer() {
+    // The part is refused after 1 MiB, with 15 MiB still to come: far more than the
+    // socket buffers hold. A server that answered and closed at once would leave the
+    // client writing into a reset connection, never seeing the 413.
+    let s = Server::start_with(&[("SANDCALL_MAX_FILE_BYTES", "1048576")], "");
+    let c = Client::anonymous(&s);
+    let big = vec![b'd'; 16 << 20];
+    let stored = stored_count(&s);
+    for _ in 0..2 {
+        let reply = c.upload_parts(&[file_part("big.bin", "application/octet-stream", &big)]);
+        assert_error(&reply, 413, "payload_too_large");
+    }
+    wait_for_stored_count(&s, stored, Duration::from_secs(5));
+    assert!(regular_files(&s.data_dir.join("files/incoming")).is_empty());
 }
 
 /// Sends an upload whose body never ends: chunked, then 1 MiB of one file part, then

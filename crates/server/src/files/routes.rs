@@ -123,6 +123,9 @@ pub async fn upload(
         for meta in &stored {
             let _ = state.files.delete(&meta.principal, &meta.session_id, &meta.id).await;
         }
+        if e.status == StatusCode::PAYLOAD_TOO_LARGE {
+            drain(&mut multipart).await;
+        }
         return Err(e);
     }
     if stored.is_empty() {
@@ -147,6 +150,21 @@ pub async fn upload(
         storage_session_id: session_id,
         files,
     }))
+}
+
+/// How long a refused upload is read on and thrown away.
+const DRAIN_FOR: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Reads and discards the rest of a refused upload (for at most `DRAIN_FOR`, and never
+/// past the body limit). A client that sends its whole body before it reads the answer,
+/// as most do, then gets the 413 rather than a connection reset by the unread bytes.
+async fn drain(multipart: &mut Multipart) {
+    let rest = async {
+        while let Ok(Some(mut field)) = multipart.next_field().await {
+            while let Ok(Some(_)) = field.chunk().await {}
+        }
+    };
+    let _ = tokio::time::timeout(DRAIN_FOR, rest).await;
 }
 
 /// Removes a half-received upload when dropped.
