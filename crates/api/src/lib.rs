@@ -7,9 +7,10 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 /// Every error response on every route: `{"error": ..., "error_type": ...}`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct ErrorBody {
     pub error: String,
     pub error_type: String,
@@ -43,13 +44,17 @@ pub mod error_type {
 }
 
 /// A reference to an uploaded file, to stage into the working directory.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, ToSchema)]
 pub struct FileRef {
     pub id: String,
+    /// The upload's or run's `storage_session_id`. Required unless `session_id` is sent.
+    #[schema(nullable = false)]
     pub storage_session_id: Option<String>,
-    /// Accepted in place of `storage_session_id` (which wins when both are sent).
-    #[serde(default, skip_serializing)]
+    /// Accepted in place of `storage_session_id`, but not together with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub session_id: Option<String>,
+    /// The file's name in the working directory.
     pub name: String,
 }
 
@@ -60,45 +65,92 @@ impl FileRef {
 }
 
 /// Per-request limits (an extension): each may only lower the server's ceiling.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RequestLimits {
+    #[schema(nullable = false, minimum = 1)]
     pub memory_limit_mb: Option<u64>,
+    #[schema(nullable = false, minimum = 1)]
     pub max_processes: Option<u64>,
+    #[schema(nullable = false, minimum = 1)]
     pub max_open_files: Option<u64>,
+    #[schema(nullable = false, minimum = 1)]
     pub max_output_bytes: Option<u64>,
+    #[schema(nullable = false, minimum = 1)]
     pub cpu_time_limit_ms: Option<u64>,
+    #[schema(nullable = false, minimum = 1)]
     pub workspace_limit_mb: Option<u64>,
+    #[schema(nullable = false, minimum = 1)]
     pub file_size_limit_mb: Option<u64>,
 }
 
 /// POST /v1/exec. Unknown fields are ignored.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
 pub struct ExecRequest {
+    /// The program's source: not blank, at most `max_code_bytes`.
+    #[schema(required = true, nullable = false, min_length = 1, pattern = r"\S")]
     pub code: Option<String>,
+    /// `python` (the default) or `bash`, or an alias.
+    #[schema(value_type = Option<LanguageName>, nullable = false)]
     pub language: Option<String>,
+    /// Another name for `language`.
+    #[schema(value_type = Option<LanguageName>, nullable = false)]
     pub lang: Option<String>,
+    /// The program's arguments (no NUL).
+    #[schema(nullable = false, inline, value_type = Option<Vec<Arg>>)]
     pub args: Option<Vec<String>>,
+    /// Fed to the program's standard input, at most `max_stdin_bytes`.
+    #[schema(nullable = false)]
     pub stdin: Option<String>,
+    /// Uploaded files to copy into the working directory.
+    #[schema(nullable = false)]
     pub files: Option<Vec<FileRef>>,
+    /// Another name for `timeout`, which wins.
+    #[schema(nullable = false, minimum = 1)]
     pub run_timeout: Option<u64>,
+    /// The wall-clock budget in milliseconds, clamped to `max_run_timeout_ms`.
+    #[schema(nullable = false, minimum = 1)]
     pub timeout: Option<u64>,
+    #[schema(nullable = false)]
     pub limits: Option<RequestLimits>,
 }
 
+/// A language name the server accepts, in any case.
+#[derive(ToSchema)]
+#[schema(as = LanguageName)]
+#[allow(dead_code)] // Only its schema is used.
+#[serde(rename_all = "lowercase")]
+enum LanguageName {
+    Python,
+    Py,
+    Python3,
+    Bash,
+    Sh,
+}
+
+/// A program argument: any string without NUL.
+#[derive(ToSchema)]
+#[schema(value_type = String, pattern = "^[^\\u0000]*$")]
+#[allow(dead_code)] // Only its schema is used.
+struct Arg(String);
+
 /// A tool the program may call.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, ToSchema)]
 pub struct ToolDecl {
+    /// 1 to 64 letters, digits, `_`, `-`, `.` or spaces, with a letter or digit.
+    #[schema(min_length = 1, max_length = 64)]
     pub name: String,
     #[serde(default)]
+    #[schema(nullable = false)]
     pub description: Option<String>,
     /// A JSON Schema for the arguments object; absent means any object.
     #[serde(default)]
+    #[schema(nullable = false, value_type = Option<Object>)]
     pub parameters: Option<serde_json::Value>,
 }
 
 /// The caller's answer to one tool call.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, ToSchema)]
 pub struct ToolResult {
     pub call_id: String,
     #[serde(default)]
@@ -106,37 +158,58 @@ pub struct ToolResult {
     #[serde(default)]
     pub is_error: bool,
     #[serde(default)]
+    #[schema(nullable = false)]
     pub error_message: Option<String>,
 }
 
 /// POST /v1/exec/programmatic: a first call (with `code`) or a resume (with
 /// `continuation_token`). Unknown fields are ignored.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
 pub struct ProgrammaticRequest {
+    /// First call: the program, as on /v1/exec.
+    #[schema(nullable = false, min_length = 1, pattern = r"\S")]
     pub code: Option<String>,
+    #[schema(value_type = Option<LanguageName>, nullable = false)]
     pub language: Option<String>,
+    #[schema(value_type = Option<LanguageName>, nullable = false)]
     pub lang: Option<String>,
+    #[schema(nullable = false, inline, value_type = Option<Vec<Arg>>)]
     pub args: Option<Vec<String>>,
+    #[schema(nullable = false)]
     pub files: Option<Vec<FileRef>>,
+    /// First call: the tools the program may call (at most 100).
+    #[schema(nullable = false)]
     pub tools: Option<Vec<ToolDecl>>,
+    /// First call: the budget of the whole session in milliseconds, pauses included.
+    #[schema(nullable = false, minimum = 1)]
     pub timeout: Option<u64>,
     /// Accepted as on /v1/exec; `timeout` wins.
+    #[schema(nullable = false, minimum = 1)]
     pub run_timeout: Option<u64>,
+    /// First call: at most this many tool calls (clamped to the server's ceiling).
+    #[schema(nullable = false)]
     pub max_tool_calls: Option<u64>,
+    #[schema(nullable = false)]
     pub limits: Option<RequestLimits>,
+    /// Resume: the session the token belongs to (optional; must match it when sent).
+    #[schema(nullable = false)]
     pub session_id: Option<String>,
+    /// Resume: the token of the pause being answered.
+    #[schema(nullable = false)]
     pub continuation_token: Option<String>,
+    /// Resume: one result for each pending call.
+    #[schema(nullable = false)]
     pub tool_results: Option<Vec<ToolResult>>,
 }
 
 /// POST /v1/exec/programmatic/cancel.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
 pub struct CancelRequest {
     pub session_id: String,
 }
 
 /// A call the program made, as the caller receives it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct ToolCall {
     pub id: String,
     pub name: String,
@@ -146,7 +219,7 @@ pub struct ToolCall {
 }
 
 /// Every answer of the programmatic routes, told apart by `status`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum ProgrammaticResponse {
     ToolCallRequired {
@@ -185,7 +258,7 @@ pub enum ProgrammaticResponse {
 }
 
 /// How a run ended, as `status` says it.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ExecStatus {
     Ok,
@@ -195,7 +268,7 @@ pub enum ExecStatus {
 }
 
 /// An output file of a run.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct OutputFile {
     pub id: String,
     pub name: String,
@@ -204,21 +277,21 @@ pub struct OutputFile {
 }
 
 /// Something of the working directory that was not returned as an output file, and why.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct SkippedFile {
     pub name: String,
     pub reason: String,
 }
 
 /// POST /v1/upload's answer.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct UploadResponse {
     pub message: String,
     pub storage_session_id: String,
     pub files: Vec<UploadedFile>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct UploadedFile {
     pub id: String,
     #[serde(rename = "fileId")]
@@ -231,7 +304,7 @@ pub struct UploadedFile {
 }
 
 /// One entry of GET /v1/files/{session_id}.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct FileEntry {
     pub id: String,
     pub name: String,
@@ -243,7 +316,7 @@ pub struct FileEntry {
 }
 
 /// GET /v1/sessions/{session_id}/objects/{file_id}.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct ObjectInfo {
     #[serde(rename = "lastModified")]
     pub last_modified: String,
@@ -254,7 +327,7 @@ pub struct ObjectInfo {
 }
 
 /// The 200 answer of POST /v1/exec, for every run that started.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct ExecResponse {
     pub session_id: String,
     pub status: ExecStatus,
@@ -281,7 +354,7 @@ pub struct ExecResponse {
 }
 
 /// GET /v1/health: 200 with status `ok`, or 503 with status `unavailable` and the reason.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct Health {
     pub status: String,
     #[serde(skip_serializing_if = "Option::is_none", default)]
@@ -295,7 +368,7 @@ pub struct Health {
 }
 
 /// The languages sandcall runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Language {
     Python,

@@ -25,6 +25,8 @@ enum Command {
     /// Manage API keys.
     #[command(subcommand)]
     Keys(KeysCommand),
+    /// Print the OpenAPI document of the HTTP API (what GET /openapi.json serves).
+    Openapi,
     /// Internal: build and run one sandbox, driven over stdin/stdout by the server.
     #[command(hide = true)]
     SandboxHelper,
@@ -69,6 +71,10 @@ fn main() -> ExitCode {
         Command::ToolCall { name, args } => ExitCode::from(sandcall_sandbox::tools::client_main(&name, &args) as u8),
         Command::Serve(args) => run_async(serve(args)),
         Command::Doctor(args) => run_async(doctor(args)),
+        Command::Openapi => {
+            print!("{}", sandcall_server::openapi::document());
+            ExitCode::SUCCESS
+        }
         Command::Keys(KeysCommand::Add { name, config }) => match sandcall_server::config::add_key(&config, &name) {
             Ok(key) => {
                 println!("{key}");

@@ -13,7 +13,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::Extension;
 use axum::{Json, Router};
-use sandcall_api::{error_type, CancelRequest, ExecRequest, Health, ProgrammaticRequest, ProgrammaticResponse};
+use sandcall_api::{
+    error_type, CancelRequest, ErrorBody, ExecRequest, ExecResponse, Health, ProgrammaticRequest, ProgrammaticResponse,
+};
 use serde::de::DeserializeOwned;
 
 /// A JSON body whose every failure (content type, size, syntax, types) is an ApiError.
@@ -63,6 +65,7 @@ pub fn router(state: AppState) -> Router {
     }
     router
         .route("/v1/health", get(health))
+        .route("/openapi.json", get(openapi_route))
         .route("/v1/exec", post(exec_route))
         .route("/v1/exec/programmatic", post(programmatic_route))
         .route("/v1/exec/programmatic/cancel", post(cancel_route))
@@ -92,7 +95,16 @@ pub fn router(state: AppState) -> Router {
 }
 
 /// 200 while programs can run; 503 with the reason while sandboxes cannot be built.
-async fn health(State(state): State<AppState>) -> Response {
+#[utoipa::path(
+    get,
+    path = "/v1/health",
+    tag = "health",
+    responses(
+        (status = 200, description = "Programs can run.", body = Health),
+        (status = 503, description = "Sandboxes cannot be built now; `reason` says why.", body = Health),
+    ),
+)]
+pub(crate) async fn health(State(state): State<AppState>) -> Response {
     let reason = state.sandbox_unavailable().await;
     let code = if reason.is_some() {
         StatusCode::SERVICE_UNAVAILABLE
@@ -111,7 +123,24 @@ async fn health(State(state): State<AppState>) -> Response {
     (code, body).into_response()
 }
 
-async fn exec_route(
+/// Runs a program to its end and answers with its outcome.
+#[utoipa::path(
+    post,
+    path = "/v1/exec",
+    tag = "exec",
+    request_body = ExecRequest,
+    responses(
+        (status = 200, description = "The program ran; `status` says how it ended.", body = ExecResponse,
+            headers(("sandcall-sandbox" = String, description = "`warm` or `cold`: which kind of sandbox ran it."))),
+        (status = 400, description = "`invalid_json`, `invalid_request` or `unsupported_language`.", body = ErrorBody),
+        (status = 404, description = "`file_not_found`: an input file does not exist.", body = ErrorBody),
+        (status = 413, description = "`payload_too_large`: the body, `code`, `stdin` or the input files.", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`: the body is not JSON.", body = ErrorBody),
+        (status = 503, description = "`at_capacity`: every run slot is busy and the queue is full.", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds to wait."))),
+    ),
+)]
+pub(crate) async fn exec_route(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
     JsonBody(req): JsonBody<ExecRequest>,
@@ -127,7 +156,25 @@ async fn exec_route(
     Ok(response)
 }
 
-async fn programmatic_route(
+/// Starts a program that may call tools (with `code`), or resumes one with the results of
+/// its calls (with `continuation_token`).
+#[utoipa::path(
+    post,
+    path = "/v1/exec/programmatic",
+    tag = "programmatic",
+    request_body = ProgrammaticRequest,
+    responses(
+        (status = 200, description = "The program paused on tool calls, completed, or ended in an error.", body = ProgrammaticResponse),
+        (status = 400, description = "`invalid_json`, `invalid_request`, `unsupported_language`, `invalid_tool_schema` or `invalid_tool_results`.", body = ErrorBody),
+        (status = 404, description = "`session_not_found` or `file_not_found`.", body = ErrorBody),
+        (status = 409, description = "`continuation_token_used`: the token's pause is no longer open.", body = ErrorBody),
+        (status = 413, description = "`payload_too_large`.", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`.", body = ErrorBody),
+        (status = 503, description = "`at_capacity`: too many sessions hold a sandbox.", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds to wait."))),
+    ),
+)]
+pub(crate) async fn programmatic_route(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
     JsonBody(req): JsonBody<ProgrammaticRequest>,
@@ -150,7 +197,21 @@ async fn programmatic_route(
     Ok(Json(response))
 }
 
-async fn cancel_route(
+/// Ends a session: its program is killed and its sandbox freed.
+#[utoipa::path(
+    post,
+    path = "/v1/exec/programmatic/cancel",
+    tag = "programmatic",
+    request_body = CancelRequest,
+    responses(
+        (status = 200, description = "The session's outcome: `error` / `cancelled`, or how it had already ended.", body = ProgrammaticResponse),
+        (status = 400, description = "`invalid_json` or `invalid_request`.", body = ErrorBody),
+        (status = 404, description = "`session_not_found`.", body = ErrorBody),
+        (status = 413, description = "`payload_too_large`.", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`.", body = ErrorBody),
+    ),
+)]
+pub(crate) async fn cancel_route(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
     JsonBody(req): JsonBody<CancelRequest>,
@@ -158,12 +219,36 @@ async fn cancel_route(
     Ok(Json(state.sessions.cancel(&principal, &req.session_id).await?))
 }
 
-async fn session_route(
+/// A session's state: paused, running, or how it ended.
+#[utoipa::path(
+    get,
+    path = "/v1/exec/programmatic/{session_id}",
+    tag = "programmatic",
+    params(("session_id" = String, Path, description = "The session's id.")),
+    responses(
+        (status = 200, description = "The session's state.", body = ProgrammaticResponse),
+        (status = 404, description = "`session_not_found`.", body = ErrorBody),
+    ),
+)]
+pub(crate) async fn session_route(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
     Path(session_id): Path<String>,
 ) -> Result<Json<ProgrammaticResponse>, ApiError> {
     Ok(Json(state.sessions.status(&principal, &session_id)?))
+}
+
+/// This API's OpenAPI document.
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = "health",
+    responses((status = 200, description = "The OpenAPI 3.1 document of this API.", content_type = "application/json", body = Object)),
+)]
+pub(crate) async fn openapi_route() -> Response {
+    static DOCUMENT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let text = DOCUMENT.get_or_init(crate::openapi::document).clone();
+    ([(header::CONTENT_TYPE, "application/json")], text).into_response()
 }
 
 /// Only with `fault_injection`: a handler that panics.

@@ -9,6 +9,7 @@ mod files;
 mod hostile;
 mod leaks;
 mod lifecycle;
+mod openapi;
 mod principals;
 mod programmatic;
 mod unprivileged;

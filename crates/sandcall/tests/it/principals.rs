@@ -120,6 +120,7 @@ fn every_route_needs_a_valid_key() {
     let body = |v: Value| Some(v.to_string().into_bytes());
     let requests: Vec<Request> = vec![
         ("GET", "/v1/health".into(), None, None),
+        ("GET", "/openapi.json".into(), None, None),
         ("POST", "/v1/exec".into(), json_ct, body(json!({"code": "print(1)"}))),
         ("POST", "/v1/exec".into(), json_ct, Some(b"{not json".to_vec())),
         (

@@ -14,7 +14,7 @@ use axum::extract::{Path, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use sandcall_api::{FileEntry, ObjectInfo, UploadResponse, UploadedFile};
+use sandcall_api::{ErrorBody, FileEntry, ObjectInfo, UploadResponse, UploadedFile};
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 
@@ -39,6 +39,19 @@ fn multipart_error(e: axum::extract::multipart::MultipartError) -> ApiError {
 
 /// POST /v1/upload: each part named `file` or `files` is streamed to disk, the size cap
 /// checked as the bytes arrive.
+#[utoipa::path(
+    post,
+    path = "/v1/upload",
+    tag = "files",
+    request_body(content = crate::openapi::UploadForm, content_type = "multipart/form-data"),
+    responses(
+        (status = 200, description = "Every file was stored, under one new `storage_session_id`.", body = UploadResponse),
+        (status = 400, description = "`invalid_request`: no file part, more than 100, a name against the rules, or a malformed body.", body = ErrorBody),
+        (status = 413, description = "`payload_too_large`: a file over `max_file_bytes`, or the body over its limit.", body = ErrorBody),
+        (status = 415, description = "`unsupported_media_type`: the body is not `multipart/form-data`.", body = ErrorBody),
+        (status = 507, description = "`insufficient_storage`: the server's disk is full.", body = ErrorBody),
+    ),
+)]
 pub async fn upload(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
@@ -193,6 +206,23 @@ fn etag(meta: &FileMeta) -> String {
 }
 
 /// GET /v1/download/{session_id}/{file_id}: the bytes, streamed.
+#[utoipa::path(
+    get,
+    path = "/v1/download/{session_id}/{file_id}",
+    tag = "files",
+    params(
+        ("session_id" = String, Path, description = "The `storage_session_id` the file is stored under."),
+        ("file_id" = String, Path, description = "The file's id."),
+    ),
+    responses(
+        (status = 200, description = "The file's bytes, with its stored content type.", content_type = "*/*", body = Vec<u8>,
+            headers(
+                ("Content-Disposition" = String, description = "`attachment; filename=\"NAME\"`."),
+                ("ETag" = String, description = "The hex SHA-256 of the content, in double quotes."),
+            )),
+        (status = 404, description = "`file_not_found`.", body = ErrorBody),
+    ),
+)]
 pub async fn download(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
@@ -228,6 +258,13 @@ pub async fn download(
 }
 
 /// GET /v1/files/{session_id}: the caller's files of that session (unknown → `[]`).
+#[utoipa::path(
+    get,
+    path = "/v1/files/{session_id}",
+    tag = "files",
+    params(("session_id" = String, Path, description = "A `storage_session_id`.")),
+    responses((status = 200, description = "The caller's files of the session, oldest first; `[]` for an unknown session.", body = Vec<FileEntry>)),
+)]
 pub async fn list(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
@@ -256,6 +293,19 @@ pub async fn list(
 }
 
 /// GET /v1/sessions/{session_id}/objects/{file_id}: metadata without the bytes.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{session_id}/objects/{file_id}",
+    tag = "files",
+    params(
+        ("session_id" = String, Path, description = "The `storage_session_id` the file is stored under."),
+        ("file_id" = String, Path, description = "The file's id."),
+    ),
+    responses(
+        (status = 200, description = "The file's metadata.", body = ObjectInfo),
+        (status = 404, description = "`file_not_found`.", body = ErrorBody),
+    ),
+)]
 pub async fn object(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
@@ -271,6 +321,19 @@ pub async fn object(
 }
 
 /// DELETE /v1/files/{session_id}/{file_id}: 204.
+#[utoipa::path(
+    delete,
+    path = "/v1/files/{session_id}/{file_id}",
+    tag = "files",
+    params(
+        ("session_id" = String, Path, description = "The `storage_session_id` the file is stored under."),
+        ("file_id" = String, Path, description = "The file's id."),
+    ),
+    responses(
+        (status = 204, description = "The file is deleted."),
+        (status = 404, description = "`file_not_found`.", body = ErrorBody),
+    ),
+)]
 pub async fn remove(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,

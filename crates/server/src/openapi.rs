@@ -1,0 +1,178 @@
+//! The OpenAPI 3.1 document of the HTTP API, generated from the routes' annotations and
+//! the wire types of `sandcall-api`. Served at GET /openapi.json and checked in as
+//! docs/openapi.json (a test fails when the two differ).
+
+use crate::files::routes as file_routes;
+use crate::http;
+use sandcall_api::{
+    ErrorBody, ExecRequest, ExecResponse, FileEntry, Health, ObjectInfo, ProgrammaticRequest, ProgrammaticResponse,
+    UploadResponse,
+};
+use utoipa::openapi::path::Operation;
+use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{ContentBuilder, RefOr, Response, ResponseBuilder};
+use utoipa::{Modify, OpenApi, ToSchema};
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "sandcall",
+        description = "Runs untrusted Python and Bash programs in a Linux sandbox, with \
+            programmatic tool calling. docs/api.md is the full reference.",
+        license(name = "Apache-2.0", identifier = "Apache-2.0"),
+    ),
+    paths(
+        http::health,
+        http::exec_route,
+        http::programmatic_route,
+        http::cancel_route,
+        http::session_route,
+        file_routes::upload,
+        file_routes::download,
+        file_routes::list,
+        file_routes::object,
+        file_routes::remove,
+        http::openapi_route,
+    ),
+    components(schemas(
+        ErrorBody,
+        ExecRequest,
+        ExecResponse,
+        Health,
+        ProgrammaticRequest,
+        ProgrammaticResponse,
+        UploadResponse,
+        FileEntry,
+        ObjectInfo,
+        UploadForm,
+    )),
+    modifiers(&Common),
+)]
+struct ApiDoc;
+
+/// The multipart body of POST /v1/upload.
+#[derive(ToSchema)]
+#[allow(dead_code)] // Only its schema is used: the handler reads the parts as a stream.
+pub struct UploadForm {
+    /// A file. Up to 100 parts named `file` or `files` may be sent in one request.
+    #[schema(value_type = String, format = Binary)]
+    file: Vec<u8>,
+}
+
+/// What every operation shares: the API key schemes, 401 when keys are configured and the
+/// request has none, and 500 for a handler that failed.
+struct Common;
+
+impl Modify for Common {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        let components = doc.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some("`Authorization: Bearer <key>`"))
+                    .build(),
+            ),
+        );
+        components.add_security_scheme(
+            "api_key",
+            SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::with_description(
+                "X-API-Key",
+                "`X-API-Key: <key>`",
+            ))),
+        );
+        // Either scheme; with no keys configured (local mode) none is needed.
+        doc.security = Some(vec![
+            utoipa::openapi::security::SecurityRequirement::new("bearer", Vec::<String>::new()),
+            utoipa::openapi::security::SecurityRequirement::new("api_key", Vec::<String>::new()),
+            utoipa::openapi::security::SecurityRequirement::default(),
+        ]);
+        for item in doc.paths.paths.values_mut() {
+            for op in [
+                &mut item.get,
+                &mut item.post,
+                &mut item.delete,
+                &mut item.put,
+                &mut item.patch,
+            ]
+            .into_iter()
+            .flatten()
+            {
+                add_error(op, "401", "API keys are configured and the request has no valid key (`unauthorized`).");
+                add_error(op, "500", "A handler failed (`internal`); the cause is in the server's log.");
+            }
+        }
+    }
+}
+
+fn add_error(op: &mut Operation, status: &str, description: &str) {
+    op.responses
+        .responses
+        .entry(status.to_owned())
+        .or_insert_with(|| RefOr::T(error_response(description)));
+}
+
+/// A response whose body is the error shape every route answers with.
+fn error_response(description: &str) -> Response {
+    ResponseBuilder::new()
+        .description(description)
+        .content(
+            "application/json",
+            ContentBuilder::new()
+                .schema(Some(RefOr::Ref(utoipa::openapi::Ref::from_schema_name("ErrorBody"))))
+                .build(),
+        )
+        .build()
+}
+
+/// The document, as served and checked in: pretty JSON with a final newline.
+pub fn document() -> String {
+    let mut doc = ApiDoc::openapi();
+    doc.info.version = env!("CARGO_PKG_VERSION").to_owned();
+    let mut text = doc.to_pretty_json().unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+    text.push('\n');
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The checked-in copy must be what the code generates. To refresh it:
+    /// `cargo run -- openapi > docs/openapi.json`.
+    #[test]
+    fn the_checked_in_document_matches_the_code() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/openapi.json");
+        let checked_in = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            checked_in == document(),
+            "docs/openapi.json differs from the generated document; \
+             regenerate it with `cargo run -- openapi > docs/openapi.json`"
+        );
+    }
+
+    #[test]
+    fn every_route_is_described() {
+        let doc: serde_json::Value = serde_json::from_str(&document()).unwrap();
+        let paths = doc["paths"].as_object().unwrap();
+        for (path, method) in [
+            ("/v1/health", "get"),
+            ("/v1/exec", "post"),
+            ("/v1/exec/programmatic", "post"),
+            ("/v1/exec/programmatic/cancel", "post"),
+            ("/v1/exec/programmatic/{session_id}", "get"),
+            ("/v1/upload", "post"),
+            ("/v1/download/{session_id}/{file_id}", "get"),
+            ("/v1/files/{session_id}", "get"),
+            ("/v1/files/{session_id}/{file_id}", "delete"),
+            ("/v1/sessions/{session_id}/objects/{file_id}", "get"),
+            ("/openapi.json", "get"),
+        ] {
+            let op = &paths[path][method];
+            assert!(op.is_object(), "{method} {path} is missing");
+            assert!(op["responses"]["401"].is_object(), "{method} {path} lacks 401");
+        }
+        assert_eq!(paths.len(), 11, "a route in the document that the test does not know");
+    }
+}
