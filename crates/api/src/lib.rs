@@ -48,11 +48,9 @@ pub mod error_type {
 pub struct FileRef {
     pub id: String,
     /// The upload's or run's `storage_session_id`. Required unless `session_id` is sent.
-    #[schema(nullable = false)]
     pub storage_session_id: Option<String>,
     /// Accepted in place of `storage_session_id`, but not together with it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
     pub session_id: Option<String>,
     /// The file's name in the working directory.
     pub name: String,
@@ -68,19 +66,19 @@ impl FileRef {
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RequestLimits {
-    #[schema(nullable = false, minimum = 1)]
+    #[schema(minimum = 1)]
     pub memory_limit_mb: Option<u64>,
-    #[schema(nullable = false, minimum = 1)]
+    #[schema(minimum = 1)]
     pub max_processes: Option<u64>,
-    #[schema(nullable = false, minimum = 1)]
+    #[schema(minimum = 1)]
     pub max_open_files: Option<u64>,
-    #[schema(nullable = false, minimum = 1)]
+    #[schema(minimum = 1)]
     pub max_output_bytes: Option<u64>,
-    #[schema(nullable = false, minimum = 1)]
+    #[schema(minimum = 1)]
     pub cpu_time_limit_ms: Option<u64>,
-    #[schema(nullable = false, minimum = 1)]
+    #[schema(minimum = 1)]
     pub workspace_limit_mb: Option<u64>,
-    #[schema(nullable = false, minimum = 1)]
+    #[schema(minimum = 1)]
     pub file_size_limit_mb: Option<u64>,
 }
 
@@ -91,27 +89,25 @@ pub struct ExecRequest {
     #[schema(required = true, nullable = false, min_length = 1, pattern = r"\S")]
     pub code: Option<String>,
     /// `python` (the default) or `bash`, or an alias.
-    #[schema(value_type = Option<LanguageName>, nullable = false)]
+    #[schema(value_type = Option<LanguageName>)]
     pub language: Option<String>,
     /// Another name for `language`.
-    #[schema(value_type = Option<LanguageName>, nullable = false)]
+    #[schema(value_type = Option<LanguageName>)]
     pub lang: Option<String>,
     /// The program's arguments (no NUL).
-    #[schema(nullable = false, inline, value_type = Option<Vec<Arg>>)]
+    #[schema(inline, value_type = Option<Vec<Arg>>)]
     pub args: Option<Vec<String>>,
     /// Fed to the program's standard input, at most `max_stdin_bytes`.
-    #[schema(nullable = false)]
     pub stdin: Option<String>,
     /// Uploaded files to copy into the working directory.
-    #[schema(nullable = false)]
     pub files: Option<Vec<FileRef>>,
-    /// Another name for `timeout`, which wins.
-    #[schema(nullable = false, minimum = 1)]
+    /// The wall-clock budget in milliseconds, clamped to `max_run_timeout_ms`. Wins
+    /// over `timeout` when both are sent.
+    #[schema(minimum = 1)]
     pub run_timeout: Option<u64>,
-    /// The wall-clock budget in milliseconds, clamped to `max_run_timeout_ms`.
-    #[schema(nullable = false, minimum = 1)]
+    /// Another name for `run_timeout`.
+    #[schema(minimum = 1)]
     pub timeout: Option<u64>,
-    #[schema(nullable = false)]
     pub limits: Option<RequestLimits>,
 }
 
@@ -141,11 +137,10 @@ pub struct ToolDecl {
     #[schema(min_length = 1, max_length = 64)]
     pub name: String,
     #[serde(default)]
-    #[schema(nullable = false)]
     pub description: Option<String>,
     /// A JSON Schema for the arguments object; absent means any object.
     #[serde(default)]
-    #[schema(nullable = false, value_type = Option<Object>)]
+    #[schema(value_type = Option<Object>)]
     pub parameters: Option<serde_json::Value>,
 }
 
@@ -158,7 +153,6 @@ pub struct ToolResult {
     #[serde(default)]
     pub is_error: bool,
     #[serde(default)]
-    #[schema(nullable = false)]
     pub error_message: Option<String>,
 }
 
@@ -167,38 +161,31 @@ pub struct ToolResult {
 #[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
 pub struct ProgrammaticRequest {
     /// First call: the program, as on /v1/exec.
-    #[schema(nullable = false, min_length = 1, pattern = r"\S")]
+    #[schema(min_length = 1, pattern = r"\S")]
     pub code: Option<String>,
-    #[schema(value_type = Option<LanguageName>, nullable = false)]
+    #[schema(value_type = Option<LanguageName>)]
     pub language: Option<String>,
-    #[schema(value_type = Option<LanguageName>, nullable = false)]
+    #[schema(value_type = Option<LanguageName>)]
     pub lang: Option<String>,
-    #[schema(nullable = false, inline, value_type = Option<Vec<Arg>>)]
+    #[schema(inline, value_type = Option<Vec<Arg>>)]
     pub args: Option<Vec<String>>,
-    #[schema(nullable = false)]
     pub files: Option<Vec<FileRef>>,
     /// First call: the tools the program may call (at most 100).
-    #[schema(nullable = false)]
     pub tools: Option<Vec<ToolDecl>>,
     /// First call: the budget of the whole session in milliseconds, pauses included.
-    #[schema(nullable = false, minimum = 1)]
+    #[schema(minimum = 1)]
     pub timeout: Option<u64>,
     /// Accepted as on /v1/exec; `timeout` wins.
-    #[schema(nullable = false, minimum = 1)]
+    #[schema(minimum = 1)]
     pub run_timeout: Option<u64>,
     /// First call: at most this many tool calls (clamped to the server's ceiling).
-    #[schema(nullable = false)]
     pub max_tool_calls: Option<u64>,
-    #[schema(nullable = false)]
     pub limits: Option<RequestLimits>,
     /// Resume: the session the token belongs to (optional; must match it when sent).
-    #[schema(nullable = false)]
     pub session_id: Option<String>,
     /// Resume: the token of the pause being answered.
-    #[schema(nullable = false)]
     pub continuation_token: Option<String>,
     /// Resume: one result for each pending call.
-    #[schema(nullable = false)]
     pub tool_results: Option<Vec<ToolResult>>,
 }
 

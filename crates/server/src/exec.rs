@@ -69,7 +69,7 @@ pub fn parse_exec(req: ExecRequest, config: &Config) -> Result<ExecCommand, ApiE
             config.max_stdin_bytes
         )));
     }
-    let timeout_ms = timeout(req.run_timeout.or(req.timeout), config)?;
+    let timeout_ms = timeout(req.run_timeout, req.timeout, config)?;
     let limits = resolve_limits(config, req.limits.as_ref())?;
     Ok(ExecCommand {
         language,
@@ -83,13 +83,17 @@ pub fn parse_exec(req: ExecRequest, config: &Config) -> Result<ExecCommand, ApiE
     })
 }
 
-/// The requested wall-clock budget, clamped to the ceiling.
-pub fn timeout(requested: Option<u64>, config: &Config) -> Result<u64, ApiError> {
-    match requested {
-        Some(0) => Err(ApiError::bad_request("`timeout` must be at least 1 ms")),
-        Some(ms) => Ok(ms.min(config.max_run_timeout_ms)),
-        None => Ok(config.default_run_timeout_ms()),
+/// The requested wall-clock budget, clamped to the ceiling: `first` if given, else
+/// `second` (the two names a request may use). Each given value must be at least 1 ms,
+/// the one that loses included.
+pub fn timeout(first: Option<u64>, second: Option<u64>, config: &Config) -> Result<u64, ApiError> {
+    if first == Some(0) || second == Some(0) {
+        return Err(ApiError::bad_request("`timeout` must be at least 1 ms"));
     }
+    Ok(match first.or(second) {
+        Some(ms) => ms.min(config.max_run_timeout_ms),
+        None => config.default_run_timeout_ms(),
+    })
 }
 
 /// Each limit: the request's value if given, else the default; never above the ceiling.
@@ -266,9 +270,13 @@ mod tests {
     #[test]
     fn timeout_is_clamped_and_zero_refused() {
         let c = Config::default();
-        assert_eq!(timeout(Some(10_000_000), &c).unwrap(), c.max_run_timeout_ms);
-        assert_eq!(timeout(Some(1500), &c).unwrap(), 1500);
-        assert!(timeout(Some(0), &c).is_err());
+        assert_eq!(timeout(Some(10_000_000), None, &c).unwrap(), c.max_run_timeout_ms);
+        assert_eq!(timeout(Some(1500), Some(9), &c).unwrap(), 1500);
+        assert_eq!(timeout(None, Some(9), &c).unwrap(), 9);
+        assert!(timeout(Some(0), None, &c).is_err());
+        // A zero is refused even where the other name would win.
+        assert!(timeout(Some(1), Some(0), &c).is_err());
+        assert!(timeout(Some(0), Some(1), &c).is_err());
     }
 
     #[test]

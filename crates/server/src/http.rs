@@ -98,6 +98,7 @@ pub fn router(state: AppState) -> Router {
 #[utoipa::path(
     get,
     path = "/v1/health",
+    operation_id = "health",
     tag = "health",
     responses(
         (status = 200, description = "Programs can run.", body = Health),
@@ -127,6 +128,7 @@ pub(crate) async fn health(State(state): State<AppState>) -> Response {
 #[utoipa::path(
     post,
     path = "/v1/exec",
+    operation_id = "exec",
     tag = "exec",
     request_body = ExecRequest,
     responses(
@@ -161,6 +163,7 @@ pub(crate) async fn exec_route(
 #[utoipa::path(
     post,
     path = "/v1/exec/programmatic",
+    operation_id = "exec_programmatic",
     tag = "programmatic",
     request_body = ProgrammaticRequest,
     responses(
@@ -201,6 +204,7 @@ pub(crate) async fn programmatic_route(
 #[utoipa::path(
     post,
     path = "/v1/exec/programmatic/cancel",
+    operation_id = "cancel_session",
     tag = "programmatic",
     request_body = CancelRequest,
     responses(
@@ -223,6 +227,7 @@ pub(crate) async fn cancel_route(
 #[utoipa::path(
     get,
     path = "/v1/exec/programmatic/{session_id}",
+    operation_id = "get_session",
     tag = "programmatic",
     params(("session_id" = String, Path, description = "The session's id.")),
     responses(
@@ -242,6 +247,7 @@ pub(crate) async fn session_route(
 #[utoipa::path(
     get,
     path = "/openapi.json",
+    operation_id = "openapi",
     tag = "health",
     responses((status = 200, description = "The OpenAPI 3.1 document of this API.", content_type = "application/json", body = Object)),
 )]

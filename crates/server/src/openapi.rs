@@ -11,6 +11,7 @@ use sandcall_api::{
 use utoipa::openapi::path::Operation;
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, RefOr, Response, ResponseBuilder};
+use serde_json::{json, Value};
 use utoipa::{Modify, OpenApi, ToSchema};
 
 #[derive(OpenApi)]
@@ -99,8 +100,16 @@ impl Modify for Common {
             .into_iter()
             .flatten()
             {
-                add_error(op, "401", "API keys are configured and the request has no valid key (`unauthorized`).");
-                add_error(op, "500", "A handler failed (`internal`); the cause is in the server's log.");
+                add_error(
+                    op,
+                    "401",
+                    "API keys are configured and the request has no valid key (`unauthorized`).",
+                );
+                add_error(
+                    op,
+                    "500",
+                    "A handler failed (`internal`); the cause is in the server's log.",
+                );
             }
         }
     }
@@ -126,11 +135,53 @@ fn error_response(description: &str) -> Response {
         .build()
 }
 
+/// Links from the answers that create files and sessions to the operations that use them,
+/// so that a client (or a fuzzer) can follow them.
+fn add_links(doc: &mut Value) {
+    let file_links = |session: &str, file: &str| {
+        let params = json!({"session_id": session, "file_id": file});
+        json!({
+            "DownloadFile": {"operationId": "download_file", "parameters": params},
+            "FileMetadata": {"operationId": "file_metadata", "parameters": params},
+            "DeleteFile": {"operationId": "delete_file", "parameters": params},
+        })
+    };
+    let paths = &mut doc["paths"];
+    paths["/v1/upload"]["post"]["responses"]["200"]["links"] =
+        file_links("$response.body#/storage_session_id", "$response.body#/files/0/id");
+    paths["/v1/exec"]["post"]["responses"]["200"]["links"] =
+        file_links("$response.body#/files/0/storage_session_id", "$response.body#/files/0/id");
+    paths["/v1/upload"]["post"]["responses"]["200"]["links"]["ListFiles"] = json!({
+        "operationId": "list_files",
+        "parameters": {"session_id": "$response.body#/storage_session_id"},
+    });
+    paths["/v1/exec/programmatic"]["post"]["responses"]["200"]["links"] = json!({
+        "GetSession": {
+            "operationId": "get_session",
+            "parameters": {"session_id": "$response.body#/session_id"},
+        },
+        "CancelSession": {
+            "operationId": "cancel_session",
+            "requestBody": {"session_id": "$response.body#/session_id"},
+        },
+    });
+}
+
+/// A programmatic request is a first call (with `code`) or a resume (with
+/// `continuation_token`): one of the two is required.
+fn require_code_or_token(doc: &mut Value) {
+    doc["components"]["schemas"]["ProgrammaticRequest"]["anyOf"] =
+        json!([{"required": ["code"]}, {"required": ["continuation_token"]}]);
+}
+
 /// The document, as served and checked in: pretty JSON with a final newline.
 pub fn document() -> String {
     let mut doc = ApiDoc::openapi();
     doc.info.version = env!("CARGO_PKG_VERSION").to_owned();
-    let mut text = doc.to_pretty_json().unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+    let mut value = serde_json::to_value(&doc).unwrap_or_default();
+    add_links(&mut value);
+    require_code_or_token(&mut value);
+    let mut text = serde_json::to_string_pretty(&value).unwrap_or_default();
     text.push('\n');
     text
 }

@@ -42,6 +42,7 @@ fn multipart_error(e: axum::extract::multipart::MultipartError) -> ApiError {
 #[utoipa::path(
     post,
     path = "/v1/upload",
+    operation_id = "upload_files",
     tag = "files",
     request_body(content = crate::openapi::UploadForm, content_type = "multipart/form-data"),
     responses(
@@ -209,6 +210,7 @@ fn etag(meta: &FileMeta) -> String {
 #[utoipa::path(
     get,
     path = "/v1/download/{session_id}/{file_id}",
+    operation_id = "download_file",
     tag = "files",
     params(
         ("session_id" = String, Path, description = "The `storage_session_id` the file is stored under."),
@@ -261,6 +263,7 @@ pub async fn download(
 #[utoipa::path(
     get,
     path = "/v1/files/{session_id}",
+    operation_id = "list_files",
     tag = "files",
     params(("session_id" = String, Path, description = "A `storage_session_id`.")),
     responses((status = 200, description = "The caller's files of the session, oldest first; `[]` for an unknown session.", body = Vec<FileEntry>)),
@@ -296,6 +299,7 @@ pub async fn list(
 #[utoipa::path(
     get,
     path = "/v1/sessions/{session_id}/objects/{file_id}",
+    operation_id = "file_metadata",
     tag = "files",
     params(
         ("session_id" = String, Path, description = "The `storage_session_id` the file is stored under."),
@@ -324,6 +328,7 @@ pub async fn object(
 #[utoipa::path(
     delete,
     path = "/v1/files/{session_id}/{file_id}",
+    operation_id = "delete_file",
     tag = "files",
     params(
         ("session_id" = String, Path, description = "The `storage_session_id` the file is stored under."),

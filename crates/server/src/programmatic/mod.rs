@@ -30,7 +30,7 @@ pub fn parse_start(req: ProgrammaticRequest, config: &Config) -> Result<StartCom
     let (code, args) = exec::check_code_and_args(req.code, req.args, config, missing)?;
     let tools = ToolSet::declare(req.tools.as_deref().unwrap_or_default())
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, error_type::INVALID_TOOL_SCHEMA, e.0))?;
-    let timeout_ms = exec::timeout(req.timeout.or(req.run_timeout), config)?;
+    let timeout_ms = exec::timeout(req.timeout, req.run_timeout, config)?;
     let limits = exec::resolve_limits(config, req.limits.as_ref())?;
     let max_tool_calls = req
         .max_tool_calls
