@@ -85,8 +85,13 @@ pub struct RequestLimits {
 /// POST /v1/exec. Unknown fields are ignored.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
 pub struct ExecRequest {
-    /// The program's source: not blank, at most `max_code_bytes`.
-    #[schema(required = true, nullable = false, min_length = 1, pattern = r"\S")]
+    /// The program's source: not blank, no NUL, at most `max_code_bytes`.
+    #[schema(
+        required = true,
+        nullable = false,
+        min_length = 1,
+        pattern = r"^[^\u0000]*[^\s\u0000][^\u0000]*$"
+    )]
     pub code: Option<String>,
     /// `python` (the default) or `bash`, or an alias.
     #[schema(value_type = Option<LanguageName>)]
@@ -157,11 +162,11 @@ pub struct ToolResult {
 }
 
 /// POST /v1/exec/programmatic: a first call (with `code`) or a resume (with
-/// `continuation_token`). Unknown fields are ignored.
+/// `continuation_token`); one of the two is required. Unknown fields are ignored.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
 pub struct ProgrammaticRequest {
     /// First call: the program, as on /v1/exec.
-    #[schema(min_length = 1, pattern = r"\S")]
+    #[schema(min_length = 1, pattern = r"^[^\u0000]*[^\s\u0000][^\u0000]*$")]
     pub code: Option<String>,
     #[schema(value_type = Option<LanguageName>)]
     pub language: Option<String>,

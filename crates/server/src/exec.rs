@@ -46,6 +46,11 @@ pub fn check_code_and_args(
     if code.trim().is_empty() {
         return Err(ApiError::bad_request("`code` is empty"));
     }
+    // Python refuses such source, or cuts it at the NUL, depending on its version and
+    // on how it reads the file: refusing it here gives one answer everywhere.
+    if code.contains('\0') {
+        return Err(ApiError::bad_request("`code` may not contain NUL bytes"));
+    }
     if code.len() as u64 > config.max_code_bytes {
         return Err(ApiError::too_large(format!(
             "`code` is larger than {} bytes",

@@ -90,6 +90,20 @@ fn traceback_line_numbers_are_the_users_own() {
 }
 
 #[test]
+fn code_with_a_nul_byte_is_refused() {
+    let s = Server::start();
+    for language in ["python", "bash"] {
+        let (status, v) = s.post(
+            "/v1/exec",
+            &serde_json::json!({"code": "print(1)\n\u{0}\n", "language": language}),
+        );
+        assert_eq!(status, 400, "{v}");
+        assert_eq!(v["error_type"], "invalid_request");
+        assert!(v["error"].as_str().unwrap().contains("NUL"), "{v}");
+    }
+}
+
+#[test]
 fn non_utf8_output_is_replaced() {
     let s = Server::start();
     let r = s.py("import sys\nsys.stdout.buffer.write(b'ok \\xff\\xfe end\\n')\nsys.stderr.buffer.write(b'\\xc3')");

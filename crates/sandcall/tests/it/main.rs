@@ -12,5 +12,6 @@ mod lifecycle;
 mod openapi;
 mod principals;
 mod programmatic;
+mod soak;
 mod unprivileged;
 mod warm;

@@ -40,7 +40,10 @@ fn real_answers_have_the_documented_fields() {
         let fields = required(name);
         assert!(!fields.is_empty(), "{name}");
         for field in fields {
-            assert!(answer.get(&field).is_some(), "{name}.{field} is documented but missing: {answer}");
+            assert!(
+                answer.get(&field).is_some(),
+                "{name}.{field} is documented but missing: {answer}"
+            );
         }
         for key in answer.as_object().unwrap().keys() {
             assert!(

@@ -925,7 +925,18 @@ fn never_resumed_session_is_reclaimed() {
         "the program's own child is running"
     );
 
-    std::thread::sleep(Duration::from_millis(2500));
+    // Paused until it expires, then gone: never shown as running while it is killed.
+    let path = format!("{ROUTE}/{}", first["session_id"].as_str().unwrap());
+    let t = std::time::Instant::now();
+    loop {
+        let (code, _, v) = s.request("GET", &path, None, None);
+        if code == 404 {
+            break;
+        }
+        assert_eq!(v["status"], "tool_call_required", "{v}");
+        assert!(t.elapsed() < Duration::from_secs(10), "never expired: {v}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     wait_until_reclaimed(&s, Some(marker.as_str()), Duration::from_secs(10));
     let (code, v) = resume(
         &s,

@@ -510,6 +510,9 @@ impl Driver {
                         continue;
                     }
                     ending = Ending::Expired;
+                    // Gone for every later request from now, not once the sandbox is
+                    // reclaimed; requests already waiting still get the ending.
+                    self.sessions.remove(&self.session);
                     helper.abort();
                 },
                 _ = async { let _ = shutdown.wait_for(|stop| *stop).await; }, if !helper.aborted() => helper.abort(),

@@ -1,0 +1,941 @@
+//! Soak: one server under sixteen concurrent clients for a bounded time, every kind of
+//! request mixed (plain runs, programmatic sessions resumed, failed, gathered, cancelled
+//! and abandoned, files, hostile programs), each answer checked exactly; afterwards
+//! nothing may be left over.
+//!
+//! **Run this test alone.** It compares host-wide counts before and after the load
+//! (processes under the server, run cgroups, host mounts, the server's descriptors), and
+//! it saturates the machine: any other test beside it skews both. CI runs the rest with
+//! `cargo nextest run -E 'not test(/^soak::/)'`, then this with
+//! `cargo nextest run -E 'test(/^soak::/)'`.
+//!
+//! The load lasts 120 s, or `SANDCALL_SOAK_SECS` seconds. nextest ends a test after
+//! three minutes; for a longer soak run it with `cargo test --test it soak -- --nocapture`.
+
+use crate::common::{descendants, dir_entries, fd_count, hostile, mount_count, run_cgroups, settle, Server};
+use crate::files::{file_part, multipart, multipart_content_type};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::time::{Duration, Instant};
+
+const CLIENTS: usize = 16;
+const DEFAULT_SECS: u64 = 120;
+/// Short, so that abandoned sessions end within the test.
+const SESSION_EXPIRY: Duration = Duration::from_secs(4);
+/// How long after its expiry an abandoned session may still be answered as paused.
+const EXPIRY_GRACE: Duration = Duration::from_secs(10);
+/// Failure messages kept per client (all are counted).
+const KEPT_FAILURES: usize = 20;
+const ROUTE: &str = "/v1/exec/programmatic";
+
+/// What one iteration of a client does.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Python,
+    Bash,
+    Resumed,
+    ToolError,
+    Gather,
+    Cancelled,
+    Abandoned,
+    Files,
+    Hostile,
+}
+
+const KINDS: [Kind; 9] = [
+    Kind::Python,
+    Kind::Bash,
+    Kind::Resumed,
+    Kind::ToolError,
+    Kind::Gather,
+    Kind::Cancelled,
+    Kind::Abandoned,
+    Kind::Files,
+    Kind::Hostile,
+];
+
+/// Returns early with the message when the condition does not hold.
+macro_rules! ensure {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err(format!($($msg)+));
+        }
+    };
+}
+
+#[test]
+fn soak_mixed_load_leaves_nothing_behind() {
+    let secs: u64 = std::env::var("SANDCALL_SOAK_SECS")
+        .ok()
+        .map(|v| v.parse().expect("SANDCALL_SOAK_SECS is a number of seconds"))
+        .unwrap_or(DEFAULT_SECS);
+    let began = Instant::now();
+    let expiry = SESSION_EXPIRY.as_secs().to_string();
+    // Files expire and are swept during the load too.
+    let mut s = Server::start_with(
+        &[
+            ("SANDCALL_SESSION_EXPIRY_S", &expiry),
+            ("SANDCALL_FILE_TTL_S", "60"),
+            ("SANDCALL_FILE_SWEEP_INTERVAL_S", "5"),
+        ],
+        "",
+    );
+    s.assert_healthy();
+    let idle = Footprint::idle(&s);
+    let before = settle(|| Footprint::measure(&s), idle);
+    assert_eq!(before, idle, "the server is not idle before the load");
+    let mounts_before = mount_count();
+    let fds_before = fd_count(s.pid());
+    let rss_before = rss_kib(s.pid());
+
+    let load_began = Instant::now();
+    let deadline = load_began + Duration::from_secs(secs);
+    let mut tally = Tally::default();
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..CLIENTS)
+            .map(|index| {
+                let s = &s;
+                scope.spawn(move || Client::new(s, index).run_until(deadline))
+            })
+            .collect();
+        for (index, handle) in handles.into_iter().enumerate() {
+            match handle.join() {
+                Ok(t) => tally.merge(t),
+                Err(panic) => tally.fail(format!("client {index} panicked: {}", panic_text(&panic))),
+            }
+        }
+    });
+    let load_time = load_began.elapsed();
+
+    // A server that died under the load has nothing left to measure.
+    let exited = s.child.as_mut().and_then(|c| c.try_wait().ok().flatten());
+    let (rss_after, fds_after) = match exited {
+        Some(status) => {
+            tally.fail(format!("the server exited during the load: {status}"));
+            (0, 0)
+        }
+        None => check_nothing_left(&s, idle, mounts_before, fds_before, &mut tally),
+    };
+
+    eprintln!(
+        "{}",
+        tally.summary(
+            secs,
+            load_time,
+            began.elapsed(),
+            (rss_before, rss_after),
+            (fds_before, fds_after)
+        )
+    );
+    assert!(
+        tally.failures.is_empty(),
+        "{} failures (first {} shown):\n{}",
+        tally.failure_count,
+        tally.failures.len(),
+        tally.failures.join("\n")
+    );
+}
+
+// ---------------------------------------------------------------------------
+// What is left on the machine
+// ---------------------------------------------------------------------------
+
+/// After the load: every abandoned session has been seen to expire; the sandboxes of the
+/// rest must be gone too, and the warm pool refilled. Returns the server's RSS (KiB) and
+/// descriptors, for the summary.
+fn check_nothing_left(
+    s: &Server,
+    idle: Footprint,
+    mounts_before: usize,
+    fds_before: usize,
+    tally: &mut Tally,
+) -> (u64, usize) {
+    let after = settle(|| Footprint::measure(s), idle);
+    if after != idle {
+        tally.fail(format!("left over after the load: {after:?}, idle was {idle:?}"));
+    }
+    let mounts_after = settle(mount_count, mounts_before);
+    if mounts_after != mounts_before {
+        tally.fail(format!("host mounts {mounts_before} -> {mounts_after}"));
+    }
+    // A few descriptors may come and go (connections closing, epoll); runs must not add up.
+    let fds_settled = settle(|| fd_count(s.pid()) <= fds_before + 4, true);
+    let fds_after = fd_count(s.pid());
+    if !fds_settled {
+        tally.fail(format!("server descriptors {fds_before} -> {fds_after}"));
+    }
+    let mut last = Client::new(s, CLIENTS);
+    if let Err(e) = last.python(0) {
+        last.tally.fail(format!("a run after the load: {e}"));
+    }
+    tally.merge(last.tally);
+    (rss_kib(s.pid()), fds_after)
+}
+
+/// What the server holds on the host besides its idle warm sandboxes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Footprint {
+    warm_idle: usize,
+    /// Processes under the server: sandbox helpers and what runs in them.
+    processes: usize,
+    run_cgroups: usize,
+    staging_dirs: usize,
+    outbox_dirs: usize,
+    incoming_uploads: usize,
+}
+
+impl Footprint {
+    fn measure(s: &Server) -> Footprint {
+        let (_, _, health) = s.request("GET", "/v1/health", None, None);
+        Footprint {
+            warm_idle: health["warm_idle"].as_u64().unwrap_or(u64::MAX) as usize,
+            processes: descendants(s.pid()).len(),
+            run_cgroups: run_cgroups(&s.instance()),
+            staging_dirs: dir_entries(&s.data_dir.join("runs")),
+            outbox_dirs: dir_entries(&s.data_dir.join("outbox")),
+            incoming_uploads: dir_entries(&s.data_dir.join("files/incoming")),
+        }
+    }
+
+    /// A server with a full warm pool and nothing else: each warm sandbox is a helper,
+    /// the sandbox's init and its waiting program, one staging directory and one cgroup
+    /// per hierarchy.
+    fn idle(s: &Server) -> Footprint {
+        // The harness's pool size, per language.
+        let pool: usize = std::env::var("SANDCALL_TEST_WARM_POOL")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let instance = s.instance();
+        let hierarchies = std::fs::read_dir("/sys/fs/cgroup")
+            .unwrap()
+            .flatten()
+            .filter(|e| e.path().join(&instance).is_dir())
+            .count();
+        let sandboxes = 2 * pool;
+        Footprint {
+            warm_idle: sandboxes,
+            processes: 3 * sandboxes,
+            run_cgroups: sandboxes * hierarchies,
+            staging_dirs: sandboxes,
+            outbox_dirs: 0,
+            incoming_uploads: 0,
+        }
+    }
+}
+
+/// Where run `id` would have left something: its cgroups, staging and outbox directories.
+fn remains_of(s: &Server, id: &str) -> Vec<String> {
+    let instance = s.instance();
+    let mut left: Vec<String> = std::fs::read_dir("/sys/fs/cgroup")
+        .unwrap()
+        .flatten()
+        .map(|e| e.path().join(&instance).join(id))
+        .filter(|p| p.exists())
+        .map(|p| p.display().to_string())
+        .collect();
+    for dir in ["runs", "outbox"] {
+        let path = s.data_dir.join(dir).join(id);
+        if path.exists() {
+            left.push(path.display().to_string());
+        }
+    }
+    left
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "(no message)".into())
+}
+
+// ---------------------------------------------------------------------------
+// Counting
+// ---------------------------------------------------------------------------
+
+/// What the clients saw.
+#[derive(Default)]
+struct Tally {
+    requests: u64,
+    statuses: BTreeMap<u16, u64>,
+    /// `503 at_capacity` answers, each retried.
+    at_capacity: u64,
+    runs: [u64; KINDS.len()],
+    sessions: u64,
+    /// Round trips of `/v1/exec` for the short Python and Bash programs.
+    exec_latency: Vec<Duration>,
+    /// How long after its expiry an abandoned session was first seen gone, at most.
+    expiry_lateness: Duration,
+    abandoned_expired: u64,
+    failure_count: u64,
+    failures: Vec<String>,
+}
+
+impl Tally {
+    fn fail(&mut self, message: String) {
+        self.failure_count += 1;
+        if self.failures.len() < KEPT_FAILURES {
+            self.failures.push(message);
+        }
+    }
+
+    fn merge(&mut self, other: Tally) {
+        self.requests += other.requests;
+        for (status, n) in other.statuses {
+            *self.statuses.entry(status).or_default() += n;
+        }
+        self.at_capacity += other.at_capacity;
+        for (mine, theirs) in self.runs.iter_mut().zip(other.runs) {
+            *mine += theirs;
+        }
+        self.sessions += other.sessions;
+        self.exec_latency.extend(other.exec_latency);
+        self.expiry_lateness = self.expiry_lateness.max(other.expiry_lateness);
+        self.abandoned_expired += other.abandoned_expired;
+        self.failure_count += other.failure_count;
+        self.failures.extend(other.failures);
+    }
+
+    fn summary(
+        &mut self,
+        secs: u64,
+        load_time: Duration,
+        total: Duration,
+        rss_kib: (u64, u64),
+        fds: (usize, usize),
+    ) -> String {
+        self.exec_latency.sort_unstable();
+        let percentile = |p: f64| {
+            let n = self.exec_latency.len();
+            if n == 0 {
+                return 0.0;
+            }
+            let i = ((n - 1) as f64 * p).round() as usize;
+            self.exec_latency[i].as_secs_f64() * 1000.0
+        };
+        let statuses: Vec<String> = self.statuses.iter().map(|(s, n)| format!("{s}: {n}")).collect();
+        let runs: Vec<String> = KINDS
+            .iter()
+            .zip(self.runs)
+            .map(|(kind, n)| format!("{kind:?} {n}"))
+            .collect();
+        format!(
+            "soak: {secs} s of load ({:.1} s with the last runs, {:.1} s in all), {CLIENTS} clients; \
+             {} requests ({}); 503 at_capacity retried: {}; runs by kind: {}; programmatic sessions: {}; \
+             exec of short programs: {} requests, p50 {:.1} ms, p99 {:.1} ms; \
+             abandoned sessions expired: {}, seen gone at most {} ms after their expiry; \
+             server RSS {} -> {} MiB, fds {} -> {}; failures: {}",
+            load_time.as_secs_f64(),
+            total.as_secs_f64(),
+            self.requests,
+            statuses.join(", "),
+            self.at_capacity,
+            runs.join(", "),
+            self.sessions,
+            self.exec_latency.len(),
+            percentile(0.5),
+            percentile(0.99),
+            self.abandoned_expired,
+            self.expiry_lateness.as_millis(),
+            rss_kib.0 / 1024,
+            rss_kib.1 / 1024,
+            fds.0,
+            fds.1,
+            self.failure_count,
+        )
+    }
+}
+
+// ---------------------------------------------------------------------------
+// One client
+// ---------------------------------------------------------------------------
+
+/// One HTTP answer.
+struct Reply {
+    status: u16,
+    body: Vec<u8>,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&self.body).into_owned()))
+    }
+}
+
+/// A JSON value cut short for a failure message.
+fn shown(v: &Value) -> String {
+    let text = v.to_string();
+    if text.len() <= 1500 {
+        return text;
+    }
+    let mut end = 1500;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} bytes)", &text[..end], text.len())
+}
+
+/// A session left paused, to be checked once it should have expired.
+struct Abandoned {
+    id: String,
+    paused: Value,
+    /// When the pause was seen; the server's expiry counts from a moment before.
+    seen: Instant,
+}
+
+/// One of the concurrent clients: its own connection pool, counts and failures.
+struct Client<'a> {
+    server: &'a Server,
+    index: usize,
+    agent: ureq::Agent,
+    tally: Tally,
+    abandoned: Vec<Abandoned>,
+}
+
+impl<'a> Client<'a> {
+    fn new(server: &'a Server, index: usize) -> Client<'a> {
+        Client {
+            server,
+            index,
+            agent: ureq::AgentBuilder::new().timeout(Duration::from_secs(120)).build(),
+            tally: Tally::default(),
+            abandoned: Vec::new(),
+        }
+    }
+
+    /// Runs iterations until `deadline`, then checks the sessions it abandoned.
+    fn run_until(mut self, deadline: Instant) -> Tally {
+        let mut iteration = 0u64;
+        while Instant::now() < deadline {
+            self.check_expired(false);
+            // Clients start at different kinds, so every kind runs at every moment.
+            let kind = KINDS[(self.index + iteration as usize) % KINDS.len()];
+            let result = match kind {
+                Kind::Python => self.python(iteration),
+                Kind::Bash => self.bash(iteration),
+                Kind::Resumed => self.resumed(iteration),
+                Kind::ToolError => self.tool_error(iteration),
+                Kind::Gather => self.gather(iteration),
+                Kind::Cancelled => self.cancelled(iteration),
+                Kind::Abandoned => self.abandon(iteration),
+                Kind::Files => self.files(iteration),
+                Kind::Hostile => self.hostile(iteration),
+            };
+            self.tally.runs[kind as usize] += 1;
+            if let Err(e) = result {
+                let message = format!("client {} iteration {iteration} ({kind:?}): {e}", self.index);
+                self.tally.fail(message);
+            }
+            iteration += 1;
+        }
+        self.check_expired(true);
+        self.tally
+    }
+
+    /// A number of its own for this client and iteration.
+    fn unique(&self, iteration: u64, salt: u64) -> u64 {
+        (self.index as u64 + 1) * 1_000_003 + iteration * 7_919 + salt
+    }
+
+    fn tag(&self, iteration: u64) -> String {
+        format!("c{}i{iteration}", self.index)
+    }
+
+    // -- HTTP ---------------------------------------------------------------
+
+    /// Sends one request. `503 at_capacity` with `Retry-After` is backpressure: counted,
+    /// and retried after a short sleep. Any other 5xx, or no answer, is an error.
+    fn send(
+        &mut self,
+        method: &str,
+        path: &str,
+        content_type: Option<&str>,
+        body: Option<&[u8]>,
+    ) -> Result<Reply, String> {
+        let give_up = Instant::now() + Duration::from_secs(120);
+        loop {
+            let mut req = self.agent.request(method, &self.server.url(path));
+            if let Some(ct) = content_type {
+                req = req.set("Content-Type", ct);
+            }
+            let result = match body {
+                Some(b) => req.send_bytes(b),
+                None => req.call(),
+            };
+            let resp = match result {
+                Ok(r) | Err(ureq::Error::Status(_, r)) => r,
+                Err(e) => return Err(format!("{method} {path}: no answer: {e}")),
+            };
+            let status = resp.status();
+            let retry_after = resp.header("Retry-After").is_some();
+            let mut bytes = Vec::new();
+            resp.into_reader()
+                .take(64 << 20)
+                .read_to_end(&mut bytes)
+                .map_err(|e| format!("{method} {path}: reading the body: {e}"))?;
+            self.tally.requests += 1;
+            *self.tally.statuses.entry(status).or_default() += 1;
+            let reply = Reply { status, body: bytes };
+            if status == 503 && retry_after && reply.json()["error_type"] == "at_capacity" {
+                self.tally.at_capacity += 1;
+                ensure!(Instant::now() < give_up, "{method} {path}: at capacity for two minutes");
+                std::thread::sleep(Duration::from_millis(100 + 20 * (self.index as u64 % 8)));
+                continue;
+            }
+            ensure!(
+                status < 500,
+                "{method} {path} answered {status}: {}",
+                shown(&reply.json())
+            );
+            return Ok(reply);
+        }
+    }
+
+    fn post(&mut self, path: &str, body: &Value) -> Result<(u16, Value), String> {
+        let reply = self.send(
+            "POST",
+            path,
+            Some("application/json"),
+            Some(body.to_string().as_bytes()),
+        )?;
+        Ok((reply.status, reply.json()))
+    }
+
+    fn get(&mut self, path: &str) -> Result<(u16, Value), String> {
+        let reply = self.send("GET", path, None, None)?;
+        Ok((reply.status, reply.json()))
+    }
+
+    /// POST /v1/exec, which must answer 200.
+    fn exec(&mut self, body: &Value) -> Result<Value, String> {
+        let (status, v) = self.post("/v1/exec", body)?;
+        ensure!(status == 200, "exec answered {status}: {}", shown(&v));
+        Ok(v)
+    }
+
+    /// The first call of a session, which must answer 200.
+    fn start(&mut self, body: &Value) -> Result<Value, String> {
+        let (status, v) = self.post(ROUTE, body)?;
+        ensure!(status == 200, "programmatic start answered {status}: {}", shown(&v));
+        self.tally.sessions += 1;
+        Ok(v)
+    }
+
+    /// Resumes `paused` with `results`; must answer 200.
+    fn resume(&mut self, paused: &Value, results: Vec<Value>) -> Result<Value, String> {
+        let (status, v) = self.resume_status(paused, results)?;
+        ensure!(status == 200, "resume answered {status}: {}", shown(&v));
+        Ok(v)
+    }
+
+    fn resume_status(&mut self, paused: &Value, results: Vec<Value>) -> Result<(u16, Value), String> {
+        let body = json!({
+            "session_id": paused["session_id"],
+            "continuation_token": paused["continuation_token"],
+            "tool_results": results,
+        });
+        self.post(ROUTE, &body)
+    }
+
+    fn state(&mut self, id: &str) -> Result<(u16, Value), String> {
+        self.get(&format!("{ROUTE}/{id}"))
+    }
+
+    // -- The kinds of iteration ----------------------------------------------
+
+    /// A short Python program whose output only this iteration can produce.
+    fn python(&mut self, iteration: u64) -> Result<(), String> {
+        let (a, b) = (self.unique(iteration, 11), self.unique(iteration, 977));
+        let code = format!("a = {a}\nb = {b}\nprint(a * b, a ** 3)\n");
+        let want = format!("{} {}\n", u128::from(a) * u128::from(b), u128::from(a).pow(3));
+        let t = Instant::now();
+        let r = self.exec(&json!({"language": "python", "code": code}))?;
+        self.tally.exec_latency.push(t.elapsed());
+        ensure!(
+            r["status"] == "ok" && r["stdout"] == want.as_str() && r["stderr"] == "" && r["exit_code"] == 0,
+            "want stdout {want:?}: {}",
+            shown(&r)
+        );
+        Ok(())
+    }
+
+    /// A short Bash program with arguments and standard input.
+    fn bash(&mut self, iteration: u64) -> Result<(), String> {
+        let (a, b) = (self.unique(iteration, 5), self.unique(iteration, 101));
+        let tag = self.tag(iteration);
+        let code = format!("read line\necho \"$(( {a} * {b} )) $line $1\"\n");
+        let want = format!("{} in-{tag} arg-{tag}\n", a * b);
+        let body =
+            json!({"language": "bash", "code": code, "stdin": format!("in-{tag}\n"), "args": [format!("arg-{tag}")]});
+        let t = Instant::now();
+        let r = self.exec(&body)?;
+        self.tally.exec_latency.push(t.elapsed());
+        ensure!(
+            r["status"] == "ok" && r["stdout"] == want.as_str() && r["stderr"] == "" && r["exit_code"] == 0,
+            "want stdout {want:?}: {}",
+            shown(&r)
+        );
+        Ok(())
+    }
+
+    /// Three tool calls in a row, each with an argument made of the previous result;
+    /// Python and Bash in turn.
+    fn resumed(&mut self, iteration: u64) -> Result<(), String> {
+        let start_key = format!("start-{}", self.tag(iteration));
+        let bash = (iteration / KINDS.len() as u64) % 2 == 1;
+        let code = if !bash {
+            format!("a = lookup(key=\"{start_key}\")\nb = lookup(key=a)\nc = lookup(key=b)\nprint(a, b, c)\n")
+        } else {
+            format!(
+                "a=$(lookup key=\"{start_key}\")\nb=$(lookup key=\"$a\")\nc=$(lookup key=\"$b\")\necho \"$a $b $c\"\n"
+            )
+        };
+        let language = if bash { "bash" } else { "python" };
+        let secret = self.unique(iteration, 31);
+        let body = json!({"language": language, "code": code, "tools": [tool("lookup", "key", "string")]});
+        let mut r = self.start(&body)?;
+        let mut key = start_key;
+        let mut values = Vec::new();
+        for round in 0..3 {
+            let call = single_call(&r)?;
+            ensure!(
+                call["name"] == "lookup" && call["arguments"] == json!({"key": key}),
+                "round {round}: want lookup({key:?}): {}",
+                shown(&r)
+            );
+            let value = format!("{key}/{round}-{secret}");
+            let result = json!({"call_id": call["id"], "result": value});
+            r = self.resume(&r, vec![result])?;
+            values.push(value.clone());
+            key = value;
+        }
+        let want = format!("{}\n", values.join(" "));
+        ensure!(
+            r["status"] == "completed"
+                && r["stdout"] == want.as_str()
+                && r["exit_code"] == 0
+                && r["tool_calls_made"] == 3,
+            "{language}: want completed with stdout {want:?}: {}",
+            shown(&r)
+        );
+        Ok(())
+    }
+
+    /// A tool that fails; the program catches the error and goes on.
+    fn tool_error(&mut self, iteration: u64) -> Result<(), String> {
+        let tag = self.tag(iteration);
+        let code = format!(
+            "try:\n    fetch(item=\"{tag}\")\n    print(\"no error\")\nexcept ToolError as e:\n    print(\"caught\", e)\nprint(\"after\")\n"
+        );
+        let r = self.start(&json!({"code": code, "tools": [tool("fetch", "item", "string")]}))?;
+        let call = single_call(&r)?;
+        ensure!(call["arguments"] == json!({"item": tag}), "{}", shown(&r));
+        let message = format!("denied-{tag}-{}", self.unique(iteration, 3));
+        let result = json!({"call_id": call["id"], "result": null, "is_error": true, "error_message": message});
+        let r = self.resume(&r, vec![result])?;
+        let want = format!("caught {message}\nafter\n");
+        ensure!(
+            r["status"] == "completed" && r["stdout"] == want.as_str() && r["exit_code"] == 0,
+            "want stdout {want:?}: {}",
+            shown(&r)
+        );
+        Ok(())
+    }
+
+    /// Three calls gathered into one pause, answered in another order.
+    fn gather(&mut self, iteration: u64) -> Result<(), String> {
+        let ns: Vec<u64> = (0..3).map(|k| self.unique(iteration, 1000 * k)).collect();
+        let code = format!(
+            "import asyncio\nres = await asyncio.gather(square(n={}), square(n={}), square(n={}))\nprint(res)\n",
+            ns[0], ns[1], ns[2]
+        );
+        let r = self.start(&json!({"code": code, "tools": [tool("square", "n", "integer")]}))?;
+        ensure!(r["status"] == "tool_call_required", "{}", shown(&r));
+        let calls = r["tool_calls"].as_array().cloned().unwrap_or_default();
+        ensure!(calls.len() == 3, "want 3 calls in one pause: {}", shown(&r));
+        let answer = |n: u64| n * n + iteration;
+        let mut results = Vec::new();
+        for call in &calls {
+            let n = call["arguments"]["n"].as_u64().unwrap_or(0);
+            ensure!(
+                call["name"] == "square" && ns.contains(&n),
+                "unexpected call {call}: {}",
+                shown(&r)
+            );
+            results.push(json!({"call_id": call["id"], "result": answer(n)}));
+        }
+        // Reversed, then rotated: never the order of the calls.
+        results.reverse();
+        results.rotate_left((iteration % 3) as usize);
+        let r = self.resume(&r, results)?;
+        let want = format!("[{}, {}, {}]\n", answer(ns[0]), answer(ns[1]), answer(ns[2]));
+        ensure!(
+            r["status"] == "completed" && r["stdout"] == want.as_str() && r["tool_calls_made"] == 3,
+            "want stdout {want:?}: {}",
+            shown(&r)
+        );
+        Ok(())
+    }
+
+    /// A paused session cancelled: the answer, then what GET, a resume and a second
+    /// cancel say while the ended session is kept for reading.
+    fn cancelled(&mut self, iteration: u64) -> Result<(), String> {
+        let tag = self.tag(iteration);
+        let code = format!("print(\"started-{tag}\", flush=True)\nwait_here(token=\"{tag}\")\nprint(\"never\")\n");
+        let first = self.start(&json!({"code": code, "tools": [tool("wait_here", "token", "string")]}))?;
+        single_call(&first)?;
+        let started = format!("started-{tag}\n");
+        ensure!(first["partial_stdout"] == started.as_str(), "{}", shown(&first));
+        let id = session_id(&first)?;
+        let (status, r) = self.post(&format!("{ROUTE}/cancel"), &json!({"session_id": id}))?;
+        let ended = Instant::now();
+        let is_cancelled =
+            |v: &Value| v["status"] == "error" && v["error_type"] == "cancelled" && v["session_id"] == id.as_str();
+        ensure!(
+            status == 200 && is_cancelled(&r) && r["stdout"] == started.as_str(),
+            "cancel answered {status}: {}",
+            shown(&r)
+        );
+        let (status, st) = self.state(&id)?;
+        let (resumed, v) = self.resume_status(
+            &first,
+            vec![json!({"call_id": first["tool_calls"][0]["id"], "result": 1})],
+        )?;
+        let (again, c) = self.post(&format!("{ROUTE}/cancel"), &json!({"session_id": id}))?;
+        // The ended session is readable for the expiry time; past it, forgotten (404).
+        if ended.elapsed() + Duration::from_secs(1) < SESSION_EXPIRY {
+            ensure!(
+                status == 200 && is_cancelled(&st),
+                "GET after cancel answered {status}: {}",
+                shown(&st)
+            );
+            ensure!(
+                resumed == 409 && v["error_type"] == "continuation_token_used",
+                "resume after cancel answered {resumed}: {}",
+                shown(&v)
+            );
+            ensure!(
+                again == 200 && is_cancelled(&c),
+                "second cancel answered {again}: {}",
+                shown(&c)
+            );
+        }
+        Ok(())
+    }
+
+    /// A session left paused, never resumed; checked once it should have expired.
+    fn abandon(&mut self, iteration: u64) -> Result<(), String> {
+        let tag = self.tag(iteration);
+        let code = format!("print(\"parked-{tag}\", flush=True)\npark(spot=\"{tag}\")\nprint(\"never\")\n");
+        let first = self.start(&json!({"code": code, "tools": [tool("park", "spot", "string")]}))?;
+        let seen = Instant::now();
+        single_call(&first)?;
+        ensure!(
+            first["partial_stdout"] == format!("parked-{tag}\n").as_str(),
+            "{}",
+            shown(&first)
+        );
+        let id = session_id(&first)?;
+        // While paused, GET gives the same pause, so a client that lost it could resume.
+        let (status, st) = self.state(&id)?;
+        ensure!(
+            status == 200
+                && st["status"] == "tool_call_required"
+                && st["continuation_token"] == first["continuation_token"],
+            "GET of a paused session answered {status}: {}",
+            shown(&st)
+        );
+        self.abandoned.push(Abandoned {
+            id,
+            paused: first,
+            seen,
+        });
+        Ok(())
+    }
+
+    /// Checks the abandoned sessions whose expiry has passed (all of them when `all`,
+    /// waiting as needed): forgotten (404 to GET and to a resume) and reclaimed.
+    fn check_expired(&mut self, all: bool) {
+        let pending = std::mem::take(&mut self.abandoned);
+        for session in pending {
+            let due = session.seen + SESSION_EXPIRY;
+            if !all && Instant::now() < due {
+                self.abandoned.push(session);
+                continue;
+            }
+            std::thread::sleep(due.saturating_duration_since(Instant::now()));
+            if let Err(e) = self.expired(&session, due) {
+                let message = format!("client {} abandoned session {}: {e}", self.index, session.id);
+                self.tally.fail(message);
+            }
+        }
+    }
+
+    fn expired(&mut self, session: &Abandoned, due: Instant) -> Result<(), String> {
+        let gone = loop {
+            let (status, v) = self.state(&session.id)?;
+            if status == 404 {
+                ensure!(
+                    v["error_type"] == "session_not_found",
+                    "GET answered 404: {}",
+                    shown(&v)
+                );
+                break Instant::now();
+            }
+            // Paused until the timer runs out, then gone at once.
+            ensure!(
+                status == 200 && v["status"] == "tool_call_required",
+                "GET before it was gone answered {status}: {}",
+                shown(&v)
+            );
+            ensure!(
+                due.elapsed() < EXPIRY_GRACE,
+                "still paused {EXPIRY_GRACE:?} after its expiry: {}",
+                shown(&v)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        self.tally.expiry_lateness = self.tally.expiry_lateness.max(gone.saturating_duration_since(due));
+        self.tally.abandoned_expired += 1;
+        let call = &session.paused["tool_calls"][0]["id"];
+        let (status, v) = self.resume_status(&session.paused, vec![json!({"call_id": call, "result": 1})])?;
+        ensure!(
+            status == 404 && v["error_type"] == "session_not_found",
+            "resume after expiry answered {status}: {}",
+            shown(&v)
+        );
+        let left = settle(|| remains_of(self.server, &session.id), Vec::new());
+        ensure!(left.is_empty(), "not reclaimed: {left:?}");
+        Ok(())
+    }
+
+    /// Upload, a run that reads the file and writes another, download, compare.
+    fn files(&mut self, iteration: u64) -> Result<(), String> {
+        let tag = self.tag(iteration);
+        let mut data = format!("{tag} {}\n", self.unique(iteration, 7)).repeat(50).into_bytes();
+        data.extend(0..=255u8);
+        let body = multipart(&[file_part("in.bin", "application/octet-stream", &data)]);
+        let reply = self.send("POST", "/v1/upload", Some(&multipart_content_type()), Some(&body))?;
+        let up = reply.json();
+        ensure!(reply.status == 200, "upload answered {}: {}", reply.status, shown(&up));
+        let input =
+            json!({"id": up["files"][0]["id"], "storage_session_id": up["storage_session_id"], "name": "in.bin"});
+        let code = format!(
+            "data = open(\"in.bin\", \"rb\").read()\nopen(\"out.bin\", \"wb\").write(data[::-1] + b\"|{tag}\")\nprint(len(data))\n"
+        );
+        let r = self.exec(&json!({"code": code, "files": [input]}))?;
+        let mut want: Vec<u8> = data.iter().rev().copied().collect();
+        want.extend_from_slice(format!("|{tag}").as_bytes());
+        let outputs = r["files"].as_array().cloned().unwrap_or_default();
+        ensure!(
+            r["status"] == "ok"
+                && r["stdout"] == format!("{}\n", data.len()).as_str()
+                && outputs.len() == 1
+                && outputs[0]["name"] == "out.bin"
+                && outputs[0]["size"] == want.len(),
+            "want one output out.bin of {} bytes: {}",
+            want.len(),
+            shown(&r)
+        );
+        let (session, id) = (&outputs[0]["storage_session_id"], &outputs[0]["id"]);
+        let path = format!(
+            "/v1/download/{}/{}",
+            session.as_str().unwrap_or(""),
+            id.as_str().unwrap_or("")
+        );
+        let got = self.send("GET", &path, None, None)?;
+        ensure!(
+            got.status == 200 && got.body == want,
+            "download answered {} with {} bytes, not the {} written",
+            got.status,
+            got.body.len(),
+            want.len()
+        );
+        Ok(())
+    }
+
+    /// A hostile program, which must end with its documented status.
+    fn hostile(&mut self, iteration: u64) -> Result<(), String> {
+        let tag = self.tag(iteration);
+        match (self.index as u64 + iteration / KINDS.len() as u64) % 4 {
+            0 => {
+                let r = self.exec(&json!({"language": "bash", "code": hostile("fork_bomb.sh"), "timeout": 1000}))?;
+                ensure!(
+                    r["status"] == "timed_out" && r["timed_out"] == true,
+                    "fork bomb: {}",
+                    shown(&r)
+                );
+            }
+            1 => {
+                let body =
+                    json!({"code": hostile("memory_bomb.py"), "timeout": 30000, "limits": {"memory_limit_mb": 64}});
+                let r = self.exec(&body)?;
+                ensure!(
+                    r["status"] == "killed" && r["oom_killed"] == true && r["signal"] == "SIGKILL",
+                    "memory bomb: {}",
+                    shown(&r)
+                );
+            }
+            2 => {
+                let r = self.exec(&json!({"code": hostile("cpu_spin.py"), "timeout": 300}))?;
+                ensure!(
+                    r["status"] == "timed_out" && r["timed_out"] == true && r["signal"] == "SIGKILL",
+                    "cpu spin: {}",
+                    shown(&r)
+                );
+            }
+            _ => {
+                // Far more output than is kept: the first max_output_bytes (64 KiB) come back.
+                let line = format!("flood-{tag}\n");
+                let code = format!("yes flood-{tag} | head -c 4000000");
+                let r = self.exec(&json!({"language": "bash", "code": code}))?;
+                let kept = 65536;
+                let want: String = line.repeat(kept / line.len() + 1).chars().take(kept).collect();
+                ensure!(
+                    r["status"] == "ok" && r["stdout_truncated"] == true && r["stdout"] == want.as_str(),
+                    "flood: want the first {kept} bytes, truncated: {}",
+                    shown(&r)
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A tool taking one required parameter.
+fn tool(name: &str, parameter: &str, kind: &str) -> Value {
+    json!({
+        "name": name,
+        "parameters": {"type": "object", "properties": {parameter: {"type": kind}}, "required": [parameter]},
+    })
+}
+
+/// The only call of a `tool_call_required` response.
+fn single_call(r: &Value) -> Result<&Value, String> {
+    ensure!(
+        r["status"] == "tool_call_required" && r["tool_calls"].as_array().is_some_and(|c| c.len() == 1),
+        "want a pause with one call: {}",
+        shown(r)
+    );
+    Ok(&r["tool_calls"][0])
+}
+
+fn session_id(r: &Value) -> Result<String, String> {
+    r["session_id"]
+        .as_str()
+        .map(str::to_owned)
+        .ok_or_else(|| format!("no session_id: {}", shown(r)))
+}
