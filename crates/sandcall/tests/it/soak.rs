@@ -690,15 +690,22 @@ impl<'a> Client<'a> {
         Ok(())
     }
 
+    /// Starts a session that prints `{label}-{tag}`, then pauses on one call of `tool_name`
+    /// (which never returns in time); checks the pause. Returns it and the printed line.
+    fn start_paused(&mut self, tag: &str, label: &str, tool_name: &str, arg: &str) -> Result<(Value, String), String> {
+        let code = format!("print(\"{label}-{tag}\", flush=True)\n{tool_name}({arg}=\"{tag}\")\nprint(\"never\")\n");
+        let first = self.start(&json!({"code": code, "tools": [tool(tool_name, arg, "string")]}))?;
+        single_call(&first)?;
+        let printed = format!("{label}-{tag}\n");
+        ensure!(first["partial_stdout"] == printed.as_str(), "{}", shown(&first));
+        Ok((first, printed))
+    }
+
     /// A paused session cancelled: the answer, then what GET, a resume and a second
     /// cancel say while the ended session is kept for reading.
     fn cancelled(&mut self, iteration: u64) -> Result<(), String> {
         let tag = self.tag(iteration);
-        let code = format!("print(\"started-{tag}\", flush=True)\nwait_here(token=\"{tag}\")\nprint(\"never\")\n");
-        let first = self.start(&json!({"code": code, "tools": [tool("wait_here", "token", "string")]}))?;
-        single_call(&first)?;
-        let started = format!("started-{tag}\n");
-        ensure!(first["partial_stdout"] == started.as_str(), "{}", shown(&first));
+        let (first, started) = self.start_paused(&tag, "started", "wait_here", "token")?;
         let id = session_id(&first)?;
         let (status, r) = self.post(&format!("{ROUTE}/cancel"), &json!({"session_id": id}))?;
         let ended = Instant::now();
@@ -739,15 +746,8 @@ impl<'a> Client<'a> {
     /// A session left paused, never resumed; checked once it should have expired.
     fn abandon(&mut self, iteration: u64) -> Result<(), String> {
         let tag = self.tag(iteration);
-        let code = format!("print(\"parked-{tag}\", flush=True)\npark(spot=\"{tag}\")\nprint(\"never\")\n");
-        let first = self.start(&json!({"code": code, "tools": [tool("park", "spot", "string")]}))?;
+        let (first, _) = self.start_paused(&tag, "parked", "park", "spot")?;
         let seen = Instant::now();
-        single_call(&first)?;
-        ensure!(
-            first["partial_stdout"] == format!("parked-{tag}\n").as_str(),
-            "{}",
-            shown(&first)
-        );
         let id = session_id(&first)?;
         // While paused, GET gives the same pause, so a client that lost it could resume.
         let (status, st) = self.state(&id)?;
