@@ -14,6 +14,31 @@ pub struct Host {
     pub cgroups: CgroupRoot,
     pub host_uid: u32,
     pub host_gid: u32,
+    /// Held while this `Host` lives: no other server sweeps or uses the data directory.
+    pub lock: DataDirLock,
+}
+
+/// An exclusive `flock` on `<data_dir>/lock`. The kernel drops it when the process ends,
+/// however it ends, and sandbox helpers do not inherit it (the descriptor is close-on-exec).
+pub struct DataDirLock(#[allow(dead_code)] nix::fcntl::Flock<fs::File>);
+
+/// Takes the data directory for this process, or says which one is taken.
+pub fn lock_data_dir(data_dir: &Path) -> Result<DataDirLock, String> {
+    let path = data_dir.join("lock");
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("open {}: {e}", path.display()))?;
+    match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => Ok(DataDirLock(lock)),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(format!(
+            "another sandcall process is using the data directory {}: stop it, or give this one another `data_dir`",
+            data_dir.display()
+        )),
+        Err((_, e)) => Err(format!("lock {}: {e}", path.display())),
+    }
 }
 
 /// Names this server's cgroup subtree after its data directory, so that two servers with
@@ -55,6 +80,8 @@ pub fn ids(config: &Config) -> (u32, u32) {
 /// Everything `serve` needs before it accepts requests.
 pub fn prepare(config: &Config) -> Result<Host, String> {
     let data_dir = data_dir(config)?;
+    // Before the sweep: what is in there may belong to a server that is still running.
+    let lock = lock_data_dir(&data_dir)?;
     let runs_dir = data_dir.join("runs");
     fs::create_dir_all(&runs_dir).map_err(|e| format!("create {}: {e}", runs_dir.display()))?;
     let cgroups = cgroups(config, &data_dir)?;
@@ -69,6 +96,7 @@ pub fn prepare(config: &Config) -> Result<Host, String> {
         cgroups,
         host_uid,
         host_gid,
+        lock,
     })
 }
 

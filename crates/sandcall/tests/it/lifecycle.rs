@@ -52,6 +52,31 @@ fn a_missing_interpreter_fails_doctor_and_serve_refuses_to_start() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A second server (or `doctor`) on a data directory in use would sweep the first one's
+/// sandboxes from under it: it refuses instead, and the first goes on unharmed.
+#[test]
+fn a_data_directory_in_use_is_refused_and_its_server_keeps_running() {
+    let s = Server::start();
+    // A run in progress, whose sandbox a sweep would remove.
+    let busy = std::thread::scope(|scope| {
+        let running = scope.spawn(|| s.py("import time\ntime.sleep(1.5)\nprint('survived')"));
+        std::thread::sleep(Duration::from_millis(500));
+        for sub in ["serve", "doctor"] {
+            let out = Command::new(env!("CARGO_BIN_EXE_sandcall"))
+                .args([sub, "--listen", "127.0.0.1:0", "--data-dir"])
+                .arg(&s.data_dir)
+                .output()
+                .unwrap();
+            assert!(!out.status.success(), "{sub} started on a data directory in use");
+            let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            assert!(text.contains("another sandcall process is using the data directory"), "{sub}: {text}");
+        }
+        running.join().unwrap()
+    });
+    assert_eq!(busy["stdout"], "survived\n", "{busy}");
+    assert_eq!(s.py("print(2)")["stdout"], "2\n");
+}
+
 #[test]
 fn bad_configuration_is_refused_with_the_reason() {
     crate::common::require_root();
