@@ -68,8 +68,15 @@ fn a_data_directory_in_use_is_refused_and_its_server_keeps_running() {
                 .output()
                 .unwrap();
             assert!(!out.status.success(), "{sub} started on a data directory in use");
-            let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-            assert!(text.contains("another sandcall process is using the data directory"), "{sub}: {text}");
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(
+                text.contains("another sandcall process is using the data directory"),
+                "{sub}: {text}"
+            );
         }
         running.join().unwrap()
     });
