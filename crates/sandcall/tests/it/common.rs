@@ -340,18 +340,23 @@ pub fn processes_matching(needle: &str) -> Vec<u32> {
 
 /// Run cgroups of this server's instance, across every hierarchy.
 pub fn run_cgroups(instance: &str) -> usize {
-    let mut n = 0;
-    for entry in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
-        let base = entry.path().join(instance);
-        if let Ok(runs) = std::fs::read_dir(&base) {
-            n += runs.flatten().filter(|e| e.path().is_dir()).count();
-        }
-        // cgroup v2 mounted directly at /sys/fs/cgroup.
-    }
-    if let Ok(runs) = std::fs::read_dir(Path::new("/sys/fs/cgroup").join(instance)) {
-        n += runs.flatten().filter(|e| e.path().is_dir()).count();
-    }
-    n
+    run_cgroup_paths(instance).len()
+}
+
+/// The paths of this instance's run cgroups, across every hierarchy.
+pub fn run_cgroup_paths(instance: &str) -> std::collections::BTreeSet<PathBuf> {
+    let mut bases: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
+        .unwrap()
+        .flatten()
+        .map(|entry| entry.path().join(instance))
+        .collect();
+    // cgroup v2 mounted directly at /sys/fs/cgroup.
+    bases.push(Path::new("/sys/fs/cgroup").join(instance));
+    bases
+        .iter()
+        .filter_map(|base| std::fs::read_dir(base).ok())
+        .flat_map(|runs| runs.flatten().map(|e| e.path()).filter(|p| p.is_dir()))
+        .collect()
 }
 
 /// Polls `f` until it returns `want` (up to 10 s): helpers answer before they finish
@@ -398,6 +403,13 @@ pub fn mount_count() -> usize {
 
 pub fn fd_count(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+}
+
+/// The names in a directory (none if it does not exist).
+pub fn dir_names(path: &Path) -> std::collections::BTreeSet<std::ffi::OsString> {
+    std::fs::read_dir(path)
+        .map(|entries| entries.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default()
 }
 
 pub fn dir_entries(path: &Path) -> usize {

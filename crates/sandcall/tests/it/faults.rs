@@ -1,7 +1,7 @@
 //! Faults: a program killed from outside, a panic in a handler, a restart with paused
 //! sessions, a full data directory. The server must answer clearly and carry on.
 
-use crate::common::{descendants, dir_entries, processes_matching, run_cgroups, settle, Server};
+use crate::common::{descendants, dir_names, processes_matching, run_cgroup_paths, run_cgroups, settle, Server};
 use serde_json::json;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -99,6 +99,10 @@ fn a_restart_ends_paused_sessions_cleanly_and_leaves_nothing() {
         let instance = s.instance();
         let sessions: Vec<_> = (0..3).map(|_| paused_session(&s)).collect();
         assert!(run_cgroups(&instance) >= 3);
+        // What the old server holds: its sessions' sandboxes, and warm ones if the pool
+        // is on. The new server's own warm sandboxes are not the old ones.
+        let old_cgroups = run_cgroup_paths(&instance);
+        let old_staging = dir_names(&s.data_dir.join("runs"));
         let old_pid = s.pid();
         let (s, status) = s.restart(&[], hard);
         if let Some(status) = status {
@@ -107,8 +111,10 @@ fn a_restart_ends_paused_sessions_cleanly_and_leaves_nothing() {
         // Nothing of the old sandboxes: the old server's tree is gone, and the new one
         // swept what a killed server could not reclaim.
         assert!(descendants(old_pid).is_empty());
-        assert_eq!(settle(|| run_cgroups(&instance), 0), 0, "hard={hard}");
-        assert_eq!(dir_entries(&s.data_dir.join("runs")), 0);
+        let left = || old_cgroups.intersection(&run_cgroup_paths(&instance)).count();
+        assert_eq!(settle(left, 0), 0, "hard={hard}");
+        let staging = dir_names(&s.data_dir.join("runs"));
+        assert_eq!(old_staging.intersection(&staging).count(), 0, "hard={hard}");
         for paused in &sessions {
             resume_after_restart(&s, paused);
         }
