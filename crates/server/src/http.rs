@@ -21,10 +21,10 @@ use serde::de::DeserializeOwned;
 /// A JSON body whose every failure (content type, size, syntax, types) is an ApiError.
 pub struct JsonBody<T>(pub T);
 
-impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
+impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
         if let Some(ct) = req.headers().get(header::CONTENT_TYPE) {
             let ct = ct.to_str().unwrap_or("").to_ascii_lowercase();
             let mime = ct.split(';').next().unwrap_or("").trim();
@@ -36,13 +36,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
                 ));
             }
         }
-        let bytes = axum::body::Bytes::from_request(req, state).await.map_err(|rejection| {
-            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::too_large("request body is larger than the server accepts")
-            } else {
-                ApiError::bad_request(format!("could not read the request body: {rejection}"))
-            }
-        })?;
+        let bytes = read_body(req.into_body(), state.config.max_body_bytes()).await?;
         serde_json::from_slice(&bytes).map(JsonBody).map_err(|e| {
             use serde_json::error::Category;
             match e.classify() {
@@ -55,6 +49,32 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
             }
         })
     }
+}
+
+/// How long the rest of a refused body is read and thrown away before the answer.
+pub const DRAIN_FOR: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The whole body, at most `limit` bytes. A longer one is refused with 413, but read on
+/// and thrown away first (for at most `DRAIN_FOR`): a client that sends its whole body
+/// before it reads the answer, as most do, then gets the 413 rather than a connection
+/// reset by the bytes the server never read.
+async fn read_body(body: axum::body::Body, limit: usize) -> Result<axum::body::Bytes, ApiError> {
+    use http_body_util::BodyExt;
+    let mut body = body;
+    let mut bytes = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| ApiError::bad_request(format!("could not read the request body: {e}")))?;
+        let Some(data) = frame.data_ref() else { continue };
+        if bytes.len() + data.len() > limit {
+            let drain = async { while let Some(Ok(_)) = body.frame().await {} };
+            let _ = tokio::time::timeout(DRAIN_FOR, drain).await;
+            return Err(ApiError::too_large(format!(
+                "the request body is larger than the server accepts ({limit} bytes)"
+            )));
+        }
+        bytes.extend_from_slice(data);
+    }
+    Ok(bytes.into())
 }
 
 pub fn router(state: AppState) -> Router {

@@ -85,6 +85,20 @@ fn oversized_bodies_and_code() {
     s.assert_healthy();
 }
 
+/// A body far over the limit, more than the socket buffers hold: the client is still
+/// sending when the server decides, and must still get the 413 (not a reset connection).
+#[test]
+fn a_body_far_over_the_limit_still_gets_its_answer() {
+    let s = Server::start();
+    let huge = json!({"code": format!("# {}\nprint(1)", "x".repeat(48 << 20))}).to_string();
+    for _ in 0..2 {
+        let (got, _, v) = s.request("POST", "/v1/exec", Some("application/json"), Some(&huge));
+        assert_eq!(got, 413, "{v}");
+        assert_error(&v, "payload_too_large");
+    }
+    s.assert_healthy();
+}
+
 #[test]
 fn unknown_routes_and_methods() {
     let s = Server::start();

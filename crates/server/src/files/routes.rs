@@ -166,9 +166,6 @@ pub async fn upload(
     }))
 }
 
-/// How long a refused upload is read on and thrown away.
-const DRAIN_FOR: std::time::Duration = std::time::Duration::from_secs(5);
-
 /// Reads and discards the rest of a refused upload (for at most `DRAIN_FOR`, and never
 /// past the body limit). A client that sends its whole body before it reads the answer,
 /// as most do, then gets the 413 rather than a connection reset by the unread bytes.
@@ -178,7 +175,7 @@ async fn drain(multipart: &mut Multipart) {
             while let Ok(Some(_)) = field.chunk().await {}
         }
     };
-    let _ = tokio::time::timeout(DRAIN_FOR, rest).await;
+    let _ = tokio::time::timeout(crate::http::DRAIN_FOR, rest).await;
 }
 
 /// Removes a half-received upload when dropped.
