@@ -561,11 +561,16 @@ impl<'a> Client<'a> {
         let (a, b) = (self.unique(iteration, 11), self.unique(iteration, 977));
         let code = format!("a = {a}\nb = {b}\nprint(a * b, a ** 3)\n");
         let want = format!("{} {}\n", u128::from(a) * u128::from(b), u128::from(a).pow(3));
+        self.short_run(&json!({"language": "python", "code": code}), &want)
+    }
+
+    /// Runs a short program, timed, which must succeed and print exactly `want`.
+    fn short_run(&mut self, body: &Value, want: &str) -> Result<(), String> {
         let t = Instant::now();
-        let r = self.exec(&json!({"language": "python", "code": code}))?;
+        let r = self.exec(body)?;
         self.tally.exec_latency.push(t.elapsed());
         ensure!(
-            r["status"] == "ok" && r["stdout"] == want.as_str() && r["stderr"] == "" && r["exit_code"] == 0,
+            r["status"] == "ok" && r["stdout"] == want && r["stderr"] == "" && r["exit_code"] == 0,
             "want stdout {want:?}: {}",
             shown(&r)
         );
@@ -580,15 +585,7 @@ impl<'a> Client<'a> {
         let want = format!("{} in-{tag} arg-{tag}\n", a * b);
         let body =
             json!({"language": "bash", "code": code, "stdin": format!("in-{tag}\n"), "args": [format!("arg-{tag}")]});
-        let t = Instant::now();
-        let r = self.exec(&body)?;
-        self.tally.exec_latency.push(t.elapsed());
-        ensure!(
-            r["status"] == "ok" && r["stdout"] == want.as_str() && r["stderr"] == "" && r["exit_code"] == 0,
-            "want stdout {want:?}: {}",
-            shown(&r)
-        );
-        Ok(())
+        self.short_run(&body, &want)
     }
 
     /// Three tool calls in a row, each with an argument made of the previous result;
