@@ -3,6 +3,7 @@
 //! timeout and cleanup rules of the wire contract hold.
 
 use crate::common::{descendants, dir_entries, processes_matching, run_cgroups, Server};
+use crate::files::assert_nanoid;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
@@ -38,17 +39,6 @@ fn rate_tool() -> Value {
 
 fn usd_eur() -> Value {
     json!({"base": "USD", "quote": "EUR"})
-}
-
-fn assert_nanoid(id: &Value, context: &Value) {
-    let id = id
-        .as_str()
-        .unwrap_or_else(|| panic!("id {id} is not a string: {context}"));
-    assert_eq!(id.len(), 21, "id {id:?} is not 21 characters: {context}");
-    assert!(
-        id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'),
-        "id {id:?} is not over [A-Za-z0-9_-]: {context}"
-    );
 }
 
 /// Everything a `tool_call_required` response must carry.
