@@ -187,13 +187,23 @@ impl Drop for PartialUpload {
     }
 }
 
-async fn find(state: &AppState, principal: &Principal, session_id: &str, file_id: &str) -> Result<FileMeta, ApiError> {
-    if !ids::is_id(session_id) || !ids::is_id(file_id) {
+/// The path of one stored file, on the routes that read or delete it.
+#[derive(serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct FilePath {
+    /// The `storage_session_id` the file is stored under.
+    session_id: String,
+    /// The file's id.
+    file_id: String,
+}
+
+async fn find(state: &AppState, principal: &Principal, file: &FilePath) -> Result<FileMeta, ApiError> {
+    if !ids::is_id(&file.session_id) || !ids::is_id(&file.file_id) {
         return Err(file_not_found());
     }
     state
         .files
-        .get(&principal.0, session_id, file_id)
+        .get(&principal.0, &file.session_id, &file.file_id)
         .await
         .map_err(storage_error)?
         .ok_or_else(file_not_found)
@@ -209,10 +219,7 @@ fn etag(meta: &FileMeta) -> String {
     path = "/v1/download/{session_id}/{file_id}",
     operation_id = "download_file",
     tag = "files",
-    params(
-        ("session_id" = String, Path, description = "The `storage_session_id` the file is stored under."),
-        ("file_id" = String, Path, description = "The file's id."),
-    ),
+    params(FilePath),
     responses(
         (status = 200, description = "The file's bytes, with its stored content type.", content_type = "*/*", body = Vec<u8>,
             headers(
@@ -225,9 +232,9 @@ fn etag(meta: &FileMeta) -> String {
 pub async fn download(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
-    Path((session_id, file_id)): Path<(String, String)>,
+    Path(file): Path<FilePath>,
 ) -> Result<Response, ApiError> {
-    let meta = find(&state, &principal, &session_id, &file_id).await?;
+    let meta = find(&state, &principal, &file).await?;
     let reader = state.files.open(&meta).await.map_err(storage_error)?;
     let body = Body::from_stream(tokio_util::io::ReaderStream::new(reader));
     let mut response = body.into_response();
@@ -298,10 +305,7 @@ pub async fn list(
     path = "/v1/sessions/{session_id}/objects/{file_id}",
     operation_id = "file_metadata",
     tag = "files",
-    params(
-        ("session_id" = String, Path, description = "The `storage_session_id` the file is stored under."),
-        ("file_id" = String, Path, description = "The file's id."),
-    ),
+    params(FilePath),
     responses(
         (status = 200, description = "The file's metadata.", body = ObjectInfo),
         (status = 404, description = "`file_not_found`.", body = ErrorBody),
@@ -310,9 +314,9 @@ pub async fn list(
 pub async fn object(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
-    Path((session_id, file_id)): Path<(String, String)>,
+    Path(file): Path<FilePath>,
 ) -> Result<Json<ObjectInfo>, ApiError> {
-    let meta = find(&state, &principal, &session_id, &file_id).await?;
+    let meta = find(&state, &principal, &file).await?;
     Ok(Json(ObjectInfo {
         last_modified: rfc3339(meta.created_ms),
         size: meta.size,
@@ -327,10 +331,7 @@ pub async fn object(
     path = "/v1/files/{session_id}/{file_id}",
     operation_id = "delete_file",
     tag = "files",
-    params(
-        ("session_id" = String, Path, description = "The `storage_session_id` the file is stored under."),
-        ("file_id" = String, Path, description = "The file's id."),
-    ),
+    params(FilePath),
     responses(
         (status = 204, description = "The file is deleted."),
         (status = 404, description = "`file_not_found`.", body = ErrorBody),
@@ -339,9 +340,9 @@ pub async fn object(
 pub async fn remove(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
-    Path((session_id, file_id)): Path<(String, String)>,
+    Path(file): Path<FilePath>,
 ) -> Result<StatusCode, ApiError> {
-    let meta = find(&state, &principal, &session_id, &file_id).await?;
+    let meta = find(&state, &principal, &file).await?;
     state
         .files
         .delete(&meta.principal, &meta.session_id, &meta.id)
