@@ -7,7 +7,8 @@ use crate::exec;
 use crate::files;
 use crate::programmatic;
 use crate::AppState;
-use axum::extract::{FromRequest, Path, Request, State};
+use axum::extract::{FromRequest, FromRequestParts, Path, Request, State};
+use axum::http::request::Parts;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
@@ -75,6 +76,24 @@ async fn read_body(body: axum::body::Body, limit: usize) -> Result<axum::body::B
         bytes.extend_from_slice(data);
     }
     Ok(bytes.into())
+}
+
+/// Path parameters whose every failure (bad percent-encoding, bytes that are not UTF-8) is
+/// an ApiError, like `JsonBody` for bodies.
+pub struct ApiPath<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(value)) => Ok(ApiPath(value)),
+            Err(rejection) => Err(ApiError::bad_request(format!(
+                "invalid path: {}",
+                rejection.body_text()
+            ))),
+        }
+    }
 }
 
 pub fn router(state: AppState) -> Router {
@@ -258,7 +277,7 @@ pub(crate) async fn cancel_route(
 pub(crate) async fn session_route(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
-    Path(session_id): Path<String>,
+    ApiPath(session_id): ApiPath<String>,
 ) -> Result<Json<ProgrammaticResponse>, ApiError> {
     Ok(Json(state.sessions.status(&principal, &session_id)?))
 }

@@ -61,7 +61,8 @@ pub struct UploadForm {
 }
 
 /// What every operation shares: the API key schemes, 401 when keys are configured and the
-/// request has none, and 500 for a handler that failed.
+/// request has none, 500 for a handler that failed, and 400 for a path parameter that is
+/// not UTF-8 (`ApiPath`).
 struct Common;
 
 impl Modify for Common {
@@ -100,6 +101,9 @@ impl Modify for Common {
             .into_iter()
             .flatten()
             {
+                if op.parameters.as_ref().is_some_and(|p| !p.is_empty()) {
+                    add_error(op, "400", "`invalid_request`: a path parameter is not valid UTF-8.");
+                }
                 add_error(
                     op,
                     "401",

@@ -99,6 +99,24 @@ fn a_body_far_over_the_limit_still_gets_its_answer() {
     s.assert_healthy();
 }
 
+/// A path parameter that is not UTF-8 once decoded gets the JSON error shape, not the
+/// framework's plain-text answer.
+#[test]
+fn path_parameters_that_are_not_utf8_get_a_json_error() {
+    let s = Server::start();
+    for (method, path) in [
+        ("GET", "/v1/exec/programmatic/%FF"),
+        ("GET", "/v1/files/%FF"),
+        ("GET", "/v1/download/%FF/abc"),
+        ("GET", "/v1/sessions/abc/objects/%FF"),
+        ("DELETE", "/v1/files/%FF/abc"),
+    ] {
+        let (got, _, v) = s.request(method, path, None, None);
+        assert_eq!(got, 400, "{method} {path}: {v}");
+        assert_error(&v, "invalid_request");
+    }
+}
+
 #[test]
 fn unknown_routes_and_methods() {
     let s = Server::start();

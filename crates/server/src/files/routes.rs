@@ -6,11 +6,12 @@ use super::{guess_type, now_ms, rfc3339, upload_name, FileMeta};
 use crate::auth::Principal;
 use crate::config::Config;
 use crate::error::ApiError;
+use crate::http::ApiPath;
 use crate::ids;
 use crate::AppState;
 use axum::body::Body;
 use axum::extract::multipart::{Multipart, MultipartRejection};
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
@@ -232,7 +233,7 @@ fn etag(meta: &FileMeta) -> String {
 pub async fn download(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
-    Path(file): Path<FilePath>,
+    ApiPath(file): ApiPath<FilePath>,
 ) -> Result<Response, ApiError> {
     let meta = find(&state, &principal, &file).await?;
     let reader = state.files.open(&meta).await.map_err(storage_error)?;
@@ -275,7 +276,7 @@ pub async fn download(
 pub async fn list(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
-    Path(session_id): Path<String>,
+    ApiPath(session_id): ApiPath<String>,
 ) -> Result<Json<Vec<FileEntry>>, ApiError> {
     if !ids::is_id(&session_id) {
         return Ok(Json(Vec::new()));
@@ -314,7 +315,7 @@ pub async fn list(
 pub async fn object(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
-    Path(file): Path<FilePath>,
+    ApiPath(file): ApiPath<FilePath>,
 ) -> Result<Json<ObjectInfo>, ApiError> {
     let meta = find(&state, &principal, &file).await?;
     Ok(Json(ObjectInfo {
@@ -340,7 +341,7 @@ pub async fn object(
 pub async fn remove(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
-    Path(file): Path<FilePath>,
+    ApiPath(file): ApiPath<FilePath>,
 ) -> Result<StatusCode, ApiError> {
     let meta = find(&state, &principal, &file).await?;
     state
