@@ -176,7 +176,6 @@ pub(crate) async fn health(State(state): State<AppState>) -> Response {
         (status = 400, description = "`invalid_json`, `invalid_request` or `unsupported_language`.", body = ErrorBody),
         (status = 404, description = "`file_not_found`: an input file does not exist.", body = ErrorBody),
         (status = 413, description = "`payload_too_large`: the body, `code`, `stdin` or the input files.", body = ErrorBody),
-        (status = 415, description = "`unsupported_media_type`: the body is not JSON.", body = ErrorBody),
         (status = 503, description = "`at_capacity`: every run slot is busy and the queue is full.", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Seconds to wait."))),
     ),
@@ -210,8 +209,7 @@ pub(crate) async fn exec_route(
         (status = 400, description = "`invalid_json`, `invalid_request`, `unsupported_language`, `invalid_tool_schema` or `invalid_tool_results`.", body = ErrorBody),
         (status = 404, description = "`session_not_found` or `file_not_found`.", body = ErrorBody),
         (status = 409, description = "`continuation_token_used`: the token's pause is no longer open.", body = ErrorBody),
-        (status = 413, description = "`payload_too_large`.", body = ErrorBody),
-        (status = 415, description = "`unsupported_media_type`.", body = ErrorBody),
+        (status = 413, description = "`payload_too_large`: the body, `code` or the input files.", body = ErrorBody),
         (status = 503, description = "`at_capacity`: too many sessions hold a sandbox.", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Seconds to wait."))),
     ),
@@ -250,8 +248,6 @@ pub(crate) async fn programmatic_route(
         (status = 200, description = "The session's outcome: `error` / `cancelled`, or how it had already ended.", body = ProgrammaticResponse),
         (status = 400, description = "`invalid_json` or `invalid_request`.", body = ErrorBody),
         (status = 404, description = "`session_not_found`.", body = ErrorBody),
-        (status = 413, description = "`payload_too_large`.", body = ErrorBody),
-        (status = 415, description = "`unsupported_media_type`.", body = ErrorBody),
     ),
 )]
 pub(crate) async fn cancel_route(

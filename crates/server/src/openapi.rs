@@ -61,8 +61,8 @@ pub struct UploadForm {
 }
 
 /// What every operation shares: the API key schemes, 401 when keys are configured and the
-/// request has none, 500 for a handler that failed, and 400 for a path parameter that is
-/// not UTF-8 (`ApiPath`).
+/// request has none, 500 for a handler that failed, 413 and 415 where a JSON body is read
+/// (`JsonBody`), and 400 for a path parameter that is not UTF-8 (`ApiPath`).
 struct Common;
 
 impl Modify for Common {
@@ -101,6 +101,15 @@ impl Modify for Common {
             .into_iter()
             .flatten()
             {
+                let json_body = op
+                    .request_body
+                    .as_ref()
+                    .is_some_and(|body| matches!(body, RefOr::T(b) if b.content.contains_key("application/json")));
+                if json_body {
+                    // What `JsonBody` answers on every route that reads one.
+                    add_error(op, "413", "`payload_too_large`: the body is over the limit.");
+                    add_error(op, "415", "`unsupported_media_type`: the body is not JSON.");
+                }
                 if op.parameters.as_ref().is_some_and(|p| !p.is_empty()) {
                     add_error(op, "400", "`invalid_request`: a path parameter is not valid UTF-8.");
                 }
