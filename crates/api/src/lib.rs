@@ -41,6 +41,16 @@ pub mod error_type {
     pub const TIMEOUT: &str = "timeout";
     pub const CANCELLED: &str = "cancelled";
     pub const SESSION_EXPIRED: &str = "session_expired";
+    /// 507: the principal's stored files would go over its quota.
+    pub const QUOTA_EXCEEDED: &str = "quota_exceeded";
+    /// 429: the principal already holds as many sessions or runs as it may.
+    pub const PRINCIPAL_AT_CAPACITY: &str = "principal_at_capacity";
+    /// 408: the request's body did not arrive in time.
+    pub const REQUEST_TIMEOUT: &str = "request_timeout";
+    /// 403 (local mode): the request comes from a web page of another origin.
+    pub const FORBIDDEN_ORIGIN: &str = "forbidden_origin";
+    /// 421 (local mode): the request names a host that is not this machine's loopback.
+    pub const MISDIRECTED_REQUEST: &str = "misdirected_request";
 }
 
 /// A reference to an uploaded file, to stage into the working directory.

@@ -105,6 +105,40 @@ pub struct Config {
     pub file_ttl_s: u64,
     /// How often expired files are swept, in seconds. Default 60.
     pub file_sweep_interval_s: u64,
+    /// Programmatic runs: bytes of tool-call arguments (as JSON) handed out in one
+    /// pause, all its calls together; a call that would go over is refused in the
+    /// program. Default 4194304 (4 MiB).
+    pub max_pause_bytes: u64,
+    /// Programmatic runs: bytes of tool-call arguments one session may hand out over
+    /// its whole life. Default 33554432 (32 MiB).
+    pub max_session_tool_bytes: u64,
+    /// Programmatic sessions one principal may hold at once, paused ones included;
+    /// past it a new one gets 429 `principal_at_capacity`. Default: `max_sessions` / 4
+    /// (at least 1) with credentials, `max_sessions` in local mode.
+    pub max_sessions_per_principal: Option<usize>,
+    /// Runs (`/v1/exec` and running programmatic sessions) one principal may have
+    /// running or queued at once; past it a request gets 429 `principal_at_capacity`.
+    /// Default: `max_concurrent_runs` / 2 (at least 1) with credentials; no cap of its
+    /// own in local mode.
+    pub max_runs_per_principal: Option<usize>,
+    /// Bytes of files (uploads and outputs) one principal may have stored at once;
+    /// past it an upload gets 507 `quota_exceeded` and an output file is skipped.
+    /// Default 2147483648 (2 GiB).
+    pub max_stored_bytes_per_principal: u64,
+    /// Files one principal may have stored at once. Default 10000.
+    pub max_stored_files_per_principal: u64,
+    /// Longest time a client may take to send a request's headers, in ms; then the
+    /// connection is closed. Default 10000.
+    pub header_read_timeout_ms: u64,
+    /// Longest time a client may take to send a request's whole body, in ms; then the
+    /// request gets 408 `request_timeout`. Default 120000.
+    pub body_read_timeout_ms: u64,
+    /// An idle keep-alive connection (no request under way) is closed after this many
+    /// ms. Default 20000.
+    pub keep_alive_timeout_ms: u64,
+    /// Client connections open at once; more wait to be accepted. Default 2048 (less if
+    /// the open-files limit cannot be raised to fit them).
+    pub max_connections: usize,
 }
 
 /// One API key: the principal it stands for and the SHA-256 of the key, in hex.
@@ -223,6 +257,16 @@ impl Default for Config {
             max_output_files: 100,
             file_ttl_s: 86_400,
             file_sweep_interval_s: 60,
+            max_pause_bytes: 4 << 20,
+            max_session_tool_bytes: 32 << 20,
+            max_sessions_per_principal: None,
+            max_runs_per_principal: None,
+            max_stored_bytes_per_principal: 2 << 30,
+            max_stored_files_per_principal: 10_000,
+            header_read_timeout_ms: 10_000,
+            body_read_timeout_ms: 120_000,
+            keep_alive_timeout_ms: 20_000,
+            max_connections: 2048,
         }
     }
 }
@@ -321,6 +365,22 @@ impl Config {
             ("session_expiry_s", self.session_expiry_s),
             ("max_tool_call_bytes", self.max_tool_call_bytes),
             ("max_sessions", self.max_sessions as u64),
+            ("max_pause_bytes", self.max_pause_bytes),
+            ("max_session_tool_bytes", self.max_session_tool_bytes),
+            ("max_stored_bytes_per_principal", self.max_stored_bytes_per_principal),
+            ("max_stored_files_per_principal", self.max_stored_files_per_principal),
+            ("header_read_timeout_ms", self.header_read_timeout_ms),
+            ("body_read_timeout_ms", self.body_read_timeout_ms),
+            ("keep_alive_timeout_ms", self.keep_alive_timeout_ms),
+            ("max_connections", self.max_connections as u64),
+            (
+                "max_sessions_per_principal",
+                self.max_sessions_per_principal.unwrap_or(1) as u64,
+            ),
+            (
+                "max_runs_per_principal",
+                self.max_runs_per_principal.unwrap_or(1) as u64,
+            ),
         ] {
             if value == 0 {
                 return bad(format!("{name} must be above 0"));
@@ -397,6 +457,26 @@ impl Config {
     /// How many runs may wait for a slot.
     pub fn queue_length(&self) -> usize {
         self.max_queued_runs.unwrap_or(self.max_concurrent_runs * 4)
+    }
+
+    /// Sessions one principal may hold at once (`max_sessions_per_principal`).
+    pub fn sessions_per_principal(&self) -> usize {
+        let default = if self.api_keys.is_empty() {
+            self.max_sessions
+        } else {
+            (self.max_sessions / 4).max(1)
+        };
+        self.max_sessions_per_principal.unwrap_or(default)
+    }
+
+    /// Runs one principal may have running or queued (`max_runs_per_principal`).
+    pub fn runs_per_principal(&self) -> usize {
+        let default = if self.api_keys.is_empty() {
+            usize::MAX
+        } else {
+            (self.max_concurrent_runs / 2).max(1)
+        };
+        self.max_runs_per_principal.unwrap_or(default)
     }
 
     /// The request body limit: code and stdin at their maxima, plus room for the rest.

@@ -43,6 +43,23 @@ impl ApiError {
         }
     }
 
+    /// 429: the principal holds as much as its own cap allows; `message` says which cap.
+    pub fn principal_at_capacity(message: impl Into<String>) -> Self {
+        ApiError {
+            retry_after_s: Some(1),
+            ..Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                error_type::PRINCIPAL_AT_CAPACITY,
+                message,
+            )
+        }
+    }
+
+    /// 507: storing this would take the principal over its quota; `message` says which.
+    pub fn quota_exceeded(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INSUFFICIENT_STORAGE, error_type::QUOTA_EXCEEDED, message)
+    }
+
     /// An internal failure: logged in full here, answered without detail.
     pub fn internal(error_type: &'static str, detail: &str) -> Self {
         tracing::error!(error_type, detail, "internal error");

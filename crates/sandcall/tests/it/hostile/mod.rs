@@ -235,3 +235,13 @@ fn background_processes_die_with_the_run() {
     assert_run_reclaimed(&s, r["session_id"].as_str().unwrap());
     s.assert_healthy();
 }
+
+// Attacks on the server's own resources rather than the sandbox: each file holds the
+// tests of one family, each test reproduces one attack and checks a bound.
+mod admission;
+mod collection;
+mod connections;
+mod helper_buffers;
+mod local_mode;
+mod pauses;
+mod schemas;

@@ -1,0 +1,1 @@
+//! Slow and idle connections: header and body timeouts, the connection cap.
