@@ -77,7 +77,7 @@ impl AppState {
     ) -> Result<(ExecResponse, bool), ApiError> {
         let inputs =
             files::ops::resolve_inputs(&*self.files, &principal.0, &cmd.files, cmd.limits.workspace_bytes).await?;
-        let slot = self.admission.admit().await?;
+        let slot = self.admission.admit(&principal.0).await?;
         // A warm sandbox serves requests that keep the default limits.
         let warm = if cmd.custom_limits {
             None
@@ -192,6 +192,7 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
         config.max_concurrent_runs,
         config.queue_length(),
         Duration::from_millis(config.queue_timeout_ms),
+        config.runs_per_principal(),
     );
     let key = programmatic::token::TokenKey::load(config.token_secret.as_deref(), &host.data_dir)
         .map_err(ServeError::Preflight)?;
@@ -218,6 +219,7 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
         store.clone(),
         outbox_dir.clone(),
         pool.clone(),
+        admission.clone(),
     );
     let auth = auth::Auth::new(&config);
     let state = AppState {

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 pub(crate) struct Reply {
     pub status: u16,
     pub content_type: Option<String>,
+    pub retry_after: Option<String>,
     pub body: Vec<u8>,
 }
 
@@ -181,6 +182,7 @@ impl Client {
         let resp = into_response(method, path, result);
         let status = resp.status();
         let content_type = resp.header("Content-Type").map(str::to_owned);
+        let retry_after = resp.header("Retry-After").map(str::to_owned);
         let mut bytes = Vec::new();
         resp.into_reader()
             .take(256 << 20)
@@ -189,6 +191,7 @@ impl Client {
         Reply {
             status,
             content_type,
+            retry_after,
             body: bytes,
         }
     }

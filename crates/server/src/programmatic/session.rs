@@ -13,6 +13,7 @@
 
 use super::token::TokenKey;
 use super::tools::ToolSet;
+use crate::admission::{Admission, Held, PerPrincipal, Slot};
 use crate::auth::Principal;
 use crate::config::Config;
 use crate::error::ApiError;
@@ -59,7 +60,8 @@ pub struct Session {
 }
 
 enum DriverCommand {
-    Results(Vec<(u64, ToolReply)>),
+    /// The caller's results, with the run slot the program runs on from now.
+    Results(Vec<(u64, ToolReply)>, Slot),
     Cancel,
 }
 
@@ -122,6 +124,12 @@ struct Inner {
     runner: Runner,
     config: Arc<Config>,
     slots: Arc<Semaphore>,
+    /// Sessions per principal (`max_sessions_per_principal`).
+    per_principal: Arc<PerPrincipal>,
+    /// Run slots: a session holds one while its program runs, not while it is paused.
+    admission: Admission,
+    /// Sessions paused now, waiting for their caller.
+    paused: std::sync::atomic::AtomicUsize,
     shutdown: watch::Receiver<bool>,
     files: Arc<dyn FileStore>,
     outbox_dir: PathBuf,
@@ -145,8 +153,10 @@ impl Sessions {
         files: Arc<dyn FileStore>,
         outbox_dir: PathBuf,
         pool: Pool,
+        admission: Admission,
     ) -> Self {
         let slots = Arc::new(Semaphore::new(config.max_sessions));
+        let per_principal = PerPrincipal::new(config.sessions_per_principal());
         Sessions {
             inner: Arc::new(Inner {
                 map: Mutex::new(HashMap::new()),
@@ -154,6 +164,9 @@ impl Sessions {
                 runner,
                 config,
                 slots,
+                per_principal,
+                admission,
+                paused: Default::default(),
                 shutdown,
                 files,
                 outbox_dir,
@@ -180,10 +193,9 @@ impl Sessions {
         let mut spec = cmd.spec;
         let inner = &self.inner;
         spec.inputs = ops::resolve_inputs(&*inner.files, &principal.0, &cmd.files, spec.limits.workspace_bytes).await?;
-        let slot = self.inner.slots.clone().try_acquire_owned().map_err(|_| ApiError {
-            message: "the server holds as many sessions as it may (max_sessions); retry later".into(),
-            ..ApiError::at_capacity(1)
-        })?;
+        let slot = self.take_session_slot(principal)?;
+        // The program runs from the start: it needs a run slot like any /v1/exec run.
+        let run_slot = inner.admission.admit(&principal.0).await?;
         // Taken only once the request is known to go ahead: a refused request must not
         // use up a warm sandbox.
         let warm = if cmd.custom_limits {
@@ -239,8 +251,35 @@ impl Sessions {
             outbox,
             deadline,
         };
-        tokio::spawn(driver.run(helper, rx, slot));
+        tokio::spawn(driver.run(helper, rx, slot, run_slot));
         Ok(session.next_outcome(0).await)
+    }
+
+    /// A place for one more session of `principal`: 429 when it holds its share, 503 when
+    /// the server holds `max_sessions`.
+    fn take_session_slot(&self, principal: &Principal) -> Result<SessionSlot, ApiError> {
+        let inner = &self.inner;
+        let held = inner.per_principal.take(&principal.0).ok_or_else(|| {
+            ApiError::principal_at_capacity(format!(
+                "this caller already holds {} sessions (max_sessions_per_principal); end one or retry later",
+                inner.per_principal.cap()
+            ))
+        })?;
+        let permit = inner.slots.clone().try_acquire_owned().map_err(|_| ApiError {
+            message: "the server holds as many sessions as it may (max_sessions); retry later".into(),
+            ..ApiError::at_capacity(1)
+        })?;
+        Ok(SessionSlot {
+            _permit: permit,
+            _held: held,
+        })
+    }
+
+    /// Sessions holding a sandbox now, and how many of them are paused.
+    pub fn counts(&self) -> (usize, usize) {
+        let inner = &self.inner;
+        let alive = inner.config.max_sessions - inner.slots.available_permits();
+        (alive, inner.paused.load(std::sync::atomic::Ordering::SeqCst))
     }
 
     /// Hands the caller's results to the paused program and answers with what comes next.
@@ -264,6 +303,17 @@ impl Sessions {
             ));
         }
         let session = self.get(&id, principal)?;
+        // Checked here, before waiting for a run slot, so that a stale token is answered
+        // at once; checked again below, under the lock, where it counts.
+        {
+            let shared = session.lock();
+            if !matches!(shared.phase, Phase::Paused { pause: current, .. } if current == pause) {
+                return Err(token_used());
+            }
+        }
+        // The program runs again from here: it waits for a run slot like a new run. A
+        // refusal here leaves the pause, and the token, as they were.
+        let run_slot = self.inner.admission.admit(principal.0.as_str()).await?;
         let seen = {
             let mut shared = session.lock();
             let Phase::Paused { pause: current, calls } = &shared.phase else {
@@ -273,7 +323,11 @@ impl Sessions {
                 return Err(token_used());
             }
             let replies = match_results(calls, results)?;
-            if session.commands.send(DriverCommand::Results(replies)).is_err() {
+            if session
+                .commands
+                .send(DriverCommand::Results(replies, run_slot))
+                .is_err()
+            {
                 return Err(not_found());
             }
             shared.phase = Phase::Running;
@@ -308,6 +362,44 @@ impl Sessions {
         if map.get(&session.id).is_some_and(|s| Arc::ptr_eq(s, session)) {
             map.remove(&session.id);
         }
+    }
+}
+
+/// A session's place among `max_sessions` and among its principal's sessions.
+struct SessionSlot {
+    _permit: OwnedSemaphorePermit,
+    _held: Held,
+}
+
+/// Counts a session among the paused ones while it is; uncounted when dropped.
+struct Paused<'a> {
+    count: &'a std::sync::atomic::AtomicUsize,
+    now: std::cell::Cell<bool>,
+}
+
+impl<'a> Paused<'a> {
+    fn new(count: &'a std::sync::atomic::AtomicUsize) -> Self {
+        Paused {
+            count,
+            now: std::cell::Cell::new(false),
+        }
+    }
+
+    fn set(&self, paused: bool) {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.now.replace(paused) != paused {
+            if paused {
+                self.count.fetch_add(1, SeqCst);
+            } else {
+                self.count.fetch_sub(1, SeqCst);
+            }
+        }
+    }
+}
+
+impl Drop for Paused<'_> {
+    fn drop(&mut self) {
+        self.set(false);
     }
 }
 
@@ -402,8 +494,13 @@ impl Driver {
         self,
         mut helper: Helper,
         mut commands: mpsc::UnboundedReceiver<DriverCommand>,
-        slot: OwnedSemaphorePermit,
+        slot: SessionSlot,
+        run_slot: Slot,
     ) {
+        // Held while the program runs; dropped at each pause, given back with each resume.
+        let mut run_slot = Some(run_slot);
+        let admission = self.sessions.inner.admission.clone();
+        let paused_count = Paused::new(&self.sessions.inner.paused);
         let config = self.sessions.inner.config.clone();
         let tool_timeout = Duration::from_millis(config.tool_call_timeout_ms);
         let expiry = Duration::from_secs(config.session_expiry_s);
@@ -470,6 +567,9 @@ impl Driver {
                         };
                         paused_at = Some(Instant::now());
                         self.session.publish(Phase::Paused { pause, calls: handed }, response);
+                        // Waiting for the caller takes no CPU: the slot goes to someone else.
+                        run_slot = None;
+                        paused_count.set(true);
                     }
                     Ok(Event::Finished { result }) => break Ok(result),
                     Ok(Event::Failed { message }) => break Err(RunError::Sandbox(message)),
@@ -477,8 +577,10 @@ impl Driver {
                     Err(e) => break Err(e),
                 },
                 command = commands.recv() => match command {
-                    Some(DriverCommand::Results(replies)) => {
+                    Some(DriverCommand::Results(replies, slot)) => {
                         paused_at = None;
+                        run_slot = Some(slot);
+                        paused_count.set(false);
                         outstanding.clear();
                         for (key, reply) in replies {
                             let _ = helper.send(&Command::Reply { key, reply }).await;
@@ -499,6 +601,9 @@ impl Driver {
                     if !self.session.unpause() {
                         continue; // a resume won the race; its results are on their way
                     }
+                    // The program goes on without its caller, so it cannot wait in the queue.
+                    run_slot = Some(admission.admit_now(&self.session.principal));
+                    paused_count.set(false);
                     let message = format!("no result within tool_call_timeout ({} ms)", config.tool_call_timeout_ms);
                     for key in outstanding.drain(..) {
                         let _ = helper.send(&Command::Reply { key, reply: ToolReply::error("timeout", message.clone()) }).await;
@@ -518,8 +623,10 @@ impl Driver {
                 _ = async { let _ = shutdown.wait_for(|stop| *stop).await; }, if !helper.aborted() => helper.abort(),
             }
         };
-        // The sandbox is gone once the helper has exited; only then is the slot free.
+        // The sandbox is gone once the helper has exited; only then are the slots free.
         helper.wait().await;
+        drop(run_slot);
+        drop(paused_count);
         drop(slot);
         let response = match outcome {
             // Only a completed run has output files to give: an `error` answer has no
