@@ -213,13 +213,15 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     );
     let sessions = programmatic::session::Sessions::new(
         key,
-        runner.clone(),
         shared_config.clone(),
         shutdown_rx.clone(),
-        store.clone(),
-        outbox_dir.clone(),
-        pool.clone(),
-        admission.clone(),
+        programmatic::session::Backing {
+            runner: runner.clone(),
+            pool: pool.clone(),
+            admission: admission.clone(),
+            files: store.clone(),
+            outbox_dir: outbox_dir.clone(),
+        },
     );
     let auth = auth::Auth::new(&config);
     let state = AppState {

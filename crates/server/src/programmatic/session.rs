@@ -144,17 +144,25 @@ fn not_found() -> ApiError {
     )
 }
 
+/// What sessions run on, shared with the rest of the server.
+pub struct Backing {
+    pub runner: Runner,
+    pub pool: Pool,
+    pub admission: Admission,
+    pub files: Arc<dyn FileStore>,
+    /// Where helpers put a run's output files before the store takes them.
+    pub outbox_dir: PathBuf,
+}
+
 impl Sessions {
-    pub fn new(
-        key: TokenKey,
-        runner: Runner,
-        config: Arc<Config>,
-        shutdown: watch::Receiver<bool>,
-        files: Arc<dyn FileStore>,
-        outbox_dir: PathBuf,
-        pool: Pool,
-        admission: Admission,
-    ) -> Self {
+    pub fn new(key: TokenKey, config: Arc<Config>, shutdown: watch::Receiver<bool>, backing: Backing) -> Self {
+        let Backing {
+            runner,
+            pool,
+            admission,
+            files,
+            outbox_dir,
+        } = backing;
         let slots = Arc::new(Semaphore::new(config.max_sessions));
         let per_principal = PerPrincipal::new(config.sessions_per_principal());
         Sessions {
