@@ -1,0 +1,268 @@
+//! Bounded work: for each route, the largest request the default limits allow costs the
+//! server at most `MAX_GROWTH_MIB` of memory (its peak RSS over the request, measured
+//! from `/proc/<pid>/status` after resetting the peak) and never keeps `GET /v1/health`
+//! waiting longer than `MAX_HEALTH_MS`. docs/threat-model.md states both bounds.
+//!
+//! **Run this test alone**, like the soak: it measures the server's memory and health
+//! latency, which another test beside it would skew. CI runs it in the soak's step.
+
+use crate::common::Server;
+use crate::files::{file_part, multipart, multipart_content_type, Client, Reply};
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The most a request may add to the server's peak RSS, in MiB.
+const MAX_GROWTH_MIB: u64 = 64;
+/// The longest `GET /v1/health` may take while a request is under way.
+const MAX_HEALTH_MS: u128 = 100;
+const ROUTE: &str = "/v1/exec/programmatic";
+/// The default limits these requests are the largest for.
+const MAX_CODE_BYTES: usize = 1 << 20;
+const MAX_STDIN_BYTES: usize = 1 << 20;
+const MAX_FILE_BYTES: usize = 25 << 20;
+
+fn status_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no {field} for {pid}"))
+}
+
+/// What one request cost: the growth of the server's peak RSS, and the slowest health
+/// check while it ran.
+struct Cost {
+    growth_kib: u64,
+    slowest_health: Duration,
+    health_checks: usize,
+}
+
+/// Runs `f` while measuring the server: its peak RSS is reset first (clear_refs 5), and
+/// a client checks health every 10 ms on a kept-alive connection.
+fn measure<T>(s: &Server, f: impl FnOnce() -> T) -> (T, Cost) {
+    let pid = s.pid();
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").expect("reset the server's peak RSS");
+    let before = status_kib(pid, "VmRSS:");
+    let stop = Arc::new(AtomicBool::new(false));
+    let latencies = Arc::new(Mutex::new(Vec::new()));
+    let monitor = {
+        let (stop, latencies, url) = (stop.clone(), latencies.clone(), s.url("/v1/health"));
+        std::thread::spawn(move || {
+            let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(30)).build();
+            while !stop.load(Ordering::SeqCst) {
+                let t = Instant::now();
+                let ok = agent.get(&url).call().is_ok_and(|r| r.status() == 200);
+                assert!(ok, "health did not answer 200 during the request");
+                latencies.lock().unwrap().push(t.elapsed());
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        })
+    };
+    let out = f();
+    stop.store(true, Ordering::SeqCst);
+    monitor.join().unwrap();
+    let peak = status_kib(pid, "VmHWM:");
+    let latencies = latencies.lock().unwrap();
+    let cost = Cost {
+        growth_kib: peak.saturating_sub(before),
+        slowest_health: latencies.iter().copied().max().unwrap_or_default(),
+        health_checks: latencies.len(),
+    };
+    (out, cost)
+}
+
+fn check(label: &str, cost: &Cost, failures: &mut Vec<String>) {
+    eprintln!(
+        "bounded work: {label}: peak RSS +{:.1} MiB, slowest of {} health checks {:.1} ms",
+        cost.growth_kib as f64 / 1024.0,
+        cost.health_checks,
+        cost.slowest_health.as_secs_f64() * 1000.0
+    );
+    if cost.growth_kib > MAX_GROWTH_MIB << 10 {
+        failures.push(format!(
+            "{label}: the server's peak RSS grew by {} KiB, over {MAX_GROWTH_MIB} MiB",
+            cost.growth_kib
+        ));
+    }
+    if cost.slowest_health.as_millis() > MAX_HEALTH_MS {
+        failures.push(format!(
+            "{label}: health took {:?}, over {MAX_HEALTH_MS} ms",
+            cost.slowest_health
+        ));
+    }
+    if cost.health_checks < 2 {
+        failures.push(format!(
+            "{label}: too short to measure health ({} checks)",
+            cost.health_checks
+        ));
+    }
+}
+
+/// Python source of exactly `size` bytes: `body`, then a comment that pads it.
+fn padded(body: &str, size: usize) -> String {
+    let mut code = format!("{body}\n#");
+    code.push_str(&"x".repeat(size - code.len() - 1));
+    code.push('\n');
+    assert_eq!(code.len(), size);
+    code
+}
+
+/// A tool schema of about `bytes` bytes: many string properties.
+fn big_schema(bytes: usize) -> Value {
+    let mut properties = serde_json::Map::new();
+    let mut i = 0;
+    while serde_json::to_vec(&properties).unwrap().len() < bytes {
+        properties.insert(format!("field_{i}"), json!({"type": "string", "maxLength": 100}));
+        i += 1;
+    }
+    json!({"type": "object", "properties": properties})
+}
+
+fn ok(reply: &Reply) -> Value {
+    assert_eq!(reply.status, 200, "{reply}");
+    reply.json()
+}
+
+#[test]
+fn the_largest_request_of_each_route_costs_a_bounded_amount() {
+    let s = Server::start();
+    let c = Client::anonymous(&s);
+    let mut failures = Vec::new();
+    // Every route once, small, so that first-use allocations are not counted below.
+    ok(&c.post_json("/v1/exec", &json!({"code": "print(1)"})));
+    let up = c.upload("warm.txt", "text/plain", b"warm");
+    ok(&c.download(&up.session_id, &up.id));
+    let p = ok(&c.post_json(
+        ROUTE,
+        &json!({"code": "print(t())", "tools": [{"name": "t", "parameters": {"type": "object"}}]}),
+    ));
+    ok(&c.get(&format!("{ROUTE}/{}", p["session_id"].as_str().unwrap())));
+    ok(&c.post_json(
+        ROUTE,
+        &json!({"continuation_token": p["continuation_token"], "tool_results": [{"call_id": p["tool_calls"][0]["id"], "result": 1}]}),
+    ));
+
+    // POST /v1/exec: the largest code and stdin; the program floods both streams and
+    // leaves as many large (sparse) output files as collection takes.
+    let program = "import sys\n\
+        data = sys.stdin.read()\n\
+        sys.stdout.write('o' * (4 << 20)); sys.stderr.write('e' * (4 << 20))\n\
+        for i in range(100):\n    open(f'out{i}.bin', 'wb').truncate((25 << 20) - 1)\n\
+        print(len(data))";
+    let body = json!({"code": padded(program, MAX_CODE_BYTES - 64), "stdin": "s".repeat(MAX_STDIN_BYTES)});
+    let (reply, cost) = measure(&s, || c.post_json("/v1/exec", &body));
+    let run = ok(&reply);
+    assert_eq!(run["stdout_truncated"], true, "{}", &run["stderr"]);
+    check(
+        "POST /v1/exec (1 MiB code, 1 MiB stdin, floods, 100 large outputs)",
+        &cost,
+        &mut failures,
+    );
+
+    // POST /v1/upload: 20 parts at max_file_bytes (the body may hold 100, but 500 MiB is
+    // enough to show that parts are streamed to disk, not held).
+    let data = vec![b'u'; MAX_FILE_BYTES];
+    let names: Vec<String> = (0..20).map(|i| format!("big{i}.bin")).collect();
+    let parts: Vec<_> = names
+        .iter()
+        .map(|n| file_part(n, "application/octet-stream", &data))
+        .collect();
+    let body = multipart(&parts);
+    let (reply, cost) = measure(&s, || {
+        c.send("POST", "/v1/upload", Some(&multipart_content_type()), Some(&body))
+    });
+    let uploaded = ok(&reply);
+    drop(body);
+    check("POST /v1/upload (20 × 25 MiB)", &cost, &mut failures);
+    let session = uploaded["storage_session_id"].as_str().unwrap().to_owned();
+    let file = uploaded["files"][0]["id"].as_str().unwrap().to_owned();
+
+    // GET /v1/download of the largest file, four at once; then listing and metadata.
+    let (replies, cost) = measure(&s, || {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..4).map(|_| scope.spawn(|| c.download(&session, &file))).collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+        })
+    });
+    assert!(replies
+        .iter()
+        .all(|r| r.status == 200 && r.body.len() == MAX_FILE_BYTES));
+    drop(replies);
+    check("GET /v1/download (25 MiB, 4 at once)", &cost, &mut failures);
+    let (_, cost) = measure(&s, || {
+        for _ in 0..20 {
+            ok(&c.get(&format!("/v1/files/{session}")));
+            ok(&c.object(&session, &file));
+        }
+    });
+    check(
+        "GET /v1/files and /v1/sessions/../objects (20 files)",
+        &cost,
+        &mut failures,
+    );
+
+    // POST /v1/exec/programmatic: 100 tools with schemas filling the body, 1 MiB of code
+    // less that room; the program hands out as much as one pause may hold, in the shape
+    // that costs the most to hold in memory (arrays of small numbers).
+    let mut tools = vec![json!({"name": "sink", "parameters": {"type": "object"}})];
+    tools.extend((1..100).map(|i| json!({"name": format!("tool_{i}"), "parameters": big_schema(18 << 10)})));
+    let program = "import asyncio\n\
+        r = await asyncio.gather(*[sink(xs=[0] * 520000) for _ in range(4)])\n\
+        print(sum(len(x) for x in r))";
+    let body = json!({"code": padded(program, MAX_CODE_BYTES - 64), "tools": tools});
+    assert!(body.to_string().len() < MAX_CODE_BYTES + MAX_STDIN_BYTES + (1 << 20));
+    let (reply, cost) = measure(&s, || c.post_json(ROUTE, &body));
+    let paused = ok(&reply);
+    assert_eq!(paused["status"], "tool_call_required", "{}", shown(&paused));
+    assert_eq!(paused["tool_calls"].as_array().unwrap().len(), 4, "{}", shown(&paused));
+    check(
+        "POST /v1/exec/programmatic (100 tools, a full pause)",
+        &cost,
+        &mut failures,
+    );
+    let id = paused["session_id"].as_str().unwrap().to_owned();
+    drop(reply);
+
+    // GET of the paused session, eight at once.
+    let (replies, cost) = measure(&s, || {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..8)
+                .map(|_| scope.spawn(|| c.get(&format!("{ROUTE}/{id}"))))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+        })
+    });
+    assert!(replies.iter().all(|r| r.status == 200));
+    drop(replies);
+    check(
+        "GET /v1/exec/programmatic/{id} (a full pause, 8 at once)",
+        &cost,
+        &mut failures,
+    );
+
+    // The resume: results filling the body.
+    let results: Vec<Value> = paused["tool_calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|call| json!({"call_id": call["id"], "result": vec![0; 360_000]}))
+        .collect();
+    let body = json!({"continuation_token": paused["continuation_token"], "tool_results": results});
+    let (reply, cost) = measure(&s, || c.post_json(ROUTE, &body));
+    let done = ok(&reply);
+    assert_eq!(done["stdout"], "1440000\n", "{}", shown(&done));
+    check(
+        "POST /v1/exec/programmatic resume (3 MiB of results)",
+        &cost,
+        &mut failures,
+    );
+
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+fn shown(v: &Value) -> String {
+    v.to_string().chars().take(1500).collect()
+}
