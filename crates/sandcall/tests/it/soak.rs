@@ -25,6 +25,14 @@ const DEFAULT_SECS: u64 = 120;
 const SESSION_EXPIRY: Duration = Duration::from_secs(4);
 /// How long after its expiry an abandoned session may still be answered as paused.
 const EXPIRY_GRACE: Duration = Duration::from_secs(10);
+/// Caps low enough that the load meets them: 16 clients of one principal (local mode)
+/// against 6 run slots, 2 places in the queue, 9 runs and 8 sessions per principal. Both
+/// kinds of refusal, `503 at_capacity` and `429 principal_at_capacity`, must happen, and
+/// each is retried unchanged: its retry must get exactly the answer the first try would
+/// have, so the refusal changed nothing (a refused resume left its token good).
+const CAPS: &str =
+    "max_concurrent_runs = 6\nmax_queued_runs = 2\nmax_runs_per_principal = 9\nmax_sessions_per_principal = 8\n";
+const MAX_CONCURRENT_RUNS: u64 = 6;
 /// Failure messages kept per client (all are counted).
 const KEPT_FAILURES: usize = 20;
 const ROUTE: &str = "/v1/exec/programmatic";
@@ -79,7 +87,7 @@ fn soak_mixed_load_leaves_nothing_behind() {
             ("SANDCALL_FILE_TTL_S", "60"),
             ("SANDCALL_FILE_SWEEP_INTERVAL_S", "5"),
         ],
-        "",
+        CAPS,
     );
     s.assert_healthy();
     let idle = Footprint::idle(&s);
@@ -92,7 +100,11 @@ fn soak_mixed_load_leaves_nothing_behind() {
     let load_began = Instant::now();
     let deadline = load_began + Duration::from_secs(secs);
     let mut tally = Tally::default();
+    let watching = std::sync::atomic::AtomicBool::new(true);
     std::thread::scope(|scope| {
+        // Meanwhile, health must never count more programs running than there are slots:
+        // a refused request that ran anyway would show here.
+        let watcher = scope.spawn(|| watch_counts(&s, &watching));
         let handles: Vec<_> = (0..CLIENTS)
             .map(|index| {
                 let s = &s;
@@ -105,7 +117,18 @@ fn soak_mixed_load_leaves_nothing_behind() {
                 Err(panic) => tally.fail(format!("client {index} panicked: {}", panic_text(&panic))),
             }
         }
+        watching.store(false, std::sync::atomic::Ordering::SeqCst);
+        match watcher.join() {
+            Ok(watched) => tally.merge(watched),
+            Err(panic) => tally.fail(format!("the health watcher panicked: {}", panic_text(&panic))),
+        }
     });
+    if tally.at_capacity == 0 || tally.principal_at_capacity == 0 {
+        tally.fail(format!(
+            "the caps were never met: {} at_capacity, {} principal_at_capacity",
+            tally.at_capacity, tally.principal_at_capacity
+        ));
+    }
     let load_time = load_began.elapsed();
 
     // A server that died under the load has nothing left to measure.
@@ -135,6 +158,26 @@ fn soak_mixed_load_leaves_nothing_behind() {
         tally.failures.len(),
         tally.failures.join("\n")
     );
+}
+
+/// Polls health until `watching` goes false; a failure for every count over its cap.
+fn watch_counts(s: &Server, watching: &std::sync::atomic::AtomicBool) -> Tally {
+    let mut tally = Tally::default();
+    let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(30)).build();
+    while watching.load(std::sync::atomic::Ordering::SeqCst) {
+        if let Ok(reply) = agent.get(&s.url("/v1/health")).call() {
+            let health: Value = reply.into_json().unwrap_or_default();
+            let active = health["active_runs"].as_u64().unwrap_or(0);
+            tally.health_samples += 1;
+            if active > MAX_CONCURRENT_RUNS {
+                tally.fail(format!(
+                    "health counted {active} runs, over {MAX_CONCURRENT_RUNS} slots: {health}"
+                ));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    tally
 }
 
 // ---------------------------------------------------------------------------
@@ -272,6 +315,10 @@ struct Tally {
     statuses: BTreeMap<u16, u64>,
     /// `503 at_capacity` answers, each retried.
     at_capacity: u64,
+    /// `429 principal_at_capacity` answers, each retried.
+    principal_at_capacity: u64,
+    /// Health checks of the watcher.
+    health_samples: u64,
     runs: [u64; KINDS.len()],
     sessions: u64,
     /// Round trips of `/v1/exec` for the short Python and Bash programs.
@@ -297,6 +344,8 @@ impl Tally {
             *self.statuses.entry(status).or_default() += n;
         }
         self.at_capacity += other.at_capacity;
+        self.principal_at_capacity += other.principal_at_capacity;
+        self.health_samples += other.health_samples;
         for (mine, theirs) in self.runs.iter_mut().zip(other.runs) {
             *mine += theirs;
         }
@@ -333,7 +382,8 @@ impl Tally {
             .collect();
         format!(
             "soak: {secs} s of load ({:.1} s with the last runs, {:.1} s in all), {CLIENTS} clients; \
-             {} requests ({}); 503 at_capacity retried: {}; runs by kind: {}; programmatic sessions: {}; \
+             {} requests ({}); 503 at_capacity retried: {}; 429 principal_at_capacity retried: {}; \
+             health checks within the caps: {}; runs by kind: {}; programmatic sessions: {}; \
              exec of short programs: {} requests, p50 {:.1} ms, p99 {:.1} ms; \
              abandoned sessions expired: {}, seen gone at most {} ms after their expiry; \
              server RSS {} -> {} MiB, fds {} -> {}; failures: {}",
@@ -342,6 +392,8 @@ impl Tally {
             self.requests,
             statuses.join(", "),
             self.at_capacity,
+            self.principal_at_capacity,
+            self.health_samples,
             runs.join(", "),
             self.sessions,
             self.exec_latency.len(),
@@ -456,8 +508,9 @@ impl<'a> Client<'a> {
 
     // -- HTTP ---------------------------------------------------------------
 
-    /// Sends one request. `503 at_capacity` with `Retry-After` is backpressure: counted,
-    /// and retried after a short sleep. Any other 5xx, or no answer, is an error.
+    /// Sends one request. `503 at_capacity` and `429 principal_at_capacity` with
+    /// `Retry-After` are backpressure: counted, and retried unchanged after a short sleep
+    /// (the caller then checks the answer exactly, which shows the refusal changed nothing). Any other 5xx, or no answer, is an error.
     fn send(
         &mut self,
         method: &str,
@@ -489,8 +542,13 @@ impl<'a> Client<'a> {
             self.tally.requests += 1;
             *self.tally.statuses.entry(status).or_default() += 1;
             let reply = Reply { status, body: bytes };
-            if status == 503 && retry_after && reply.json()["error_type"] == "at_capacity" {
-                self.tally.at_capacity += 1;
+            let refused = match (status, reply.json()["error_type"].as_str()) {
+                (503, Some("at_capacity")) => Some(&mut self.tally.at_capacity),
+                (429, Some("principal_at_capacity")) => Some(&mut self.tally.principal_at_capacity),
+                _ => None,
+            };
+            if let (Some(count), true) = (refused, retry_after) {
+                *count += 1;
                 ensure!(Instant::now() < give_up, "{method} {path}: at capacity for two minutes");
                 std::thread::sleep(Duration::from_millis(100 + 20 * (self.index as u64 % 8)));
                 continue;
