@@ -199,6 +199,7 @@ impl Sessions {
             outbox: outbox.clone(),
             max_files: inner.config.max_output_files,
             max_file_bytes: inner.config.max_file_bytes,
+            max_total_bytes: spec.limits.workspace_bytes,
         });
         let id = spec.run_id.clone();
         let deadline = Instant::now() + Duration::from_millis(spec.timeout_ms);
