@@ -122,7 +122,7 @@ impl AppState {
             &*self.files,
             &principal.0,
             &session_id,
-            self.config.file_ttl_s,
+            &self.config,
             &outbox,
             &mut result,
         )

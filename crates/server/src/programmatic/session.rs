@@ -531,7 +531,7 @@ impl Driver {
                     &*inner.files,
                     &self.session.principal,
                     &id,
-                    inner.config.file_ttl_s,
+                    &inner.config,
                     &self.outbox,
                     &mut result,
                 )
