@@ -2,10 +2,12 @@
 //! and a principal's stored bytes and files are bounded.
 
 use crate::common::{hostile, Server};
-use crate::files::{assert_error, file_part, regular_files, Client, Reply};
+use crate::files::{assert_error, file_part, multipart_content_type, regular_files, Client, Reply, BOUNDARY};
 use serde_json::{json, Value};
+use std::io::{Read, Write};
 use std::path::Path;
 use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
 
 const KEYS: &str = "alice:key-a-0123456789abcdef,bob:key-b-0123456789abcdef";
 const ALICE: &str = "key-a-0123456789abcdef";
@@ -175,6 +177,40 @@ fn an_upload_over_the_file_quota_gets_507_and_stores_nothing() {
     uploaded(&upload(&alice, "d.txt", 1));
     assert_error(&upload(&alice, "e.txt", 1), 507, "quota_exceeded");
     assert_incoming_empty(&s);
+}
+
+#[test]
+fn a_principal_at_its_quota_is_refused_before_its_upload_is_read() {
+    let s = Server::start_with(&[("SANDCALL_MAX_STORED_FILES_PER_PRINCIPAL", "1")], "");
+    uploaded(&upload(&Client::anonymous(&s), "only.txt", 1));
+    // Headers that promise 64 MiB, and only the first part's head: an answer can come
+    // only from a server that judged the request before reading its body.
+    let mut tcp = std::net::TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let head = format!(
+        "POST /v1/upload HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Type: {}\r\nContent-Length: {}\r\n\r\n\
+         --{BOUNDARY}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"big.bin\"\r\n\r\n",
+        s.port,
+        multipart_content_type(),
+        64 << 20,
+    );
+    tcp.write_all(head.as_bytes()).unwrap();
+    let t = Instant::now();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    // Until the JSON body has come (the connection may stay open).
+    while !answer.ends_with(b"}") {
+        match tcp.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+            Err(e) => panic!("no answer after {:?}: {e}", t.elapsed()),
+        }
+    }
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 507"), "{text}");
+    assert!(text.contains(r#""error_type":"quota_exceeded""#), "{text}");
+    assert_incoming_empty(&s);
+    assert_eq!(object_count(&s), 1);
 }
 
 #[test]
