@@ -137,6 +137,10 @@ pub struct Collect {
     pub outbox: PathBuf,
     pub max_files: usize,
     pub max_file_bytes: u64,
+    /// The most bytes all collected files together may hold, counted by their apparent
+    /// size (`st_size`): the run's workspace limit. A sparse file costs the workspace
+    /// nothing but its copy costs its whole size, so blocks would not bound the copies.
+    pub max_total_bytes: u64,
 }
 
 /// One collected output file.
@@ -152,7 +156,7 @@ pub struct CollectedFile {
 
 /// Something in the working directory that was not collected, and why: `symlink`,
 /// `not_regular_file`, `hard_link`, `invalid_name`, `too_large`, `too_many_files`,
-/// `too_deep`, `storage_full`, `unreadable`.
+/// `over_workspace_limit`, `too_deep`, `storage_full`, `unreadable`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct SkippedFile {
     pub name: String,

@@ -104,6 +104,8 @@ struct Walk<'a> {
     seen_inodes: HashSet<(u64, u64)>,
     out: Collected,
     next: usize,
+    /// Apparent bytes of the files collected so far, against `opts.max_total_bytes`.
+    total: u64,
 }
 
 /// Collects every regular file the run created or changed into `opts.outbox`.
@@ -123,6 +125,7 @@ pub(crate) fn collect(work: &Path, opts: &Collect, inputs: &HashMap<String, Stri
         seen_inodes: HashSet::new(),
         out: Collected::default(),
         next: 0,
+        total: 0,
     };
     walk.dir(root, "", 0);
     Ok(walk.out)
@@ -178,6 +181,11 @@ impl Walk<'_> {
         }
     }
 
+    /// Whether a file of `size` bytes would take the collected total over its bound.
+    fn over_total(&self, size: u64) -> bool {
+        self.total.saturating_add(size) > self.opts.max_total_bytes
+    }
+
     fn file(&mut self, dirfd: RawFd, raw: &[u8], rel: &str, size: u64) {
         if size > self.opts.max_file_bytes {
             return self.out.skip(rel, "too_large");
@@ -204,6 +212,13 @@ impl Walk<'_> {
         if self.out.files.len() >= self.opts.max_files {
             return self.out.skip(rel, "too_many_files");
         }
+        // The copy writes a sparse file's holes as real bytes, so the total is counted in
+        // apparent size, before anything is read. An input may still turn out unchanged
+        // (and cost nothing), so it is copied and judged after.
+        let staged = self.inputs.contains_key(rel);
+        if !staged && self.over_total(st.st_size as u64) {
+            return self.out.skip(rel, "over_workspace_limit");
+        }
         // The outbox is made for the first file: most runs have none.
         if self.next == 0 && !self.opts.outbox.exists() {
             let made = fs::create_dir(&self.opts.outbox)
@@ -220,6 +235,11 @@ impl Walk<'_> {
                     let _ = fs::remove_file(&dest);
                     return;
                 }
+                if self.over_total(size) {
+                    let _ = fs::remove_file(&dest);
+                    return self.out.skip(rel, "over_workspace_limit");
+                }
+                self.total += size;
                 self.next += 1;
                 self.seen_inodes.insert(inode);
                 self.out.files.push(CollectedFile {
@@ -264,4 +284,50 @@ fn copy_hashed(src: &mut File, dest: &Path, cap: u64) -> io::Result<(u64, String
         out.write_all(&buf[..n])?;
     }
     Ok((total, hex(&hasher.finalize())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn collected_bytes_are_bounded_by_apparent_size() {
+        let dir = std::env::temp_dir().join(format!("sandcall-collect-test-{}", std::process::id()));
+        let work = dir.join("work");
+        fs::create_dir_all(&work).unwrap();
+        // Five sparse files of 1 MiB (no blocks), and an input left as it was staged.
+        for i in 0..5 {
+            File::create(work.join(format!("s{i}")))
+                .unwrap()
+                .set_len(1 << 20)
+                .unwrap();
+        }
+        fs::write(work.join("t_input"), b"unchanged").unwrap();
+        let inputs = HashMap::from([("t_input".to_owned(), hex(&Sha256::digest(b"unchanged")))]);
+        let opts = Collect {
+            outbox: dir.join("outbox"),
+            max_files: 100,
+            max_file_bytes: 4 << 20,
+            max_total_bytes: 3 << 20,
+        };
+        let found = collect(&work, &opts, &inputs).unwrap();
+        let names: Vec<&str> = found.files.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(names, ["s0", "s1", "s2"]);
+        let skipped: Vec<(&str, &str)> = found
+            .skipped
+            .iter()
+            .map(|s| (s.name.as_str(), s.reason.as_str()))
+            .collect();
+        // The unchanged input is neither collected nor listed, though the total is full.
+        assert_eq!(
+            skipped,
+            [("s3", "over_workspace_limit"), ("s4", "over_workspace_limit")]
+        );
+        let copied: u64 = fs::read_dir(&opts.outbox)
+            .unwrap()
+            .map(|e| e.unwrap().metadata().unwrap().len())
+            .sum();
+        assert_eq!(copied, 3 << 20, "nothing past the bound is left in the outbox");
+        fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -93,7 +93,7 @@ impl AppState {
         let mut spec = RunSpec::new(session_id.clone(), cmd.code, launch, cmd.timeout_ms, cmd.limits);
         spec.stdin = cmd.stdin;
         spec.inputs = inputs;
-        spec.collect = Some(self.collect_into(&outbox));
+        spec.collect = Some(self.collect_into(&outbox, spec.limits.workspace_bytes));
         // The slot travels with the run, which finishes even if the client goes away.
         let started = std::time::Instant::now();
         let was_warm = warm.is_some();
@@ -122,7 +122,7 @@ impl AppState {
             &*self.files,
             &principal.0,
             &session_id,
-            self.config.file_ttl_s,
+            &self.config,
             &outbox,
             &mut result,
         )
@@ -134,12 +134,14 @@ impl AppState {
         Ok((response, was_warm))
     }
 
-    /// Collection settings for a run whose outputs go to `outbox`.
-    pub fn collect_into(&self, outbox: &std::path::Path) -> sandcall_sandbox::protocol::Collect {
+    /// Collection settings for a run whose outputs go to `outbox`. A run stores at most
+    /// its working directory's size (`workspace_bytes`) of outputs.
+    pub fn collect_into(&self, outbox: &std::path::Path, workspace_bytes: u64) -> sandcall_sandbox::protocol::Collect {
         sandcall_sandbox::protocol::Collect {
             outbox: outbox.to_path_buf(),
             max_files: self.config.max_output_files,
             max_file_bytes: self.config.max_file_bytes,
+            max_total_bytes: workspace_bytes,
         }
     }
 }

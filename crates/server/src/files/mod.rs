@@ -4,6 +4,10 @@
 //! default (`local::LocalStore`) keeps bytes under the data dir and metadata in redb;
 //! an object store would implement the same trait (its `local_path` downloading to a
 //! temporary file for staging into a sandbox).
+//!
+//! Every principal has a quota of stored bytes and files (`Quota`). The store, not the
+//! routes, enforces it: `insert` checks and records the principal's usage in one step,
+//! so concurrent inserts cannot pass it together, and answers `StoreError::Quota`.
 
 pub mod local;
 pub mod ops;
@@ -30,10 +34,60 @@ pub struct FileMeta {
     pub expires_ms: u64,
 }
 
+/// How much one principal may have stored at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    pub max_bytes: u64,
+    pub max_files: u64,
+}
+
+impl Quota {
+    /// The quota every principal has (`max_stored_bytes_per_principal`,
+    /// `max_stored_files_per_principal`).
+    pub fn of(config: &crate::config::Config) -> Quota {
+        Quota {
+            max_bytes: config.max_stored_bytes_per_principal,
+            max_files: config.max_stored_files_per_principal,
+        }
+    }
+}
+
+/// What one principal has stored: the sizes of its files added up, and their number.
+/// Expired files count until the sweep deletes them, since their bytes are still on disk.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub bytes: u64,
+    pub files: u64,
+}
+
+impl Usage {
+    /// Which quota `files` more files of `bytes` more bytes would go over, if any.
+    pub fn check(&self, quota: Quota, bytes: u64, files: u64) -> Result<(), QuotaExceeded> {
+        if self.files.saturating_add(files) > quota.max_files {
+            return Err(QuotaExceeded::Files(quota.max_files));
+        }
+        if self.bytes.saturating_add(bytes) > quota.max_bytes {
+            return Err(QuotaExceeded::Bytes(quota.max_bytes));
+        }
+        Ok(())
+    }
+}
+
+/// The quota a store refused to go over, with its value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum QuotaExceeded {
+    #[error("storing this would take the caller over its quota of {0} bytes (max_stored_bytes_per_principal)")]
+    Bytes(u64),
+    #[error("storing this would take the caller over its quota of {0} files (max_stored_files_per_principal)")]
+    Files(u64),
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("storage is full")]
     Full,
+    #[error(transparent)]
+    Quota(#[from] QuotaExceeded),
     #[error("storage: {0}")]
     Io(String),
 }
@@ -56,15 +110,23 @@ const fn libc_enospc() -> i32 {
 pub trait FileStore: Send + Sync {
     /// A directory where files being received are written before `insert`.
     fn incoming_dir(&self) -> PathBuf;
-    /// Takes ownership of the finished file at `temp` (moved, not copied).
-    async fn insert(&self, meta: FileMeta, temp: &Path) -> Result<(), StoreError>;
+    /// Takes ownership of the finished file at `temp` (moved, not copied), if the
+    /// principal's usage with it stays within `quota`; otherwise `StoreError::Quota`.
+    /// Checking and recording the usage are one step: concurrent inserts of a principal
+    /// never pass the quota together. On any error nothing is stored.
+    async fn insert(&self, meta: FileMeta, temp: &Path, quota: Quota) -> Result<(), StoreError>;
+    /// What the principal has stored now.
+    async fn usage(&self, principal: &str) -> Result<Usage, StoreError>;
     async fn get(&self, principal: &str, session_id: &str, id: &str) -> Result<Option<FileMeta>, StoreError>;
     async fn open(&self, meta: &FileMeta) -> Result<Box<dyn AsyncRead + Send + Unpin>, StoreError>;
     /// A host path holding the bytes, for the sandbox helper to copy from.
     async fn local_path(&self, meta: &FileMeta) -> Result<PathBuf, StoreError>;
     async fn list(&self, principal: &str, session_id: &str) -> Result<Vec<FileMeta>, StoreError>;
+    /// Deletes one file and frees its share of its principal's usage; false if there
+    /// was no such file.
     async fn delete(&self, principal: &str, session_id: &str, id: &str) -> Result<bool, StoreError>;
-    /// Deletes every file whose time is up; returns how many.
+    /// Deletes every file whose time is up, and frees its part of its principal's usage;
+    /// returns how many.
     async fn sweep(&self, now_ms: u64) -> Result<usize, StoreError>;
 }
 

@@ -1,7 +1,8 @@
 //! Files as runs use them: resolving a request's input files, and storing what a run
 //! produced as output files.
 
-use super::{check_input_name, guess_type, now_ms, FileMeta, FileStore, StoreError};
+use super::{check_input_name, guess_type, now_ms, FileMeta, FileStore, Quota, StoreError};
+use crate::config::Config;
 use crate::error::ApiError;
 use axum::http::StatusCode;
 use sandcall_api::{error_type, FileRef, OutputFile, SkippedFile};
@@ -20,6 +21,7 @@ pub fn storage_error(e: StoreError) -> ApiError {
             error_type::INSUFFICIENT_STORAGE,
             "the server's storage is full",
         ),
+        StoreError::Quota(q) => ApiError::quota_exceeded(q.to_string()),
         StoreError::Io(detail) => ApiError::internal(error_type::INTERNAL, &detail),
     }
 }
@@ -78,12 +80,13 @@ pub async fn resolve_inputs(
 }
 
 /// Moves what the helper collected into the store under the run's session, and lists
-/// it for the response. The outbox is removed afterwards, whatever happened.
+/// it for the response. A file the principal's quota has no room for is skipped as
+/// `quota_exceeded`. The outbox is removed afterwards, whatever happened.
 pub async fn ingest_outputs(
     store: &dyn FileStore,
     principal: &str,
     session_id: &str,
-    ttl_s: u64,
+    config: &Config,
     outbox: &Path,
     result: &mut RunResult,
 ) -> (Vec<OutputFile>, Vec<SkippedFile>, usize) {
@@ -98,6 +101,7 @@ pub async fn ingest_outputs(
         .collect();
     let mut skipped_total = result.skipped_total;
     let created = now_ms();
+    let quota = Quota::of(config);
     for out in result.outputs.drain(..) {
         let meta = FileMeta {
             principal: principal.to_owned(),
@@ -108,7 +112,7 @@ pub async fn ingest_outputs(
             size: out.size,
             sha256: out.sha256,
             created_ms: created,
-            expires_ms: created + ttl_s * 1000,
+            expires_ms: created + config.file_ttl_s * 1000,
         };
         let entry = OutputFile {
             id: meta.id.clone(),
@@ -117,11 +121,12 @@ pub async fn ingest_outputs(
             size: meta.size,
         };
         let name = meta.name.clone();
-        match store.insert(meta, &out.path).await {
+        match store.insert(meta, &out.path, quota).await {
             Ok(()) => files.push(entry),
             Err(e) => {
                 let reason = match e {
                     StoreError::Full => "storage_full",
+                    StoreError::Quota(_) => "quota_exceeded",
                     StoreError::Io(detail) => {
                         tracing::error!(%detail, "storing an output file");
                         "storage_error"

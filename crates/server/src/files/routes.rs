@@ -2,7 +2,7 @@
 //! caller's principal: another principal's file is "not found".
 
 use super::ops::{file_not_found, storage_error};
-use super::{guess_type, now_ms, rfc3339, upload_name, FileMeta};
+use super::{guess_type, now_ms, rfc3339, upload_name, FileMeta, FileStore, Quota, QuotaExceeded, Usage};
 use crate::auth::Principal;
 use crate::config::Config;
 use crate::error::ApiError;
@@ -51,7 +51,7 @@ fn multipart_error(e: axum::extract::multipart::MultipartError) -> ApiError {
         (status = 400, description = "`invalid_request`: no file part, more than 100, a name against the rules, or a malformed body.", body = ErrorBody),
         (status = 413, description = "`payload_too_large`: a file over `max_file_bytes`, or the body over its limit.", body = ErrorBody),
         (status = 415, description = "`unsupported_media_type`: the body is not `multipart/form-data`.", body = ErrorBody),
-        (status = 507, description = "`insufficient_storage`: the server's disk is full.", body = ErrorBody),
+        (status = 507, description = "`quota_exceeded`: the files would take the caller over its quota of stored bytes or files (nothing is stored); `insufficient_storage`: the server's disk is full.", body = ErrorBody),
     ),
 )]
 pub async fn upload(
@@ -68,8 +68,11 @@ pub async fn upload(
     })?;
     let session_id = ids::new_id();
     let max = state.config.max_file_bytes;
+    let quota = Quota::of(&state.config);
     let mut stored: Vec<FileMeta> = Vec::new();
     let result: Result<(), ApiError> = async {
+        // A caller already at its quota is refused before any byte is read.
+        let mut room = Room::open(&*state.files, &principal.0, quota).await?;
         while let Some(mut field) = multipart.next_field().await.map_err(multipart_error)? {
             if !matches!(field.name(), Some("file" | "files")) {
                 continue;
@@ -83,6 +86,7 @@ pub async fn upload(
                 .filter(|c| !c.is_empty() && *c != "application/octet-stream")
                 .map(str::to_owned)
                 .unwrap_or_else(|| guess_type(&name));
+            room.check(&*state.files, 0).await?;
             let id = ids::new_id();
             let temp = state.files.incoming_dir().join(&id);
             // A client that goes away mid-upload drops this future; the half-received
@@ -101,6 +105,8 @@ pub async fn upload(
                             "{name} is larger than {max} bytes (max_file_bytes)"
                         )));
                     }
+                    // Stop at once a part that cannot fit, rather than at `insert`.
+                    room.check(&*state.files, size).await?;
                     hasher.update(&chunk);
                     out.write_all(&chunk).await.map_err(|e| storage_error(e.into()))?;
                 }
@@ -124,10 +130,11 @@ pub async fn upload(
                 created_ms: created,
                 expires_ms: created + state.config.file_ttl_s * 1000,
             };
-            if let Err(e) = state.files.insert(meta.clone(), &temp).await {
+            if let Err(e) = state.files.insert(meta.clone(), &temp, quota).await {
                 let _ = tokio::fs::remove_file(&temp).await;
                 return Err(storage_error(e));
             }
+            room.stored(size);
             stored.push(meta);
         }
         Ok(())
@@ -138,7 +145,10 @@ pub async fn upload(
         for meta in &stored {
             let _ = state.files.delete(&meta.principal, &meta.session_id, &meta.id).await;
         }
-        if e.status == StatusCode::PAYLOAD_TOO_LARGE {
+        if matches!(
+            e.status,
+            StatusCode::PAYLOAD_TOO_LARGE | StatusCode::INSUFFICIENT_STORAGE
+        ) {
             drain(&mut multipart).await;
         }
         return Err(e);
@@ -167,9 +177,65 @@ pub async fn upload(
     }))
 }
 
+/// How much of the caller's quota an upload may still use, from the usage last read.
+/// It only lets the route refuse early, before bytes that could not be kept are written;
+/// `FileStore::insert` makes the check that binds.
+struct Room {
+    principal: String,
+    quota: Quota,
+    usage: Usage,
+    /// What this upload stored since `usage` was read.
+    since: Usage,
+}
+
+impl Room {
+    async fn open(store: &dyn FileStore, principal: &str, quota: Quota) -> Result<Room, ApiError> {
+        let usage = store.usage(principal).await.map_err(storage_error)?;
+        // At the byte quota to the byte, only empty files would fit: call that full.
+        if usage.bytes >= quota.max_bytes {
+            return Err(ApiError::quota_exceeded(
+                QuotaExceeded::Bytes(quota.max_bytes).to_string(),
+            ));
+        }
+        let room = Room {
+            principal: principal.to_owned(),
+            quota,
+            usage,
+            since: Usage::default(),
+        };
+        room.fits(0).map_err(|q| ApiError::quota_exceeded(q.to_string()))?;
+        Ok(room)
+    }
+
+    fn fits(&self, size: u64) -> Result<(), QuotaExceeded> {
+        let used = Usage {
+            bytes: self.usage.bytes + self.since.bytes,
+            files: self.usage.files + self.since.files,
+        };
+        used.check(self.quota, size, 1)
+    }
+
+    /// Whether one more file of `size` bytes (so far) fits. Before saying no it reads
+    /// the usage again, since the caller may have deleted files meanwhile.
+    async fn check(&mut self, store: &dyn FileStore, size: u64) -> Result<(), ApiError> {
+        if self.fits(size).is_ok() {
+            return Ok(());
+        }
+        self.usage = store.usage(&self.principal).await.map_err(storage_error)?;
+        self.since = Usage::default();
+        self.fits(size).map_err(|q| ApiError::quota_exceeded(q.to_string()))
+    }
+
+    fn stored(&mut self, size: u64) {
+        self.since.bytes += size;
+        self.since.files += 1;
+    }
+}
+
 /// Reads and discards the rest of a refused upload (for at most `DRAIN_FOR`, and never
 /// past the body limit). A client that sends its whole body before it reads the answer,
-/// as most do, then gets the 413 rather than a connection reset by the unread bytes.
+/// as most do, then gets the 413 or 507 rather than a connection reset by the unread
+/// bytes.
 async fn drain(multipart: &mut Multipart) {
     let rest = async {
         while let Ok(Some(mut field)) = multipart.next_field().await {

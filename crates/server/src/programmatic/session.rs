@@ -219,6 +219,7 @@ impl Sessions {
             outbox: outbox.clone(),
             max_files: inner.config.max_output_files,
             max_file_bytes: inner.config.max_file_bytes,
+            max_total_bytes: spec.limits.workspace_bytes,
         });
         let id = spec.run_id.clone();
         let deadline = Instant::now() + Duration::from_millis(spec.timeout_ms);
@@ -645,7 +646,7 @@ impl Driver {
                     &*inner.files,
                     &self.session.principal,
                     &id,
-                    inner.config.file_ttl_s,
+                    &inner.config,
                     &self.outbox,
                     &mut result,
                 )
