@@ -112,6 +112,34 @@ fn tool_connections_without_newlines_are_bounded() {
     s.assert_healthy();
 }
 
+/// The helper caps its own data size (a soft RLIMIT_DATA) as a backstop; the program
+/// does not inherit it: its memory is the cgroup's business.
+#[test]
+fn the_helper_has_a_memory_limit_and_the_program_does_not() {
+    let s = Server::start();
+    let code = "import resource, time\nprint(resource.getrlimit(resource.RLIMIT_DATA))\ntime.sleep(1)\n";
+    let worker = std::thread::spawn(post(&s, ROUTE, json!({"code": code, "tools": [echo_tool()]})));
+    let mut soft = None;
+    while !worker.is_finished() {
+        for pid in helpers(s.pid()) {
+            let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap_or_default();
+            if let Some(line) = limits.lines().find(|l| l.starts_with("Max data size")) {
+                soft = line
+                    .split_whitespace()
+                    .nth(3)
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .or(soft);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (status, r) = worker.join().unwrap();
+    assert_eq!((status, &r["status"]), (200, &json!("completed")), "{r}");
+    assert_eq!(r["stdout"], "(-1, -1)\n", "{r}");
+    let soft = soft.expect("the helper's data size is limited");
+    assert!(soft < 1 << 30, "{soft}");
+}
+
 /// 63 MiB on a warm Python run's status channel (fd 3), without a newline.
 #[test]
 fn a_flooded_status_channel_is_bounded() {
