@@ -7,12 +7,13 @@
 
 use crate::common::{hostile, Server};
 use serde_json::{json, Value};
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 const ROUTE: &str = "/v1/exec/programmatic";
-/// What a hostile program may make its helper hold beyond an idle one's peak.
-const HELPER_GROWTH_BOUND: u64 = 32 << 20;
+/// What a hostile program may make its helper hold beyond an idle one's peak. The
+/// budgets allow about 12 MiB (four long lines of 2 MiB + 64 KiB, and 64 KiB on each
+/// of 64 connections); the rest is room for the allocator.
+const HELPER_GROWTH_BOUND: u64 = 24 << 20;
 
 /// The server's children that are sandbox helpers (init, cloned from a helper, has the
 /// same command line but is the helper's child).
@@ -45,25 +46,37 @@ fn status_bytes(pid: u32, field: &str) -> Option<u64> {
     line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib << 10)
 }
 
-/// Runs `request` while sampling every helper of the server; returns its answer and
-/// the highest VmHWM seen.
-fn sampled<T: Send + 'static>(s: &Server, request: impl FnOnce() -> T + Send + 'static) -> (T, u64) {
+/// CPU time (user and system) of a process so far, in ms.
+fn cpu_ms(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Some(ticks * 1000 / hz)
+}
+
+/// What the helpers of a server were seen to use during a request.
+struct Usage {
+    /// The highest VmHWM of any helper. Idle helpers (a warm pool's) stay near their
+    /// idle size, so this is the run's own.
+    peak: u64,
+    /// The most CPU time any helper used.
+    cpu_ms: u64,
+}
+
+/// Runs `request` while sampling every helper of the server.
+fn sampled<T: Send + 'static>(s: &Server, request: impl FnOnce() -> T + Send + 'static) -> (T, Usage) {
     let worker = std::thread::spawn(request);
-    let mut peaks: HashMap<u32, u64> = HashMap::new();
+    let mut usage = Usage { peak: 0, cpu_ms: 0 };
     while !worker.is_finished() {
         for pid in helpers(s.pid()) {
-            if let Some(hwm) = status_bytes(pid, "VmHWM") {
-                let peak = peaks.entry(pid).or_default();
-                *peak = (*peak).max(hwm);
-            }
+            usage.peak = usage.peak.max(status_bytes(pid, "VmHWM").unwrap_or(0));
+            usage.cpu_ms = usage.cpu_ms.max(cpu_ms(pid).unwrap_or(0));
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    let answer = worker.join().unwrap();
-    // Idle helpers (a warm pool's) stay near their idle size, so the highest is the
-    // run's own.
-    let peak = peaks.values().copied().max().unwrap_or(0);
-    (answer, peak)
+    (worker.join().unwrap(), usage)
 }
 
 fn post(s: &Server, path: &str, body: Value) -> impl FnOnce() -> (u16, Value) + Send + 'static {
@@ -87,18 +100,19 @@ fn echo_tool() -> Value {
 fn tool_connections_without_newlines_are_bounded() {
     let s = Server::start();
     let idle_code = "import time\ntime.sleep(1)\n";
-    let ((status, r), idle) = sampled(&s, post(&s, ROUTE, json!({"code": idle_code, "tools": [echo_tool()]})));
+    let ((status, r), Usage { peak: idle, .. }) =
+        sampled(&s, post(&s, ROUTE, json!({"code": idle_code, "tools": [echo_tool()]})));
     assert_eq!((status, &r["status"]), (200, &json!("completed")), "{r}");
 
     let t = Instant::now();
     let body = json!({"code": hostile("tool_flood.py"), "args": ["3"], "tools": [echo_tool()], "timeout": 5000});
-    let ((status, r), peak) = sampled(&s, post(&s, ROUTE, body));
+    let ((status, r), Usage { peak, cpu_ms }) = sampled(&s, post(&s, ROUTE, body));
     let elapsed = t.elapsed();
     assert_eq!(status, 200, "{r}");
     assert_eq!(r["status"], "error", "{r}");
     let growth = peak.saturating_sub(idle);
     eprintln!(
-        "tool flood: helper peak {peak} B, idle {idle} B, growth {growth} B, {elapsed:?}, stdout {}",
+        "tool flood: helper peak {peak} B, idle {idle} B, growth {growth} B, CPU {cpu_ms} ms, {elapsed:?}, stdout {}",
         r["stdout"]
     );
     assert!(
@@ -144,7 +158,7 @@ fn the_helper_has_a_memory_limit_and_the_program_does_not() {
 #[test]
 fn a_flooded_status_channel_is_bounded() {
     let s = Server::start_with(&[("SANDCALL_WARM_POOL_SIZE", "1")], "");
-    let ((status, r), idle) = sampled(
+    let ((status, r), Usage { peak: idle, .. }) = sampled(
         &s,
         post(&s, "/v1/exec", json!({"code": "import time\ntime.sleep(1)\n"})),
     );
@@ -153,17 +167,20 @@ fn a_flooded_status_channel_is_bounded() {
 
     let t = Instant::now();
     let body = json!({"code": hostile("status_flood.py"), "timeout": 10000});
-    let ((status, r), peak) = sampled(&s, post(&s, "/v1/exec", body));
+    let ((status, r), Usage { peak, cpu_ms }) = sampled(&s, post(&s, "/v1/exec", body));
     let elapsed = t.elapsed();
-    assert_eq!(status, 200, "{r}");
-    assert!(
-        r["stdout"].as_str().unwrap_or("").contains("written"),
-        "the flood did not run: {r}"
-    );
     let growth = peak.saturating_sub(idle);
     eprintln!(
-        "status flood: helper peak {peak} B, idle {idle} B, growth {growth} B, {elapsed:?}, stdout {}",
+        "status flood: helper peak {peak} B, idle {idle} B, growth {growth} B, CPU {cpu_ms} ms, {elapsed:?}, stdout {}",
         r["stdout"]
+    );
+    assert_eq!(status, 200, "{r}");
+    // Unbounded, the helper also looked for a newline in all it held at every read
+    // (seconds of CPU outside the run's cgroup), and the writer stalled behind it.
+    assert!(cpu_ms < 2000, "the helper spent {cpu_ms} ms of CPU");
+    assert!(
+        r["stdout"].as_str().unwrap_or("").contains("written"),
+        "the flood did not end within the run's timeout: {r}"
     );
     assert!(
         growth < HELPER_GROWTH_BOUND,
