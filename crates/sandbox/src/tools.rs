@@ -2,6 +2,12 @@
 //! directory (`/run/sandcall/tools.sock`). The helper is only a relay: it parses the
 //! program's messages, forwards each call to the server, which checks it, and passes
 //! the server's replies back on the connection the call came from.
+//!
+//! The helper runs outside the run's cgroup, so what a program can make it hold or do
+//! is bounded here: unfinished lines share one input budget, queued replies one bound,
+//! and every call costs a token from a bucket that refills slowly (see `REFUSAL_BURST`).
+//! A program that goes over waits (its connections are not read) or loses the
+//! connection; the helper and the server never pay for it.
 
 use crate::io::read_some;
 use crate::protocol::{ToolChannel, ToolReply};
