@@ -13,9 +13,11 @@
 //! ends entirely when its program ends, is killed, or its helper dies.
 
 use crate::cgroup::RunCgroup;
-use crate::io::{read_some, set_nonblocking, timeout_of, wait_readable, write_all, Capture, Lines};
+use crate::io::{
+    read_some, set_nonblocking, timeout_of, wait_readable, write_all, Capture, Lines, MAX_CONTROL_LINE, MAX_SHORT_LINE,
+};
 use crate::mounts::{build_root, RootSpec};
-use crate::protocol::{Command, Event, Limits, Prepare, Run, RunResult};
+use crate::protocol::{Event, Limits, Prepare, Run, RunResult};
 use crate::seccomp::Policy;
 use crate::tools::ToolHub;
 use nix::fcntl::OFlag;
@@ -53,7 +55,7 @@ const INIT_STACK_BYTES: usize = 8 << 20;
 pub fn run_helper() -> i32 {
     // SAFETY: fds 0 and 1 are the pipes the server set up; nothing else owns them.
     let control = unsafe { OwnedFd::from_raw_fd(0) };
-    let mut control = Lines::new(control);
+    let mut control = Lines::new(control, MAX_CONTROL_LINE);
     let prepare: Prepare = match read_message(&mut control) {
         Ok(Some(p)) => p,
         Ok(None) => return 0,
@@ -99,6 +101,7 @@ pub fn run_helper() -> i32 {
             return 1;
         }
     };
+    limit_own_memory(&prepare);
     let outcome = sandbox.run(&run, &mut control);
     let mut usage = sandbox.cgroup.as_ref().map(|c| c.usage()).unwrap_or_default();
     // A launched program's start-up is not the run's.
@@ -141,6 +144,53 @@ pub fn run_helper() -> i32 {
     code
 }
 
+/// Room for the helper's heap beyond what its buffers may legitimately hold: the
+/// allocator's slack, collecting the output files, the final answer.
+const OWN_MEMORY_MARGIN: u64 = 64 << 20;
+
+/// Caps the helper's own memory (RLIMIT_DATA, soft only) once the run message is in.
+/// The helper runs outside the run's cgroup, so this is what bounds it if a budget
+/// below were ever wrong: an allocation over the limit fails and the helper, with its
+/// one run, dies, instead of the host's memory filling up. Until the run message the
+/// helper holds only what the server sent, which the server bounds; from here on it
+/// holds what the program sends, bounded by the output caps and the tool channel's
+/// budgets, which size the limit (with what it holds already, and a margin).
+///
+/// An rlimit rather than a cgroup of the helper's own: it is the same on cgroup v1 and
+/// v2, needs no delegation and no cgroup to create and remove per run, and it fails an
+/// allocation instead of OOM-killing the helper mid-teardown. Init was cloned before
+/// this and the program is its child, so neither inherits it (and the program resets
+/// the soft limit to the hard one anyway: its memory is the cgroup's business).
+fn limit_own_memory(prepare: &Prepare) {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let Some(now) = vm_data_bytes() else { return };
+    let output = prepare.limits.max_output_bytes.saturating_mul(10); // captures, text, answer
+    let tools = prepare.tools.as_ref().map_or(0, |t| {
+        let input = t.max_input_bytes + t.max_connections as u64 * crate::tools::SMALL_LINE_BYTES as u64;
+        // Queued replies, plus the reply line being read and its copy.
+        input + t.max_queued_reply_bytes.saturating_mul(3)
+    });
+    let limit = now
+        .saturating_add(output)
+        .saturating_add(tools)
+        .saturating_add(OWN_MEMORY_MARGIN);
+    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_DATA) {
+        let _ = setrlimit(Resource::RLIMIT_DATA, limit.min(hard), hard);
+    }
+}
+
+/// The helper's data size (what RLIMIT_DATA counts), from /proc/self/status.
+fn vm_data_bytes() -> Option<u64> {
+    let status = fs::read_to_string("/proc/self/status").ok()?;
+    let kib = status.lines().find_map(|l| l.strip_prefix("VmData:"))?;
+    kib.trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .map(|k| k << 10)
+}
+
 fn read_message<T: for<'de> Deserialize<'de>>(lines: &mut Lines) -> Result<Option<T>, String> {
     match lines.read_line().map_err(|e| e.to_string())? {
         None => Ok(None),
@@ -151,6 +201,14 @@ fn read_message<T: for<'de> Deserialize<'de>>(lines: &mut Lines) -> Result<Optio
 fn emit(event: &Event) {
     let mut out = io::stdout().lock();
     let _ = serde_json::to_writer(&mut out, event);
+    let _ = out.write_all(b"\n");
+    let _ = out.flush();
+}
+
+/// An event already serialised (a tool call, relayed without parsing its arguments).
+fn emit_line(line: &[u8]) {
+    let mut out = io::stdout().lock();
+    let _ = out.write_all(line);
     let _ = out.write_all(b"\n");
     let _ = out.flush();
 }
@@ -385,7 +443,7 @@ impl Sandbox {
         self.stdin_w = Some(stdin_w);
         self.stdout_r = Some(stdout_r);
         self.stderr_r = Some(stderr_r);
-        self.from_init = Some(Lines::new(from_init_r));
+        self.from_init = Some(Lines::new(from_init_r, MAX_SHORT_LINE));
 
         // 7. Identity: uid and gid 1000 inside map to the configured host ids (as root),
         //    or to the server's own ids through the helper's namespace (without root).
@@ -453,7 +511,9 @@ impl Sandbox {
                 // A program that died before its go shows up as its exit status.
                 let _ = write_all(&go, &line);
                 let _ = set_nonblocking(&go);
-                status_fd = Some(Lines::new(go));
+                // Its messages are a few bytes: a program that floods it is cut off after
+                // MAX_SHORT_LINE, not after the control channel's cap.
+                status_fd = Some(Lines::new(go, MAX_SHORT_LINE));
             }
             None => self.start_program(&InitRun::new(&run.argv, &run.env))?,
         }
@@ -501,6 +561,9 @@ impl Sandbox {
             if waiting_for_quiet {
                 wake = wake.min(now + QUIET_CHECK_EVERY);
             }
+            if let Some(token_at) = self.tools.as_mut().and_then(|hub| hub.prepare_poll(now)) {
+                wake = wake.min(token_at);
+            }
 
             let mut fds: Vec<PollFd> = Vec::new();
             let mut what: Vec<Source> = Vec::new();
@@ -542,16 +605,9 @@ impl Sandbox {
                     PollFlags::POLLIN,
                     Source::Listener,
                 );
-                for (slot, fd, queued) in hub.conn_fds() {
-                    // A connection with much unread reply is not read from until the
-                    // program takes some: it only slows itself down.
-                    let mut flags = PollFlags::empty();
-                    if queued < crate::tools::READ_PAUSE_BYTES {
-                        flags |= PollFlags::POLLIN;
-                    }
-                    if queued > 0 {
-                        flags |= PollFlags::POLLOUT;
-                    }
+                // Connections that hold much unread reply, wait for a share of the input
+                // budget, or wait for a token are not read: they only slow themselves.
+                for (slot, fd, flags) in hub.conn_fds() {
                     push_poll(&mut fds, &mut what, fd, flags, Source::Conn(slot));
                 }
             }
@@ -645,14 +701,11 @@ impl Sandbox {
                     Source::Control => {
                         let _ = control.fill();
                         while let Some(line) = control.take_line() {
-                            if let (Ok(Command::Reply { key, reply }), Some(hub)) =
-                                (serde_json::from_slice::<Command>(&line), self.tools.as_mut())
-                            {
-                                hub.reply(key, &reply);
+                            if let Some(hub) = self.tools.as_mut() {
                                 // Calls made while the program was paused were announced
                                 // then, and held by the server; they are due at the next
                                 // pause, so the next wait must be reported again.
-                                if hub.has_pending() {
+                                if hub.command(&line) && hub.has_pending() {
                                     hub.unannounced = true;
                                 }
                             }
@@ -676,11 +729,19 @@ impl Sandbox {
                         if let Some(hub) = self.tools.as_mut() {
                             hub.flush_out(slot);
                             for event in hub.read(slot) {
-                                emit(&event);
+                                emit_line(&event);
                                 quiet_checks = 0;
                             }
                         }
                     }
+                }
+            }
+
+            // Lines that waited for a token, now that one came.
+            if let Some(hub) = self.tools.as_mut() {
+                for event in hub.pump() {
+                    emit_line(&event);
+                    quiet_checks = 0;
                 }
             }
 
@@ -690,7 +751,9 @@ impl Sandbox {
                 if let Some(hub) = self.tools.as_mut() {
                     let mut blocked = hub.unannounced && hub.flush;
                     if hub.unannounced && !hub.flush && hub.has_pending() {
-                        let idle = self.cgroup.as_ref().is_some_and(|c| c.all_sleeping());
+                        // A program halfway through sending a message sleeps in its
+                        // write while the helper reads; it is not waiting for its calls.
+                        let idle = !hub.receiving() && self.cgroup.as_ref().is_some_and(|c| c.all_sleeping());
                         quiet_checks = if idle { quiet_checks + 1 } else { 0 };
                         blocked = quiet_checks >= QUIET_CHECKS_NEEDED;
                     }
@@ -915,7 +978,7 @@ fn init_main(ctx: &InitContext) -> isize {
         let _ = write_all(&report_fd, &line);
     };
     // SAFETY: as above.
-    let mut commands = Lines::new(unsafe { OwnedFd::from_raw_fd(ctx.to_init_r) });
+    let mut commands = Lines::new(unsafe { OwnedFd::from_raw_fd(ctx.to_init_r) }, MAX_CONTROL_LINE);
     match init_setup(ctx, &mut commands) {
         Ok(Some(run)) => {
             let status = init_run(ctx, run);
@@ -1117,7 +1180,7 @@ fn reset_signals() {
 }
 
 fn set_rlimits(limits: &Limits) -> Result<(), String> {
-    use nix::sys::resource::{setrlimit, Resource};
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
     let cpu_s = limits.cpu_time_ms.div_ceil(1000).max(1) + 1;
     for (res, value) in [
         (Resource::RLIMIT_NOFILE, limits.max_open_files),
@@ -1129,5 +1192,9 @@ fn set_rlimits(limits: &Limits) -> Result<(), String> {
     ] {
         setrlimit(res, value, value).map_err(|e| format!("setrlimit {res:?}: {e}"))?;
     }
+    // The helper caps its own data size with a soft limit; the program's memory is the
+    // cgroup's business, so it gets the hard limit whatever it inherited.
+    let (_, hard) = getrlimit(Resource::RLIMIT_DATA).map_err(|e| format!("getrlimit RLIMIT_DATA: {e}"))?;
+    setrlimit(Resource::RLIMIT_DATA, hard, hard).map_err(|e| format!("setrlimit RLIMIT_DATA: {e}"))?;
     Ok(())
 }

@@ -61,17 +61,27 @@ pub(crate) fn wait_readable(fd: &OwnedFd, wait: Duration) -> io::Result<bool> {
 pub(crate) struct Lines {
     pub(crate) fd: OwnedFd,
     buf: Vec<u8>,
+    /// No newline in `buf[..scanned]`: each byte is looked at once, however many reads a
+    /// long line takes.
+    scanned: usize,
+    /// The longest line accepted; whoever sends more without a newline is cut off.
+    max_line: usize,
     pub(crate) eof: bool,
 }
 
-/// The longest line accepted: a run message carries the code and stdin.
-const MAX_LINE: usize = 64 << 20;
+/// The longest line from the server: a run message carries the code and stdin.
+pub(crate) const MAX_CONTROL_LINE: usize = 64 << 20;
+/// The longest line on a channel whose messages are a few words (init's reports, a
+/// launched program's `exit N` on fd 3).
+pub(crate) const MAX_SHORT_LINE: usize = 64 << 10;
 
 impl Lines {
-    pub(crate) fn new(fd: OwnedFd) -> Self {
+    pub(crate) fn new(fd: OwnedFd, max_line: usize) -> Self {
         Lines {
             fd,
             buf: Vec::new(),
+            scanned: 0,
+            max_line,
             eof: false,
         }
     }
@@ -79,16 +89,20 @@ impl Lines {
     /// Reads once (the fd is readable or blocking). Returns false at end of file.
     pub(crate) fn fill(&mut self) -> io::Result<bool> {
         let mut chunk = [0u8; 64 * 1024];
-        match read_some(&self.fd, &mut chunk) {
+        // Never more than one byte past the cap, so a flood is noticed before it is held.
+        let room = (self.max_line + 1).saturating_sub(self.buf.len()).clamp(1, chunk.len());
+        match read_some(&self.fd, &mut chunk[..room]) {
             Ok(0) => {
                 self.eof = true;
                 Ok(false)
             }
             Ok(n) => {
                 self.buf.extend_from_slice(&chunk[..n]);
-                if self.buf.len() > MAX_LINE {
-                    // Whoever sends this much without a newline is cut off.
+                // The callers take every complete line after each read, so what is buffered
+                // here is one unfinished line.
+                if self.buf.len() > self.max_line {
                     self.buf = Vec::new();
+                    self.scanned = 0;
                     self.eof = true;
                     return Err(io::Error::new(io::ErrorKind::InvalidData, "message too long"));
                 }
@@ -101,9 +115,18 @@ impl Lines {
 
     /// The next complete line, if one is buffered.
     pub(crate) fn take_line(&mut self) -> Option<Vec<u8>> {
-        let pos = self.buf.iter().position(|&b| b == b'\n')?;
+        let Some(pos) = self.buf[self.scanned..].iter().position(|&b| b == b'\n') else {
+            self.scanned = self.buf.len();
+            return None;
+        };
+        let pos = self.scanned + pos;
         let mut line: Vec<u8> = self.buf.drain(..=pos).collect();
         line.pop();
+        self.scanned = 0;
+        // A large message leaves a large allocation behind: give it back.
+        if self.buf.capacity() > (1 << 20) && self.buf.len() < self.buf.capacity() / 4 {
+            self.buf.shrink_to_fit();
+        }
         Some(line)
     }
 
@@ -168,9 +191,22 @@ mod tests {
         let (r, w) = nix::unistd::pipe().unwrap();
         write_all(&w, b"one\ntwo\nthr").unwrap();
         drop(w);
-        let mut lines = Lines::new(r);
+        let mut lines = Lines::new(r, MAX_SHORT_LINE);
         assert_eq!(lines.read_line().unwrap(), Some(b"one".to_vec()));
         assert_eq!(lines.read_line().unwrap(), Some(b"two".to_vec()));
         assert_eq!(lines.read_line().unwrap(), None);
+    }
+
+    #[test]
+    fn a_line_over_the_cap_cuts_the_channel_off() {
+        let (r, w) = nix::unistd::pipe().unwrap();
+        let mut lines = Lines::new(r, 1000);
+        write_all(&w, &[b'x'; 1000]).unwrap();
+        assert!(lines.fill().is_ok());
+        assert_eq!(lines.take_line(), None);
+        // One byte over the cap is read (never more), and ends the channel.
+        write_all(&w, &[b'x'; 2000]).unwrap();
+        assert!(lines.fill().is_err());
+        assert!(lines.eof);
     }
 }

@@ -84,13 +84,24 @@ pub struct Launch {
     pub env: Vec<(String, String)>,
 }
 
-/// Settings of the tool-call channel between the program and the helper.
+/// Settings of the tool-call channel between the program and the helper. The helper
+/// runs outside the run's cgroup, so these bound what a program can make it hold.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ToolChannel {
     /// A program message longer than this closes its connection unread.
     pub max_message_bytes: u64,
     /// Connections open at once (each Bash tool command is one).
     pub max_connections: usize,
+    /// Unfinished lines of all connections together. A line that grows past a small
+    /// allowance takes `max_message_bytes` of this budget until it ends; while none is
+    /// left, the connection is not read (it waits, it is not cut off).
+    pub max_input_bytes: u64,
+    /// Replies not yet taken by the program, all connections together; a reply that
+    /// would go over closes the connection it is for.
+    pub max_queued_reply_bytes: u64,
+    /// The most calls the server accepts in one run (`max_tool_calls`): the refusal
+    /// bucket holds this many tokens more than its burst, so accepted calls never wait.
+    pub max_calls: u64,
 }
 
 /// The program to run in a prepared sandbox.

@@ -109,6 +109,10 @@ mod tests {
             "userfaultfd",
             "init_module",
             "settimeofday",
+            "fanotify_init",
+            "inotify_init",
+            "inotify_init1",
+            "inotify_add_watch",
         ] {
             assert!(
                 POLICY.contains(&format!("\"syscall\": \"{name}\"")),

@@ -61,10 +61,19 @@ pub fn parse_start(req: ProgrammaticRequest, config: &Config) -> Result<StartCom
 
 /// The tool channel every programmatic (and warm) sandbox gets.
 pub fn tool_channel(config: &Config) -> ToolChannel {
+    // A call's whole message may be somewhat over max_tool_call_bytes (names,
+    // quoting); much larger than that and the connection is cut unread.
+    let max_message_bytes = config.max_tool_call_bytes.saturating_mul(2) + (64 << 10);
     ToolChannel {
-        // A call's whole message may be somewhat over max_tool_call_bytes (names,
-        // quoting); much larger than that and the connection is cut unread.
-        max_message_bytes: config.max_tool_call_bytes.saturating_mul(2) + (64 << 10),
+        max_message_bytes,
         max_connections: MAX_TOOL_CONNECTIONS,
+        // Four long calls on their way at once (the Python runner sends one call at a
+        // time on its one connection; Bash jobs past four wait their turn).
+        max_input_bytes: max_message_bytes.saturating_mul(4),
+        // All the replies of one resume arrive together, and a resume body is at most
+        // max_body_bytes; re-encoding can make a result somewhat longer (`-0` becomes
+        // `-0.0`), hence twice that, and never less than 16 MiB.
+        max_queued_reply_bytes: (config.max_body_bytes() as u64).saturating_mul(2).max(16 << 20),
+        max_calls: config.max_tool_calls,
     }
 }

@@ -242,6 +242,7 @@ mod admission;
 mod collection;
 mod connections;
 mod helper_buffers;
+mod inotify;
 mod local_mode;
 mod pauses;
 mod schemas;
