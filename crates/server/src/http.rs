@@ -33,16 +33,32 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
-        if let Some(ct) = req.headers().get(header::CONTENT_TYPE) {
-            let ct = ct.to_str().unwrap_or("").to_ascii_lowercase();
-            let mime = ct.split(';').next().unwrap_or("").trim();
-            if !(mime == "application/json" || mime.ends_with("+json")) {
-                return Err(ApiError::new(
-                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                    error_type::UNSUPPORTED_MEDIA_TYPE,
-                    format!("expected Content-Type: application/json, got {mime:?}"),
-                ));
+        let unsupported = |message: String| {
+            ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                error_type::UNSUPPORTED_MEDIA_TYPE,
+                message,
+            )
+        };
+        match req.headers().get(header::CONTENT_TYPE) {
+            Some(ct) => {
+                let ct = ct.to_str().unwrap_or("").to_ascii_lowercase();
+                let mime = ct.split(';').next().unwrap_or("").trim();
+                if !(mime == "application/json" || mime.ends_with("+json")) {
+                    return Err(unsupported(format!(
+                        "expected Content-Type: application/json, got {mime:?}"
+                    )));
+                }
             }
+            // A web page can send a body without a Content-Type (or with one of the
+            // CORS-safelisted types, refused above) without a preflight; in local
+            // mode, where no key stands in its way, a JSON body must say it is JSON.
+            None if state.auth.local_mode() => {
+                return Err(unsupported(
+                    "expected Content-Type: application/json (required in local mode)".into(),
+                ))
+            }
+            None => {}
         }
         let bytes = read_body(req.into_body(), state.config.max_body_bytes()).await?;
         serde_json::from_slice(&bytes).map(JsonBody).map_err(|e| {
