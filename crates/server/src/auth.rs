@@ -6,7 +6,7 @@ use crate::error::ApiError;
 use crate::listen::LocalAddr;
 use crate::AppState;
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sandcall_api::error_type;
@@ -78,12 +78,16 @@ pub fn check_listen(config: &Config, auth: &Auth) -> Result<(), String> {
 }
 
 /// Middleware: resolves the principal, or answers 401. In local mode it first refuses
-/// what only a web page would send (`local_request_refusal`).
+/// what only a web page would send (`local_request_refusal`). `GET /v1/health` without
+/// credentials passes with no principal (load balancers and probes have no key); with
+/// credentials that are not valid it is 401 like every other route.
 pub async fn authenticate(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     if state.auth.local_mode() {
         if let Some(refusal) = local_request_refusal(&req) {
             return refusal.into_response();
         }
+    } else if is_health(&req) && !has_credentials(req.headers()) {
+        return next.run(req).await;
     }
     match state.auth.principal(req.headers()) {
         Ok(principal) => {
@@ -98,6 +102,15 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
             response
         }
     }
+}
+
+fn is_health(req: &Request) -> bool {
+    req.uri().path() == "/v1/health" && matches!(*req.method(), Method::GET | Method::HEAD)
+}
+
+/// Any key header at all, valid or not.
+fn has_credentials(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::AUTHORIZATION) || headers.contains_key("x-api-key")
 }
 
 /// Local mode has no key, so any web page the local user opens could otherwise call it:

@@ -258,34 +258,45 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// 200 while programs can run; 503 with the reason while sandboxes cannot be built.
+/// 200 while programs can run; 503 with the reason while sandboxes cannot be built. It
+/// needs no credentials, so that load balancers and container probes can call it; with
+/// a valid key (or in local mode) it says more.
 #[utoipa::path(
     get,
     path = "/v1/health",
     operation_id = "health",
     tag = "health",
+    security(()),
     responses(
-        (status = 200, description = "Programs can run.", body = Health),
+        (status = 200, description = "Programs can run. Without credentials on a server with API keys, only `status` and `version`.", body = Health),
         (status = 503, description = "Sandboxes cannot be built now; `reason` says why.", body = Health),
+        (status = 401, description = "`unauthorized`: credentials were sent and are not valid (none at all is fine).", body = ErrorBody),
     ),
 )]
-pub(crate) async fn health(State(state): State<AppState>) -> Response {
+pub(crate) async fn health(State(state): State<AppState>, principal: Option<Extension<Principal>>) -> Response {
     let reason = state.sandbox_unavailable().await;
     let code = if reason.is_some() {
         StatusCode::SERVICE_UNAVAILABLE
     } else {
         StatusCode::OK
     };
-    let body = Json(Health {
+    let mut body = Health {
         status: if reason.is_some() { "unavailable" } else { "ok" }.into(),
         reason,
         version: env!("CARGO_PKG_VERSION").into(),
-        cgroup: state.runner.settings().cgroups.version().into(),
-        active_runs: state.admission.active(),
-        max_concurrent_runs: state.admission.capacity(),
-        warm_idle: state.pool.idle(),
-    });
-    (code, body).into_response()
+        cgroup: None,
+        active_runs: None,
+        max_concurrent_runs: None,
+        warm_idle: None,
+    };
+    // What the server holds and how busy it is is for its callers only.
+    if principal.is_some() {
+        body.cgroup = Some(state.runner.settings().cgroups.version().into());
+        body.active_runs = Some(state.admission.active());
+        body.max_concurrent_runs = Some(state.admission.capacity());
+        body.warm_idle = Some(state.pool.idle());
+    }
+    (code, Json(body)).into_response()
 }
 
 /// Runs a program to its end and answers with its outcome.
