@@ -117,7 +117,8 @@ fn fitting_connections(open_files: u64, config: &Config) -> usize {
 
 /// Accepts connections until `shutdown` resolves, at most `cap` open at once, and serves
 /// each with `app`. Then it stops accepting, lets every connection finish the request it
-/// is on (idle ones close at once), and returns when the last one has closed.
+/// is on (the others close at once, half-sent headers too), and returns when the last one
+/// has closed.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
@@ -173,7 +174,7 @@ fn is_connection_error(e: &std::io::Error) -> bool {
 }
 
 /// Serves one connection over HTTP/1.1 until it ends, a timer of `Activity` runs out, or
-/// (at shutdown) its request in progress is answered.
+/// the shutdown comes (a request in progress is answered first).
 async fn connection(
     stream: TcpStream,
     peer: SocketAddr,
@@ -228,6 +229,12 @@ async fn connection(
             }
             _ = activity.changed.notified() => {}
             _ = stop.wait_for(|stop| *stop), if !stopping => {
+                // A connection with no request under way (idle, or still sending
+                // headers) closes at once, so that a slow client cannot hold up the
+                // shutdown; one with a request answers it first.
+                if activity.deadline(timeouts).is_some() {
+                    return;
+                }
                 stopping = true;
                 conn.as_mut().graceful_shutdown();
             }

@@ -381,3 +381,34 @@ fn the_open_files_soft_limit_is_raised_to_the_hard_one() {
     assert_eq!(values[1], lim.rlim_max.to_string(), "{line}");
     eprintln!("{line}");
 }
+
+/// At shutdown a slow client cannot hold the server up: connections with no request under
+/// way close at once (the header timeout here is the default 10 s), and a request in
+/// progress is still answered.
+#[test]
+fn slow_and_idle_connections_do_not_delay_the_shutdown() {
+    let mut s = Server::start();
+    let mut slow = connect(&s);
+    slow.write_all(b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: a")
+        .unwrap();
+    let mut idle = connect(&s);
+    idle.write_all(b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        .unwrap();
+    assert_eq!(read_answer(&mut idle, Duration::from_secs(10)).unwrap().status, 200);
+    let body = json!({"language": "bash", "code": "sleep 1; echo done"}).to_string();
+    let mut running = connect(&s);
+    let head = format!(
+        "POST /v1/exec HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    running.write_all(head.as_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    let status = s.stop();
+    let took = t.elapsed();
+    assert!(status.success(), "{status:?}");
+    assert!(took < Duration::from_secs(5), "shutdown took {took:?}");
+    let answer = read_answer(&mut running, Duration::from_secs(5)).expect("the request in progress got no answer");
+    assert_eq!(answer.status, 200, "{answer}");
+    eprintln!("shutdown with a slow, an idle and a running connection: {took:?}");
+}
