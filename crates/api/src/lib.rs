@@ -356,17 +356,23 @@ pub struct ExecResponse {
 }
 
 /// GET /v1/health: 200 with status `ok`, or 503 with status `unavailable` and the reason.
+/// Without credentials on a server with API keys, only `status`, `version` and `reason`;
+/// the other fields come with a valid key, or in local mode.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct Health {
     pub status: String,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub reason: Option<String>,
     pub version: String,
-    pub cgroup: String,
-    pub active_runs: usize,
-    pub max_concurrent_runs: usize,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub cgroup: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub active_runs: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub max_concurrent_runs: Option<usize>,
     /// Warm sandboxes ready now (extension).
-    pub warm_idle: usize,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub warm_idle: Option<usize>,
 }
 
 /// The languages sandcall runs.

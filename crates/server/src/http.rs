@@ -7,17 +7,24 @@ use crate::exec;
 use crate::files;
 use crate::programmatic;
 use crate::AppState;
+use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::{FromRequest, FromRequestParts, Path, Request, State};
 use axum::http::request::Parts;
 use axum::http::{header, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::Extension;
 use axum::{Json, Router};
+use hyper::body::{Frame, SizeHint};
 use sandcall_api::{
     error_type, CancelRequest, ErrorBody, ExecRequest, ExecResponse, Health, ProgrammaticRequest, ProgrammaticResponse,
 };
 use serde::de::DeserializeOwned;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
 
 /// A JSON body whose every failure (content type, size, syntax, types) is an ApiError.
 pub struct JsonBody<T>(pub T);
@@ -26,16 +33,32 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
-        if let Some(ct) = req.headers().get(header::CONTENT_TYPE) {
-            let ct = ct.to_str().unwrap_or("").to_ascii_lowercase();
-            let mime = ct.split(';').next().unwrap_or("").trim();
-            if !(mime == "application/json" || mime.ends_with("+json")) {
-                return Err(ApiError::new(
-                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                    error_type::UNSUPPORTED_MEDIA_TYPE,
-                    format!("expected Content-Type: application/json, got {mime:?}"),
-                ));
+        let unsupported = |message: String| {
+            ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                error_type::UNSUPPORTED_MEDIA_TYPE,
+                message,
+            )
+        };
+        match req.headers().get(header::CONTENT_TYPE) {
+            Some(ct) => {
+                let ct = ct.to_str().unwrap_or("").to_ascii_lowercase();
+                let mime = ct.split(';').next().unwrap_or("").trim();
+                if !(mime == "application/json" || mime.ends_with("+json")) {
+                    return Err(unsupported(format!(
+                        "expected Content-Type: application/json, got {mime:?}"
+                    )));
+                }
             }
+            // A web page can send a body without a Content-Type (or with one of the
+            // CORS-safelisted types, refused above) without a preflight; in local
+            // mode, where no key stands in its way, a JSON body must say it is JSON.
+            None if state.auth.local_mode() => {
+                return Err(unsupported(
+                    "expected Content-Type: application/json (required in local mode)".into(),
+                ))
+            }
+            None => {}
         }
         let bytes = read_body(req.into_body(), state.config.max_body_bytes()).await?;
         serde_json::from_slice(&bytes).map(JsonBody).map_err(|e| {
@@ -64,7 +87,13 @@ async fn read_body(body: axum::body::Body, limit: usize) -> Result<axum::body::B
     let mut body = body;
     let mut bytes = Vec::new();
     while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| ApiError::bad_request(format!("could not read the request body: {e}")))?;
+        let frame = frame.map_err(|e| {
+            if body_timed_out(&e) {
+                request_timeout()
+            } else {
+                ApiError::bad_request(format!("could not read the request body: {e}"))
+            }
+        })?;
         let Some(data) = frame.data_ref() else { continue };
         if bytes.len() + data.len() > limit {
             let drain = async { while let Some(Ok(_)) = body.frame().await {} };
@@ -76,6 +105,101 @@ async fn read_body(body: axum::body::Body, limit: usize) -> Result<axum::body::B
         bytes.extend_from_slice(data);
     }
     Ok(bytes.into())
+}
+
+/// The error a request body gives when it has not arrived whole by its deadline.
+#[derive(Debug, thiserror::Error)]
+#[error("the request body did not arrive within body_read_timeout_ms")]
+pub struct BodyTimeout;
+
+/// Whether `error`, or an error it wraps, is a `BodyTimeout`. Body readers wrap the
+/// body's errors in their own (multipart does, twice).
+pub(crate) fn body_timed_out(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(error);
+    while let Some(e) = next {
+        if e.is::<BodyTimeout>() {
+            return true;
+        }
+        next = e.source();
+    }
+    false
+}
+
+/// 408: the body did not arrive in time.
+pub(crate) fn request_timeout() -> ApiError {
+    ApiError::new(
+        StatusCode::REQUEST_TIMEOUT,
+        error_type::REQUEST_TIMEOUT,
+        "the request body did not arrive in time (body_read_timeout_ms)",
+    )
+}
+
+/// Middleware: every request's body must arrive whole within `body_read_timeout_ms` of
+/// its headers, or reading it fails with `BodyTimeout` (answered 408 by the reader). A
+/// client that sends half a body and stalls would otherwise hold its handler, and the
+/// connection, for as long as it likes.
+pub async fn body_deadline(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let (parts, body) = req.into_parts();
+    let body = if body.is_end_stream() {
+        body
+    } else {
+        Body::new(DeadlineBody {
+            body,
+            deadline: tokio::time::Instant::now() + Duration::from_millis(state.config.body_read_timeout_ms),
+            timer: None,
+        })
+    };
+    let mut response = next.run(Request::from_parts(parts, body)).await;
+    if response.status() == StatusCode::REQUEST_TIMEOUT {
+        // The rest of the body may still be on its way: the connection cannot carry
+        // another request.
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+    }
+    response
+}
+
+/// A request body that fails with `BodyTimeout` once its deadline has passed.
+struct DeadlineBody {
+    body: Body,
+    deadline: tokio::time::Instant,
+    /// Made the first time the body has nothing to give, so that a body that arrives
+    /// at once costs no timer.
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl HttpBody for DeadlineBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let this = self.get_mut();
+        let late = || Poll::Ready(Some(Err(axum::Error::new(BodyTimeout))));
+        match Pin::new(&mut this.body).poll_frame(cx) {
+            // Bytes that trickle in steadily still count against the deadline.
+            Poll::Ready(Some(Ok(_))) if tokio::time::Instant::now() >= this.deadline => late(),
+            Poll::Ready(frame) => Poll::Ready(frame),
+            Poll::Pending => {
+                let deadline = this.deadline;
+                let timer = this
+                    .timer
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                match timer.as_mut().poll(cx) {
+                    Poll::Ready(()) => late(),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
 }
 
 /// Path parameters whose every failure (bad percent-encoding, bytes that are not UTF-8) is
@@ -128,39 +252,51 @@ pub fn router(state: AppState) -> Router {
             state.clone(),
             crate::auth::authenticate,
         ))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), body_deadline))
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response))
         .with_state(state)
 }
 
-/// 200 while programs can run; 503 with the reason while sandboxes cannot be built.
+/// 200 while programs can run; 503 with the reason while sandboxes cannot be built. It
+/// needs no credentials, so that load balancers and container probes can call it; with
+/// a valid key (or in local mode) it says more.
 #[utoipa::path(
     get,
     path = "/v1/health",
     operation_id = "health",
     tag = "health",
+    security(()),
     responses(
-        (status = 200, description = "Programs can run.", body = Health),
+        (status = 200, description = "Programs can run. Without credentials on a server with API keys, only `status` and `version`.", body = Health),
         (status = 503, description = "Sandboxes cannot be built now; `reason` says why.", body = Health),
+        (status = 401, description = "`unauthorized`: credentials were sent and are not valid (none at all is fine).", body = ErrorBody),
     ),
 )]
-pub(crate) async fn health(State(state): State<AppState>) -> Response {
+pub(crate) async fn health(State(state): State<AppState>, principal: Option<Extension<Principal>>) -> Response {
     let reason = state.sandbox_unavailable().await;
     let code = if reason.is_some() {
         StatusCode::SERVICE_UNAVAILABLE
     } else {
         StatusCode::OK
     };
-    let body = Json(Health {
+    let mut body = Health {
         status: if reason.is_some() { "unavailable" } else { "ok" }.into(),
         reason,
         version: env!("CARGO_PKG_VERSION").into(),
-        cgroup: state.runner.settings().cgroups.version().into(),
-        active_runs: state.admission.active(),
-        max_concurrent_runs: state.admission.capacity(),
-        warm_idle: state.pool.idle(),
-    });
-    (code, body).into_response()
+        cgroup: None,
+        active_runs: None,
+        max_concurrent_runs: None,
+        warm_idle: None,
+    };
+    // What the server holds and how busy it is is for its callers only.
+    if principal.is_some() {
+        body.cgroup = Some(state.runner.settings().cgroups.version().into());
+        body.active_runs = Some(state.admission.active());
+        body.max_concurrent_runs = Some(state.admission.capacity());
+        body.warm_idle = Some(state.pool.idle());
+    }
+    (code, Json(body)).into_response()
 }
 
 /// Runs a program to its end and answers with its outcome.
@@ -316,4 +452,50 @@ fn panic_response(err: Box<dyn std::any::Any + Send + 'static>) -> Response {
         .or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string()))
         .unwrap_or_else(|| "unknown panic".into());
     ApiError::internal(error_type::INTERNAL, &format!("handler panicked: {detail}")).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A body whose client has gone quiet.
+    struct Stalled;
+
+    impl HttpBody for Stalled {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            Poll::Pending
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stalled_body_is_a_timeout_at_its_deadline() {
+        let body = Body::new(DeadlineBody {
+            body: Body::new(Stalled),
+            deadline: tokio::time::Instant::now() + Duration::from_millis(50),
+            timer: None,
+        });
+        let e = read_body(body, 1024).await.unwrap_err();
+        assert_eq!(e.status, StatusCode::REQUEST_TIMEOUT);
+        assert_eq!(e.error_type, error_type::REQUEST_TIMEOUT);
+    }
+
+    #[tokio::test]
+    async fn a_body_in_time_is_read_whole() {
+        let body = Body::new(DeadlineBody {
+            body: Body::from("{}"),
+            deadline: tokio::time::Instant::now() + Duration::from_secs(60),
+            timer: None,
+        });
+        assert_eq!(&read_body(body, 1024).await.unwrap()[..], b"{}");
+    }
+
+    #[test]
+    fn a_timeout_is_found_inside_wrapping_errors() {
+        let wrapped = axum::Error::new(axum::Error::new(BodyTimeout));
+        assert!(body_timed_out(&wrapped));
+        assert!(!body_timed_out(&axum::Error::new(std::io::Error::other("reset"))));
+    }
 }

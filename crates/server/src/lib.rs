@@ -15,6 +15,7 @@ pub mod files;
 pub mod host;
 pub mod http;
 pub mod ids;
+pub mod listen;
 pub mod openapi;
 pub mod pool;
 pub mod programmatic;
@@ -244,6 +245,7 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
         state.outbox_dir.clone(),
         stale_outbox,
     ));
+    let cap = listen::connection_cap(&config);
     let listener = tokio::net::TcpListener::bind(&config.listen)
         .await
         .map_err(|source| ServeError::Bind {
@@ -256,13 +258,12 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     println!("sandcall listening on http://{addr}");
 
     let app = http::router(state);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            wait_for_signal().await;
-            tracing::info!("shutting down: killing running programs");
-            let _ = shutdown_tx.send(true);
-        })
-        .await?;
+    listen::serve(listener, app, cap, listen::Timeouts::new(&config), async move {
+        wait_for_signal().await;
+        tracing::info!("shutting down: killing running programs");
+        let _ = shutdown_tx.send(true);
+    })
+    .await;
     // In-flight requests have been answered; make sure every helper is gone too.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while runner.active() > 0 && tokio::time::Instant::now() < deadline {

@@ -61,8 +61,9 @@ pub struct UploadForm {
 }
 
 /// What every operation shares: the API key schemes, 401 when keys are configured and the
-/// request has none, 500 for a handler that failed, 413 and 415 where a JSON body is read
-/// (`JsonBody`), and 400 for a path parameter that is not UTF-8 (`ApiPath`).
+/// request has none, 403 and 421 of local mode, 500 for a handler that failed, 413 and 415
+/// where a JSON body is read (`JsonBody`), 408 where any body is read, and 400 for a path
+/// parameter that is not UTF-8 (`ApiPath`).
 struct Common;
 
 impl Modify for Common {
@@ -108,8 +109,30 @@ impl Modify for Common {
                 if json_body {
                     // What `JsonBody` answers on every route that reads one.
                     add_error(op, "413", "`payload_too_large`: the body is over the limit.");
-                    add_error(op, "415", "`unsupported_media_type`: the body is not JSON.");
+                    add_error(
+                        op,
+                        "415",
+                        "`unsupported_media_type`: the body is not JSON (in local mode: or has no `Content-Type`).",
+                    );
                 }
+                if op.request_body.is_some() {
+                    add_error(
+                        op,
+                        "408",
+                        "`request_timeout`: the body did not arrive whole within `body_read_timeout_ms`.",
+                    );
+                }
+                // What local mode refuses on every route, before anything else.
+                add_error(
+                    op,
+                    "403",
+                    "Local mode: `forbidden_origin`, the request comes from a web page of another origin.",
+                );
+                add_error(
+                    op,
+                    "421",
+                    "Local mode: `misdirected_request`, `Host` is not a loopback name.",
+                );
                 if op.parameters.as_ref().is_some_and(|p| !p.is_empty()) {
                     add_error(op, "400", "`invalid_request`: a path parameter is not valid UTF-8.");
                 }

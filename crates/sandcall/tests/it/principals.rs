@@ -194,6 +194,12 @@ fn every_route_needs_a_valid_key() {
                 *ct
             };
             let reply = client.send(method, path, ct, req_body.as_deref());
+            if path == "/v1/health" && *label == "no credentials" {
+                // Health needs none, and then says only whether the server is up.
+                assert_eq!(reply.status, 200, "{reply}");
+                assert_eq!(field_names(&reply.json()), ["status", "version"], "{reply}");
+                continue;
+            }
             assert_unauthorized(&reply, &format!("{label}: {method} {path}"));
         }
     }
@@ -476,7 +482,7 @@ fn keys_add_prints_a_key_once_and_stores_only_its_hash() {
         ("carol", Client::bearer(&s, &carol)),
         ("dave", Client::api_key(&s, &dave)),
     ] {
-        let reply = c.get("/v1/health");
+        let reply = c.get("/openapi.json");
         assert_eq!(reply.status, 200, "{label}: {reply}");
     }
     for (label, c) in [
@@ -489,7 +495,7 @@ fn keys_add_prints_a_key_once_and_stores_only_its_hash() {
         ),
         ("a key of the environment's kind", Client::api_key(&s, ALICE)),
     ] {
-        assert_unauthorized(&c.get("/v1/health"), label);
+        assert_unauthorized(&c.get("/openapi.json"), label);
     }
     // Each key is its own principal.
     let carols = Client::bearer(&s, &carol);
@@ -674,9 +680,9 @@ fn a_non_loopback_address_with_keys_starts() {
     let mut server = Spawned::serve(&args, &[("SANDCALL_API_KEYS", KEYS)]);
     let port = server.wait_for_port(Duration::from_secs(60));
     let base = format!("http://127.0.0.1:{port}");
-    let reply = Client::at(&base).with("X-API-Key", ALICE).get("/v1/health");
+    let reply = Client::at(&base).with("X-API-Key", ALICE).get("/openapi.json");
     assert_eq!(reply.status, 200, "{reply}");
-    assert_unauthorized(&Client::at(&base).get("/v1/health"), "no key on a public address");
+    assert_unauthorized(&Client::at(&base).get("/openapi.json"), "no key on a public address");
     server.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -706,4 +712,44 @@ fn local_mode_needs_no_key() {
     let reply = anyone.post_json(ROUTE, &resume_body(&paused));
     assert_eq!(reply.status, 200, "{reply}");
     assert_eq!(reply.json()["stdout"], "rate 0.92\n", "{reply}");
+}
+
+fn field_names(v: &Value) -> Vec<&str> {
+    let mut names: Vec<&str> = v
+        .as_object()
+        .map(|o| o.keys().map(String::as_str).collect())
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// Load balancers and container probes have no key: health answers them, with whether
+/// the server is up and nothing about what it holds. A key gets the whole report; a key
+/// that is not valid is still 401.
+#[test]
+fn health_needs_no_key_and_says_more_with_one() {
+    let s = keyed_server();
+    let bare = Client::anonymous(&s).get("/v1/health");
+    assert_eq!(bare.status, 200, "{bare}");
+    assert_eq!(field_names(&bare.json()), ["status", "version"], "{bare}");
+    assert_eq!(bare.json()["status"], "ok", "{bare}");
+    let full = Client::bearer(&s, ALICE).get("/v1/health");
+    assert_eq!(full.status, 200, "{full}");
+    assert_eq!(
+        field_names(&full.json()),
+        [
+            "active_runs",
+            "cgroup",
+            "max_concurrent_runs",
+            "status",
+            "version",
+            "warm_idle"
+        ],
+        "{full}"
+    );
+    assert_unauthorized(&Client::api_key(&s, "wrong").get("/v1/health"), "a wrong key");
+    assert_unauthorized(&Client::bearer(&s, "").get("/v1/health"), "an empty key");
+    // Only health: the rest still needs a key.
+    assert_unauthorized(&Client::anonymous(&s).get("/v1/health/"), "health with a slash");
+    assert_unauthorized(&Client::anonymous(&s).get("/openapi.json"), "no key");
 }

@@ -31,7 +31,9 @@ pub fn upload_limit(config: &Config) -> usize {
 }
 
 fn multipart_error(e: axum::extract::multipart::MultipartError) -> ApiError {
-    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+    if crate::http::body_timed_out(&e) {
+        crate::http::request_timeout()
+    } else if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
         ApiError::too_large("the upload is larger than the server accepts")
     } else {
         ApiError::bad_request(format!("malformed multipart body: {}", e.body_text()))
