@@ -370,6 +370,17 @@ pub struct Health {
     pub active_runs: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub max_concurrent_runs: Option<usize>,
+    /// Requests waiting for a run slot now (extension).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub queued_runs: Option<usize>,
+    /// Programmatic sessions holding a sandbox now, paused ones included (extension).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub sessions: Option<usize>,
+    /// Of those, the ones paused, waiting for their caller (extension).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub paused_sessions: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub max_sessions: Option<usize>,
     /// Warm sandboxes ready now (extension).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub warm_idle: Option<usize>,

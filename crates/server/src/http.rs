@@ -287,6 +287,10 @@ pub(crate) async fn health(State(state): State<AppState>, principal: Option<Exte
         cgroup: None,
         active_runs: None,
         max_concurrent_runs: None,
+        queued_runs: None,
+        sessions: None,
+        paused_sessions: None,
+        max_sessions: None,
         warm_idle: None,
     };
     // What the server holds and how busy it is is for its callers only.
@@ -295,6 +299,11 @@ pub(crate) async fn health(State(state): State<AppState>, principal: Option<Exte
         body.active_runs = Some(state.admission.active());
         body.max_concurrent_runs = Some(state.admission.capacity());
         body.warm_idle = Some(state.pool.idle());
+        body.queued_runs = Some(state.admission.queued());
+        let (sessions, paused) = state.sessions.counts();
+        body.sessions = Some(sessions);
+        body.paused_sessions = Some(paused);
+        body.max_sessions = Some(state.config.max_sessions);
     }
     (code, Json(body)).into_response()
 }

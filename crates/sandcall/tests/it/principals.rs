@@ -741,6 +741,10 @@ fn health_needs_no_key_and_says_more_with_one() {
             "active_runs",
             "cgroup",
             "max_concurrent_runs",
+            "max_sessions",
+            "paused_sessions",
+            "queued_runs",
+            "sessions",
             "status",
             "version",
             "warm_idle"

@@ -33,6 +33,7 @@ const EXPIRY_GRACE: Duration = Duration::from_secs(10);
 const CAPS: &str =
     "max_concurrent_runs = 6\nmax_queued_runs = 2\nmax_runs_per_principal = 9\nmax_sessions_per_principal = 8\n";
 const MAX_CONCURRENT_RUNS: u64 = 6;
+const MAX_SESSIONS_PER_PRINCIPAL: u64 = 8;
 /// Failure messages kept per client (all are counted).
 const KEPT_FAILURES: usize = 20;
 const ROUTE: &str = "/v1/exec/programmatic";
@@ -102,8 +103,9 @@ fn soak_mixed_load_leaves_nothing_behind() {
     let mut tally = Tally::default();
     let watching = std::sync::atomic::AtomicBool::new(true);
     std::thread::scope(|scope| {
-        // Meanwhile, health must never count more programs running than there are slots:
-        // a refused request that ran anyway would show here.
+        // Meanwhile, health must never count more programs running than there are slots,
+        // nor more sessions than the principal may hold: a refused request that ran (or
+        // kept its session) anyway would show here.
         let watcher = scope.spawn(|| watch_counts(&s, &watching));
         let handles: Vec<_> = (0..CLIENTS)
             .map(|index| {
@@ -169,9 +171,11 @@ fn watch_counts(s: &Server, watching: &std::sync::atomic::AtomicBool) -> Tally {
             let health: Value = reply.into_json().unwrap_or_default();
             let active = health["active_runs"].as_u64().unwrap_or(0);
             tally.health_samples += 1;
-            if active > MAX_CONCURRENT_RUNS {
+            let sessions = health["sessions"].as_u64().unwrap_or(u64::MAX);
+            let paused = health["paused_sessions"].as_u64().unwrap_or(u64::MAX);
+            if active > MAX_CONCURRENT_RUNS || sessions > MAX_SESSIONS_PER_PRINCIPAL || paused > sessions {
                 tally.fail(format!(
-                    "health counted {active} runs, over {MAX_CONCURRENT_RUNS} slots: {health}"
+                    "health counts over the caps ({MAX_CONCURRENT_RUNS} runs, {MAX_SESSIONS_PER_PRINCIPAL} sessions): {health}"
                 ));
             }
         }

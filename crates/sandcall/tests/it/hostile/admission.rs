@@ -116,8 +116,11 @@ fn a_paused_session_holds_no_run_slot_and_its_resume_waits_for_one() {
     let s = Server::start_with(&[], "max_concurrent_runs = 1\nmax_queued_runs = 0\n");
     let c = Client::anonymous(&s);
     let p = paused(&start_paused(&c));
+    // Health tells it as it is: one session, paused, and no program running.
     let (_, _, health) = s.request("GET", "/v1/health", None, None);
     assert_eq!(health["active_runs"], 0, "{health}");
+    assert_eq!(health["sessions"], 1, "{health}");
+    assert_eq!(health["paused_sessions"], 1, "{health}");
     // The one slot is free for others while the session waits for its caller.
     let r = s.py("print(1)");
     assert_eq!(r["stdout"], "1\n", "{r}");
@@ -136,6 +139,12 @@ fn a_paused_session_holds_no_run_slot_and_its_resume_waits_for_one() {
     let done = c.post_json(ROUTE, &resume_body(&p)).json();
     assert_eq!(done["status"], "completed", "{done}");
     assert_eq!(done["stdout"], "rate 0.92\n");
+    let (_, _, health) = s.request("GET", "/v1/health", None, None);
+    assert_eq!(
+        (&health["active_runs"], &health["sessions"], &health["paused_sessions"]),
+        (&json!(0), &json!(0), &json!(0)),
+        "{health}"
+    );
 }
 
 #[test]
