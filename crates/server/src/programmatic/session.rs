@@ -482,14 +482,18 @@ impl Driver {
         let id = self.session.id.clone();
         // Calls checked and waiting to be handed out at the next pause.
         let mut pending: Vec<(u64, String, ToolArguments)> = Vec::new();
-        // What a paused session holds in the server is bounded by config: the arguments
-        // of one pause (at most max_pause_bytes, kept once as checked JSON text), the
-        // JSON of the paused response once a GET asked for it (both keys, `arguments`
-        // and `input`: 2 × max_pause_bytes, plus the partial output escaped, at most
-        // 6 × each of the two max_output_bytes), the partial output itself
-        // (2 × max_output_bytes), the token and call ids (~100 bytes a call, at most
-        // max_tool_calls calls), and a few KiB of fixed state. Calls made while paused
-        // wait in `pending` for the next pause, under the same budget.
+        // What a paused session holds in the server is bounded by config (P =
+        // max_pause_bytes, O = max_output_bytes):
+        //   P       the arguments of the published pause, kept once as the checked JSON
+        //           text (`arguments` and `input` share it);
+        //   2P + 12O the JSON of the paused response, once a GET asked for it (both
+        //           keys, and the partial output escaped, at worst 6 bytes a byte);
+        //   P       calls made while paused, waiting here for the next pause under the
+        //           same budget;
+        //   2O      the partial output (`carry`, then in the response);
+        //   and the token, call ids and names (~150 bytes a call, at most
+        //   max_tool_calls calls), plus a few KiB of fixed state.
+        // With the defaults: about 4 × 4 MiB + 14 × 64 KiB + 15 KiB ≈ 17 MiB at most.
         let mut pending_bytes = 0u64;
         // Over the session's life, at most max_session_tool_bytes.
         let mut session_bytes = 0u64;

@@ -43,6 +43,14 @@ fn a_flood_of_large_calls_in_one_pause_is_held_to_max_pause_bytes() {
     let mut pauses = 0;
     while r["status"] == "tool_call_required" {
         pauses += 1;
+        // Checked before the readers too, so that a server without the budget fails
+        // here rather than with eight copies of an unbounded pause.
+        let growth = watch.growth();
+        assert!(
+            growth < 64 << 20,
+            "pause {pauses} grew the server by {} MiB",
+            growth >> 20
+        );
         // Eight readers of the paused session at once.
         let readers: Vec<_> = (0..8)
             .map(|_| {
@@ -53,6 +61,12 @@ fn a_flood_of_large_calls_in_one_pause_is_held_to_max_pause_bytes() {
         for reader in readers {
             reader.join().unwrap();
         }
+        let growth = watch.growth();
+        assert!(
+            growth < 64 << 20,
+            "reading pause {pauses} grew the server by {} MiB",
+            growth >> 20
+        );
         let state = get(&s, &id);
         assert_eq!(state["tool_calls"], r["tool_calls"], "{}", short(&state));
         let calls = r["tool_calls"].as_array().unwrap();
