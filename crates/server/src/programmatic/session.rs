@@ -115,7 +115,10 @@ impl Session {
         if let Some(json) = &shared.response.json {
             return Ok(json.clone());
         }
-        let json = Bytes::from(serde_json::to_vec(&shared.response.response)?);
+        let mut json = serde_json::to_vec(&shared.response.response)?;
+        // It is kept while the session is paused: without the slack of its growth.
+        json.shrink_to_fit();
+        let json = Bytes::from(json);
         shared.response.json = Some(json.clone());
         Ok(json)
     }

@@ -229,3 +229,39 @@ fn calls_against_the_largest_allowed_schema_keep_health_fast() {
     assert!(growth < 64 << 20, "the server grew by {} MiB", growth >> 20);
     s.assert_healthy();
 }
+
+#[test]
+fn a_check_over_its_time_budget_is_refused_in_the_program() {
+    let s = Server::start();
+    let schema = json!({"$defs": dag_defs(9), "type": "object", "properties": {"xs": {"type": "array", "items": {"$ref": "#/$defs/d0"}}}});
+    // 15,000 items × 2^9 subschemas: seconds of checking, more than the 1 s budget.
+    // While that check goes on, the session's next calls are refused at once; once it
+    // has ended, calls are checked again.
+    let code = [
+        "import time",
+        "try:",
+        "    t(xs=[{}] * 15000)",
+        "    print('passed')",
+        "except ToolError as e:",
+        "    print('slow', 'took longer than 1000 ms' in str(e))",
+        "busy = 0",
+        "deadline = time.monotonic() + 100",
+        "while True:",
+        "    try:",
+        "        print(t(xs=[]))",
+        "        break",
+        "    except ToolError as e:",
+        "        assert 'still running' in str(e) and time.monotonic() < deadline, e",
+        "        busy += 1",
+        "        time.sleep(0.2)",
+        "print('busy', busy > 0)",
+    ]
+    .join("\n");
+    let body = json!({"code": code, "timeout": 120000, "tools": [{"name": "t", "parameters": schema}]});
+    let (pauses, end) = drive(&s, &body);
+    assert_eq!(end["status"], "completed", "{end}");
+    assert_eq!(end["stdout"], "slow True\n1\nbusy True\n", "{end}");
+    assert_eq!(pauses.len(), 1);
+    assert_eq!(pauses[0]["tool_calls"][0]["arguments"], json!({"xs": []}));
+    s.assert_healthy();
+}
