@@ -215,9 +215,65 @@ pub struct CancelRequest {
 pub struct ToolCall {
     pub id: String,
     pub name: String,
-    pub arguments: serde_json::Value,
+    #[schema(value_type = serde_json::Value)]
+    pub arguments: ToolArguments,
     /// The same object as `arguments` (LibreChat's client reads `input`).
-    pub input: serde_json::Value,
+    #[schema(value_type = serde_json::Value)]
+    pub input: ToolArguments,
+}
+
+impl ToolCall {
+    /// A call whose `arguments` and `input` are one shared text.
+    pub fn new(id: String, name: String, arguments: ToolArguments) -> ToolCall {
+        ToolCall {
+            id,
+            name,
+            input: arguments.clone(),
+            arguments,
+        }
+    }
+}
+
+/// A tool call's arguments as compact JSON text, shared: cloning it (as `input` is a
+/// clone of `arguments`) copies no bytes, and the text takes its length in memory, where
+/// a parsed `Value` can take many times more. It serializes as the JSON it holds.
+#[derive(Debug, Clone)]
+pub struct ToolArguments(std::sync::Arc<serde_json::value::RawValue>);
+
+impl ToolArguments {
+    pub fn new(text: Box<serde_json::value::RawValue>) -> ToolArguments {
+        ToolArguments(text.into())
+    }
+
+    /// The JSON text.
+    pub fn get(&self) -> &str {
+        self.0.get()
+    }
+}
+
+/// Equal when the texts are: the server always writes compact JSON, and a deserialized
+/// one is written compact again.
+impl PartialEq for ToolArguments {
+    fn eq(&self, other: &ToolArguments) -> bool {
+        self.get() == other.get()
+    }
+}
+
+impl Serialize for ToolArguments {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(serializer)
+    }
+}
+
+/// Through a `Value`, so that it also works inside `ProgrammaticResponse`, whose
+/// `status` tag makes serde buffer the fields before they reach this.
+impl<'de> Deserialize<'de> for ToolArguments {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<ToolArguments, D::Error> {
+        let value = serde_json::Value::deserialize(deserializer)?;
+        serde_json::value::to_raw_value(&value)
+            .map(ToolArguments::new)
+            .map_err(serde::de::Error::custom)
+    }
 }
 
 /// Every answer of the programmatic routes, told apart by `status`.
@@ -424,6 +480,26 @@ mod tests {
         let both = r#"{"id":"a","session_id":"b","storage_session_id":"c","name":"x.csv"}"#;
         let f: FileRef = serde_json::from_str(both).unwrap();
         assert_eq!(f.session(), Some("c"));
+    }
+
+    #[test]
+    fn tool_calls_write_one_text_under_both_keys_and_read_back() {
+        let text = serde_json::value::to_raw_value(&serde_json::json!({"base": "USD", "n": [1, 2]})).unwrap();
+        let call = ToolCall::new("c1".into(), "rate".into(), ToolArguments::new(text));
+        assert!(std::sync::Arc::ptr_eq(&call.arguments.0, &call.input.0));
+        let wire = serde_json::to_value(&call).unwrap();
+        assert_eq!(
+            wire,
+            serde_json::json!({"id": "c1", "name": "rate", "arguments": {"base": "USD", "n": [1, 2]}, "input": {"base": "USD", "n": [1, 2]}})
+        );
+        let paused = serde_json::json!({"status": "tool_call_required", "session_id": "s", "continuation_token": "t",
+            "tool_calls": [wire], "partial_stdout": "", "partial_stderr": "", "expires_at": "x"});
+        let back: ProgrammaticResponse = serde_json::from_value(paused.clone()).unwrap();
+        let ProgrammaticResponse::ToolCallRequired { tool_calls, .. } = &back else {
+            panic!("{back:?}")
+        };
+        assert_eq!(tool_calls[0], call);
+        assert_eq!(serde_json::to_value(&back).unwrap(), paused);
     }
 
     #[test]

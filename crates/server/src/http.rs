@@ -373,10 +373,14 @@ pub(crate) async fn programmatic_route(
                 .await?
         }
         None => {
-            state
-                .sessions
-                .start(&principal, programmatic::parse_start(req, &state.config)?)
-                .await?
+            // Declaring the tools compiles up to 100 schemas: each is bounded
+            // (programmatic::tools), together they are still milliseconds of work, done
+            // off the async workers.
+            let config = state.config.clone();
+            let cmd = tokio::task::spawn_blocking(move || programmatic::parse_start(req, &config))
+                .await
+                .map_err(|e| ApiError::internal(error_type::INTERNAL, &format!("declaring tools: {e}")))??;
+            state.sessions.start(&principal, cmd).await?
         }
     };
     Ok(Json(response))
@@ -419,8 +423,10 @@ pub(crate) async fn session_route(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
     ApiPath(session_id): ApiPath<String>,
-) -> Result<Json<ProgrammaticResponse>, ApiError> {
-    Ok(Json(state.sessions.status(&principal, &session_id)?))
+) -> Result<Response, ApiError> {
+    // Already JSON: a paused session's answer is serialized once, not per GET.
+    let json = state.sessions.status(&principal, &session_id)?;
+    Ok(([(header::CONTENT_TYPE, "application/json")], json).into_response())
 }
 
 /// This API's OpenAPI document.

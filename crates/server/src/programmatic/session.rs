@@ -12,7 +12,7 @@
 //! with one token, one wins and the other gets 409.
 
 use super::token::TokenKey;
-use super::tools::ToolSet;
+use super::tools::{ByteBudget, Checked, ToolSet, CHECK_TIME_BUDGET};
 use crate::admission::{Admission, Held, PerPrincipal, Slot};
 use crate::auth::Principal;
 use crate::config::Config;
@@ -21,8 +21,9 @@ use crate::files::{ops, FileStore};
 use crate::ids;
 use crate::pool::Pool;
 use crate::runner::{Helper, RunError, RunSpec, Runner};
+use axum::body::Bytes;
 use axum::http::StatusCode;
-use sandcall_api::{error_type, OutputFile, ProgrammaticResponse, SkippedFile, ToolCall, ToolResult};
+use sandcall_api::{error_type, OutputFile, ProgrammaticResponse, SkippedFile, ToolArguments, ToolCall, ToolResult};
 use sandcall_sandbox::protocol::{Collect, Command, Event, RunResult, ToolReply};
 use serde_json::Value;
 use std::collections::HashMap;
@@ -30,6 +31,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 /// Where a session is.
@@ -46,7 +48,21 @@ enum Phase {
 struct Shared {
     phase: Phase,
     /// What GET answers now; also what a waiting request receives.
+    response: Published,
+}
+
+/// A response as published, and its JSON once a GET asked for it: every later GET
+/// answers those same bytes, so no GET serializes (or copies) the pending calls again.
+/// Cloning the response itself copies no arguments either (`ToolArguments` is shared).
+struct Published {
     response: ProgrammaticResponse,
+    json: Option<Bytes>,
+}
+
+impl From<ProgrammaticResponse> for Published {
+    fn from(response: ProgrammaticResponse) -> Published {
+        Published { response, json: None }
+    }
 }
 
 pub struct Session {
@@ -73,7 +89,7 @@ impl Session {
     fn publish(&self, phase: Phase, response: ProgrammaticResponse) {
         let mut shared = self.lock();
         shared.phase = phase;
-        shared.response = response;
+        shared.response = response.into();
         self.version.send_modify(|v| *v += 1);
     }
 
@@ -86,12 +102,27 @@ impl Session {
         shared.phase = Phase::Running;
         shared.response = ProgrammaticResponse::Running {
             session_id: self.id.clone(),
-        };
+        }
+        .into();
         true
     }
 
     fn current(&self) -> ProgrammaticResponse {
-        self.lock().response.clone()
+        self.lock().response.response.clone()
+    }
+
+    /// The current response as JSON, serialized at most once per published response.
+    fn current_json(&self) -> Result<Bytes, serde_json::Error> {
+        let mut shared = self.lock();
+        if let Some(json) = &shared.response.json {
+            return Ok(json.clone());
+        }
+        let mut json = serde_json::to_vec(&shared.response.response)?;
+        // It is kept while the session is paused: without the slack of its growth.
+        json.shrink_to_fit();
+        let json = Bytes::from(json);
+        shared.response.json = Some(json.clone());
+        Ok(json)
     }
 
     /// Waits until the session moves past version `seen` (to a pause or an end).
@@ -246,7 +277,7 @@ impl Sessions {
             principal: principal.0.clone(),
             shared: Mutex::new(Shared {
                 phase: Phase::Running,
-                response: ProgrammaticResponse::Running { session_id: id.clone() },
+                response: ProgrammaticResponse::Running { session_id: id.clone() }.into(),
             }),
             version: watch::channel(0).0,
             commands,
@@ -340,14 +371,18 @@ impl Sessions {
                 return Err(not_found());
             }
             shared.phase = Phase::Running;
-            shared.response = ProgrammaticResponse::Running { session_id: id.clone() };
+            shared.response = ProgrammaticResponse::Running { session_id: id.clone() }.into();
             *session.version.borrow()
         };
         Ok(session.next_outcome(seen).await)
     }
 
-    pub fn status(&self, principal: &Principal, id: &str) -> Result<ProgrammaticResponse, ApiError> {
-        Ok(self.get(id, principal)?.current())
+    /// The session's state as the JSON of a `ProgrammaticResponse`. A paused session's
+    /// answer is serialized once and shared by every GET that reads it.
+    pub fn status(&self, principal: &Principal, id: &str) -> Result<Bytes, ApiError> {
+        self.get(id, principal)?
+            .current_json()
+            .map_err(|e| ApiError::internal(error_type::INTERNAL, &format!("serializing a session's state: {e}")))
     }
 
     /// Kills the program; answers with the session's end.
@@ -357,7 +392,7 @@ impl Sessions {
             let seen = {
                 let shared = session.lock();
                 if matches!(shared.phase, Phase::Done) {
-                    return Ok(shared.response.clone());
+                    return Ok(shared.response.response.clone());
                 }
                 *session.version.borrow()
             };
@@ -499,6 +534,45 @@ enum Ending {
 }
 
 impl Driver {
+    /// Runs `ToolSet::check` on a blocking thread, off the async workers, and waits for
+    /// it at most `CHECK_TIME_BUDGET`; a call whose check takes longer is refused. A
+    /// thread cannot be stopped, so an overrunning check goes on and is kept in
+    /// `overrun`: until it ends, this session's next calls are refused at once, and one
+    /// session never has more than one check running.
+    async fn check(
+        &self,
+        overrun: &mut Option<JoinHandle<Result<Checked, String>>>,
+        name: &str,
+        arguments: Option<Value>,
+        argv: Option<Vec<String>>,
+        budget: ByteBudget,
+    ) -> Result<Checked, String> {
+        if overrun.as_ref().is_some_and(|h| !h.is_finished()) {
+            return Err(format!(
+                "the check of an earlier call is still running past its time budget ({} ms); retry later",
+                CHECK_TIME_BUDGET.as_millis()
+            ));
+        }
+        *overrun = None;
+        let tools = self.tools.clone();
+        let owned = name.to_owned();
+        let mut handle = tokio::task::spawn_blocking(move || tools.check(&owned, arguments, argv, &budget));
+        match tokio::time::timeout(CHECK_TIME_BUDGET, &mut handle).await {
+            Ok(Ok(verdict)) => verdict,
+            Ok(Err(e)) => {
+                tracing::error!(session = %self.session.id, error = %e, "a tool-call check failed");
+                Err("the call could not be checked".into())
+            }
+            Err(_) => {
+                *overrun = Some(handle);
+                Err(format!(
+                    "checking the arguments of {name} against its schema took longer than {} ms",
+                    CHECK_TIME_BUDGET.as_millis()
+                ))
+            }
+        }
+    }
+
     async fn run(
         self,
         mut helper: Helper,
@@ -516,7 +590,24 @@ impl Driver {
         let mut shutdown = self.sessions.inner.shutdown.clone();
         let id = self.session.id.clone();
         // Calls checked and waiting to be handed out at the next pause.
-        let mut pending: Vec<(u64, String, Value)> = Vec::new();
+        let mut pending: Vec<(u64, String, ToolArguments)> = Vec::new();
+        // What a paused session holds in the server is bounded by config (P =
+        // max_pause_bytes, O = max_output_bytes):
+        //   P       the arguments of the published pause, kept once as the checked JSON
+        //           text (`arguments` and `input` share it);
+        //   2P + 12O the JSON of the paused response, once a GET asked for it (both
+        //           keys, and the partial output escaped, at worst 6 bytes a byte);
+        //   P       calls made while paused, waiting here for the next pause under the
+        //           same budget;
+        //   2O      the partial output (`carry`, then in the response);
+        //   and the token, call ids and names (~150 bytes a call, at most
+        //   max_tool_calls calls), plus a few KiB of fixed state.
+        // With the defaults: about 4 × 4 MiB + 14 × 64 KiB + 15 KiB ≈ 17 MiB at most.
+        let mut pending_bytes = 0u64;
+        // Over the session's life, at most max_session_tool_bytes.
+        let mut session_bytes = 0u64;
+        // A check that ran past its time budget and is still running (see `check`).
+        let mut overrun: Option<JoinHandle<Result<Checked, String>>> = None;
         // Calls handed out and not answered yet.
         let mut outstanding: Vec<u64> = Vec::new();
         let mut accepted = 0u64;
@@ -533,12 +624,21 @@ impl Driver {
                         let verdict = if accepted >= self.max_tool_calls {
                             Err(format!("over the budget of {} tool calls for this run (max_tool_calls)", self.max_tool_calls))
                         } else {
-                            self.tools.check(&name, arguments, argv, config.max_tool_call_bytes)
+                            let budget = ByteBudget {
+                                max_call: config.max_tool_call_bytes,
+                                max_pause: config.max_pause_bytes,
+                                pause_used: pending_bytes,
+                                max_session: config.max_session_tool_bytes,
+                                session_used: session_bytes,
+                            };
+                            self.check(&mut overrun, &name, arguments, argv, budget).await
                         };
                         match verdict {
-                            Ok(arguments) => {
+                            Ok(checked) => {
                                 accepted += 1;
-                                pending.push((key, name, arguments));
+                                pending_bytes += checked.size;
+                                session_bytes += checked.size;
+                                pending.push((key, name, ToolArguments::new(checked.arguments)));
                             }
                             Err(reason) => {
                                 let _ = helper.send(&Command::Reply { key, reply: ToolReply::error("refused", reason) }).await;
@@ -559,8 +659,9 @@ impl Driver {
                             let call_id = ids::new_id();
                             handed.push((call_id.clone(), key));
                             outstanding.push(key);
-                            calls.push(ToolCall { id: call_id, name, input: arguments.clone(), arguments });
+                            calls.push(ToolCall::new(call_id, name, arguments));
                         }
+                        pending_bytes = 0;
                         delivered += calls.len() as u64;
                         let (partial_stdout, partial_stderr) = std::mem::take(&mut carry);
                         let response = ProgrammaticResponse::ToolCallRequired {

@@ -1,13 +1,39 @@
 //! The declared tools of a programmatic run, and the check every call passes before it
-//! can reach the caller: the tool exists, its arguments fit the size cap and the tool's
+//! can reach the caller: the tool exists, its arguments fit the size caps and the tool's
 //! JSON Schema. Pure logic, no I/O.
+//!
+//! A schema is data the caller controls, and validating a call costs work in proportion
+//! to the schema's size *with every `$ref` replaced by its target*: local `$ref`s that
+//! form a DAG (`d0: allOf[$ref d1, $ref d1]`, `d1: allOf[$ref d2, $ref d2]`, ...) have
+//! no cycle, yet expand to 2^depth subschemas. So a declaration is refused unless its
+//! expanded size, its depth and its byte size are under the bounds below; they are
+//! generous for real tools, whose schemas are a few KiB and a few hundred subschemas.
 
 use crate::runtime::ToolNames;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
-use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
 
 /// The most tools one run may declare.
 pub const MAX_TOOLS: usize = 100;
+
+/// The most bytes one tool's `parameters` may take, as compact JSON: 64 KiB.
+pub const MAX_SCHEMA_BYTES: usize = 64 << 10;
+
+/// The most JSON values (objects, arrays, strings, numbers, ...) one tool's
+/// `parameters` may hold once every `$ref` is replaced by its target: 10,000. This is
+/// what bounds the work of compiling the schema and of validating one call against
+/// it; a realistic 200-property tool is about 1,000.
+pub const MAX_SCHEMA_EXPANDED: usize = 10_000;
+
+/// The deepest nesting of objects and arrays one tool's `parameters` may reach,
+/// through its `$ref`s: 64.
+pub const MAX_SCHEMA_DEPTH: usize = 64;
+
+/// How long the program waits for the check of one call (it runs on a blocking
+/// thread, off the async workers): 1 s. A call whose check takes longer is refused.
+pub const CHECK_TIME_BUDGET: Duration = Duration::from_secs(1);
 
 pub struct Tool {
     pub names: ToolNames,
@@ -15,13 +41,62 @@ pub struct Tool {
     validator: jsonschema::Validator,
 }
 
+/// The declared tools. Cheap to clone, so a check can run on a blocking thread.
+#[derive(Clone)]
 pub struct ToolSet {
-    pub tools: Vec<Tool>,
+    tools: Arc<[Tool]>,
 }
 
 /// Why a declaration was refused (answered as 400 `invalid_tool_schema`).
 #[derive(Debug, PartialEq)]
 pub struct DeclarationError(pub String);
+
+/// The byte limits a call's arguments must fit, besides its schema: each call, the
+/// pause it would be handed out in, and the session's whole life.
+#[derive(Clone, Copy, Debug)]
+pub struct ByteBudget {
+    /// `max_tool_call_bytes`.
+    pub max_call: u64,
+    /// `max_pause_bytes`, and what the calls pending for the next pause already take.
+    pub max_pause: u64,
+    pub pause_used: u64,
+    /// `max_session_tool_bytes`, and what the session's accepted calls already took.
+    pub max_session: u64,
+    pub session_used: u64,
+}
+
+impl ByteBudget {
+    /// Why arguments of `size` bytes do not fit, if they do not.
+    fn refuse(&self, name: &str, size: u64) -> Option<String> {
+        if size > self.max_call {
+            return Some(format!(
+                "the arguments of {name} are {size} bytes, over the limit of {} (max_tool_call_bytes)",
+                self.max_call
+            ));
+        }
+        if self.pause_used.saturating_add(size) > self.max_pause {
+            return Some(format!(
+                "the arguments of {name} ({size} bytes) would take the tool calls of this pause over {} bytes (max_pause_bytes); \
+                 wait for the results of the calls already made",
+                self.max_pause
+            ));
+        }
+        if self.session_used.saturating_add(size) > self.max_session {
+            return Some(format!(
+                "the arguments of {name} ({size} bytes) would take the tool calls of this session over {} bytes (max_session_tool_bytes)",
+                self.max_session
+            ));
+        }
+        None
+    }
+}
+
+/// A call that passed the check: its arguments as the compact JSON text that is
+/// forwarded, and that text's length, which the byte budgets count.
+pub struct Checked {
+    pub arguments: Box<RawValue>,
+    pub size: u64,
+}
 
 fn valid_name(name: &str) -> bool {
     (1..=64).contains(&name.len())
@@ -64,7 +139,9 @@ impl ToolSet {
             if !parameters.is_object() {
                 return err(format!("parameters of {:?} must be a JSON Schema object", decl.name));
             }
-            check_refs(&parameters).map_err(|m| DeclarationError(format!("parameters of {:?}: {m}", decl.name)))?;
+            // Before compiling: the bounds are what keep compilation (here, on an async
+            // worker) and every later check cheap.
+            check_schema(&parameters).map_err(|m| DeclarationError(format!("parameters of {:?}: {m}", decl.name)))?;
             let validator = jsonschema::validator_for(&parameters).map_err(|e| {
                 DeclarationError(format!(
                     "parameters of {:?} are not a valid JSON Schema: {e}",
@@ -77,21 +154,23 @@ impl ToolSet {
                 validator,
             });
         }
-        Ok(ToolSet { tools })
+        Ok(ToolSet { tools: tools.into() })
     }
 
     pub fn names(&self) -> Vec<ToolNames> {
         self.tools.iter().map(|t| t.names.clone()).collect()
     }
 
-    /// Checks one call; returns the arguments object to forward, or why it is refused.
+    /// Checks one call; returns the arguments to forward, or why it is refused. Its cost
+    /// is bounded by the declaration's bounds and the argument size, but it can still
+    /// take milliseconds: the driver runs it on a blocking thread.
     pub fn check(
         &self,
         name: &str,
         arguments: Option<Value>,
         argv: Option<Vec<String>>,
-        max_bytes: u64,
-    ) -> Result<Value, String> {
+        budget: &ByteBudget,
+    ) -> Result<Checked, String> {
         let tool = self
             .tools
             .iter()
@@ -104,11 +183,13 @@ impl ToolSet {
             (None, Some(argv)) => arguments_from_argv(&argv, &tool.parameters)?,
             (Some(_), Some(_)) => return Err("a call carries either arguments or argv".into()),
         };
-        let size = serde_json::to_vec(&arguments).map(|v| v.len()).unwrap_or(usize::MAX) as u64;
-        if size > max_bytes {
-            return Err(format!(
-                "the arguments of {name} are {size} bytes, over the limit of {max_bytes} (max_tool_call_bytes)"
-            ));
+        // The text forwarded is what is counted, so the budgets bound what the server
+        // holds for the call.
+        let text = serde_json::value::to_raw_value(&arguments)
+            .map_err(|e| format!("the arguments of {name} cannot be encoded: {e}"))?;
+        let size = text.get().len() as u64;
+        if let Some(reason) = budget.refuse(name, size) {
+            return Err(reason);
         }
         if let Some(error) = tool.validator.iter_errors(&arguments).next() {
             let at = error.instance_path.to_string();
@@ -119,7 +200,7 @@ impl ToolSet {
             };
             return Err(format!("the arguments of {name} do not match its schema{at}: {error}"));
         }
-        Ok(arguments)
+        Ok(Checked { arguments: text, size })
     }
 }
 
@@ -172,42 +253,133 @@ pub fn arguments_from_argv(argv: &[String], schema: &Value) -> Result<Value, Str
     Ok(Value::Object(map))
 }
 
-/// Refuses schemas whose local `$ref`s form a cycle (they cannot be called with a
-/// finite description), and any `$ref` that is not local.
-pub fn check_refs(root: &Value) -> Result<(), String> {
-    fn walk(node: &Value, root: &Value, stack: &mut Vec<String>, done: &mut HashSet<String>) -> Result<(), String> {
+/// Keywords that give a subschema a URI of its own, or resolve a reference through one.
+/// Below the root they would make a `$ref` resolve elsewhere than the walk in
+/// `check_schema` follows it, so they are refused; tool schemas have no use for them.
+const SCOPE_KEYWORDS: [&str; 7] = [
+    "$id",
+    "$schema",
+    "$anchor",
+    "$dynamicAnchor",
+    "$dynamicRef",
+    "$recursiveAnchor",
+    "$recursiveRef",
+];
+
+/// Refuses a schema that is over one of the bounds (`MAX_SCHEMA_BYTES`,
+/// `MAX_SCHEMA_EXPANDED`, `MAX_SCHEMA_DEPTH`), whose local `$ref`s form a cycle (it
+/// cannot be called with a finite description), or with a `$ref` that is not local.
+///
+/// The expanded size is counted by following every `$ref` each time it is met, without
+/// memoising, which is exactly the size that costs work later; the walk stops as soon as
+/// it passes the bound, so the check itself costs at most `MAX_SCHEMA_EXPANDED` steps.
+pub fn check_schema(root: &Value) -> Result<(), String> {
+    if json_len_over(root, MAX_SCHEMA_BYTES) {
+        return Err(format!(
+            "the schema is over {MAX_SCHEMA_BYTES} bytes as JSON (the bound on one tool's parameters)"
+        ));
+    }
+    // In drafts 3 and 4 the keyword `$id` was spelled `id`.
+    let old_draft = root
+        .get("$schema")
+        .and_then(Value::as_str)
+        .is_some_and(|s| s.contains("draft-04") || s.contains("draft-03"));
+    Walk {
+        root,
+        visited: 0,
+        refs: Vec::new(),
+        old_draft,
+    }
+    .visit(root, 1, true)
+}
+
+/// Whether `value`, as compact JSON, is longer than `max` bytes (counted, not built).
+fn json_len_over(value: &Value, max: usize) -> bool {
+    struct Count(usize, usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            if self.0 > self.1 {
+                return Err(std::io::Error::other("over the bound"));
+            }
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    serde_json::to_writer(Count(0, max), value).is_err()
+}
+
+struct Walk<'a> {
+    root: &'a Value,
+    /// Values visited so far, every `$ref` expanded where it is met.
+    visited: usize,
+    /// The `$ref`s being followed, outermost first: meeting one of them again is a cycle.
+    refs: Vec<&'a str>,
+    old_draft: bool,
+}
+
+impl<'a> Walk<'a> {
+    fn visit(&mut self, node: &'a Value, depth: usize, at_root: bool) -> Result<(), String> {
+        self.visited += 1;
+        if self.visited > MAX_SCHEMA_EXPANDED {
+            return Err(format!(
+                "with every $ref replaced by its target the schema holds more than {MAX_SCHEMA_EXPANDED} JSON values \
+                 (the bound on one tool's expanded schema); shared $refs count once per use"
+            ));
+        }
+        if depth > MAX_SCHEMA_DEPTH {
+            return Err(format!(
+                "the schema nests deeper than {MAX_SCHEMA_DEPTH} levels, counting through its $refs \
+                 (the bound on one tool's schema depth)"
+            ));
+        }
         match node {
             Value::Object(map) => {
-                if let Some(r) = map.get("$ref") {
-                    let r = r.as_str().ok_or("$ref must be a string")?;
-                    let pointer = r
-                        .strip_prefix('#')
-                        .ok_or_else(|| format!("only local $ref (\"#/...\") is supported, got {r:?}"))?;
-                    if stack.iter().any(|s| s == r) {
-                        return Err(format!("Circular $ref detected: {} -> {r}", stack.join(" -> ")));
+                for (key, value) in map {
+                    if key == "$ref" {
+                        self.follow(value, depth)?;
+                        continue;
                     }
-                    if !done.contains(r) {
-                        let target = root
-                            .pointer(pointer)
-                            .ok_or_else(|| format!("$ref {r:?} points at nothing"))?;
-                        stack.push(r.to_owned());
-                        walk(target, root, stack, done)?;
-                        stack.pop();
-                        done.insert(r.to_owned());
+                    let scope =
+                        SCOPE_KEYWORDS.contains(&key.as_str()) || (self.old_draft && key == "id" && value.is_string());
+                    if scope && !(at_root && matches!(key.as_str(), "$id" | "id" | "$schema")) {
+                        return Err(format!(
+                            "{key} is not supported in tool schemas (only at the root, for $id and $schema)"
+                        ));
                     }
-                }
-                for (k, v) in map {
-                    if k != "$ref" {
-                        walk(v, root, stack, done)?;
-                    }
+                    self.visit(value, depth + 1, false)?;
                 }
                 Ok(())
             }
-            Value::Array(items) => items.iter().try_for_each(|v| walk(v, root, stack, done)),
+            Value::Array(items) => items.iter().try_for_each(|v| self.visit(v, depth + 1, false)),
             _ => Ok(()),
         }
     }
-    walk(root, root, &mut Vec::new(), &mut HashSet::new())
+
+    fn follow(&mut self, reference: &'a Value, depth: usize) -> Result<(), String> {
+        let r = reference.as_str().ok_or("$ref must be a string")?;
+        let pointer = r
+            .strip_prefix('#')
+            .ok_or_else(|| format!("only local $ref (\"#/...\") is supported, got {r:?}"))?;
+        // The validator percent-decodes a reference and this walk does not: refused, so
+        // that both always reach the same target.
+        if r.contains('%') {
+            return Err(format!("$ref {r:?} uses a %-escape, which is not supported"));
+        }
+        if self.refs.contains(&r) {
+            return Err(format!("Circular $ref detected: {} -> {r}", self.refs.join(" -> ")));
+        }
+        let target = self
+            .root
+            .pointer(pointer)
+            .ok_or_else(|| format!("$ref {r:?} points at nothing"))?;
+        self.refs.push(r);
+        self.visit(target, depth + 1, false)?;
+        self.refs.pop();
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -223,17 +395,153 @@ mod tests {
         }
     }
 
+    /// `d0: allOf[$ref d1, $ref d1]`, ... `d{depth}: {type: object}`: acyclic, and
+    /// 2^depth subschemas once expanded.
+    fn dag(depth: usize) -> Value {
+        let mut defs = Map::new();
+        for i in 0..depth {
+            let next = format!("#/$defs/d{}", i + 1);
+            defs.insert(format!("d{i}"), json!({"allOf": [{"$ref": next}, {"$ref": next}]}));
+        }
+        defs.insert(format!("d{depth}"), json!({"type": "object"}));
+        json!({"$defs": defs, "$ref": "#/$defs/d0"})
+    }
+
+    fn budget(max_call: u64) -> ByteBudget {
+        ByteBudget {
+            max_call,
+            max_pause: u64::MAX,
+            pause_used: 0,
+            max_session: u64::MAX,
+            session_used: 0,
+        }
+    }
+
+    fn args(checked: Result<Checked, String>) -> Value {
+        serde_json::from_str(checked.unwrap().arguments.get()).unwrap()
+    }
+
     #[test]
     fn circular_refs_are_refused_and_dags_are_not() {
         let circular = json!({"$defs": {"node": {"type": "object", "properties": {"child": {"$ref": "#/$defs/node"}}}}, "$ref": "#/$defs/node"});
-        assert!(check_refs(&circular).unwrap_err().contains("Circular $ref detected"));
+        assert!(check_schema(&circular).unwrap_err().contains("Circular $ref detected"));
         let mutual = json!({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"items": {"$ref": "#/$defs/a"}}}});
-        assert!(check_refs(&mutual).unwrap_err().contains("Circular $ref detected"));
+        assert!(check_schema(&mutual).unwrap_err().contains("Circular $ref detected"));
         let shared = json!({"$defs": {"s": {"type": "string"}}, "properties": {"x": {"$ref": "#/$defs/s"}, "y": {"$ref": "#/$defs/s"}}});
-        assert!(check_refs(&shared).is_ok());
-        assert!(check_refs(&json!({"$ref": "http://example.invalid/s.json"})).is_err());
+        assert!(check_schema(&shared).is_ok());
+        assert!(check_schema(&json!({"$ref": "http://example.invalid/s.json"})).is_err());
+        assert!(check_schema(&json!({"$defs": {"a b": {}}, "$ref": "#/$defs/a%20b"})).is_err());
         let err = ToolSet::declare(&[decl("t", circular)]).err().unwrap();
         assert!(err.0.contains("Circular $ref detected"), "{}", err.0);
+    }
+
+    #[test]
+    fn expanded_size_is_bounded_and_counted_per_use() {
+        // d0 expands to 6 * 2^depth - 4 values; it is met three times (from the root's
+        // $ref, as the definition itself, and the definitions below it add about as
+        // much again): depth 9 is just under the bound, depth 10 over it.
+        assert!(check_schema(&dag(9)).is_ok());
+        // Each level of the DAG nests three deep (object, allOf, the $ref's object):
+        // from 21 levels on the path to the bottom passes the depth bound first.
+        for (depth, bound) in [
+            (10, "10000 JSON values"),
+            (20, "10000 JSON values"),
+            (26, "deeper than 64"),
+            (60, "deeper than 64"),
+        ] {
+            let started = std::time::Instant::now();
+            let err = check_schema(&dag(depth)).unwrap_err();
+            assert!(err.contains(bound), "{err}");
+            // The check stops at the bound: it does not do the exponential work itself.
+            assert!(
+                started.elapsed() < Duration::from_millis(500),
+                "{:?}",
+                started.elapsed()
+            );
+        }
+        let err = ToolSet::declare(&[decl("t", dag(20))]).err().unwrap();
+        assert!(
+            err.0.starts_with("parameters of \"t\": with every $ref replaced"),
+            "{}",
+            err.0
+        );
+        // Shared definitions count once per use: 2,000 uses of a 6-value definition.
+        let uses: Map<String, Value> = (0..2000)
+            .map(|i| (format!("p{i}"), json!({"$ref": "#/$defs/s"})))
+            .collect();
+        let wide = json!({"$defs": {"s": {"type": "string", "minLength": 1, "maxLength": 9}}, "properties": uses});
+        assert!(check_schema(&wide).unwrap_err().contains("10000 JSON values"));
+    }
+
+    #[test]
+    fn depth_and_bytes_are_bounded() {
+        let mut deep = json!({"type": "string"});
+        for _ in 0..40 {
+            deep = json!({"type": "object", "properties": {"a": deep}});
+        }
+        assert!(check_schema(&deep).unwrap_err().contains("deeper than 64"));
+        // Depth counts through $refs: a chain of 70 references, each one level.
+        let mut defs = Map::new();
+        for i in 0..70 {
+            defs.insert(format!("r{i}"), json!({"$ref": format!("#/$defs/r{}", i + 1)}));
+        }
+        defs.insert("r70".into(), json!({}));
+        let chain = json!({"$defs": defs, "$ref": "#/$defs/r0"});
+        assert!(check_schema(&chain).unwrap_err().contains("deeper than 64"));
+        let big = json!({"description": "x".repeat(MAX_SCHEMA_BYTES)});
+        assert!(check_schema(&big).unwrap_err().contains("65536 bytes"));
+    }
+
+    #[test]
+    fn realistic_schemas_are_within_the_bounds() {
+        // 200 described properties, a shared definition used twice, an enum.
+        let mut properties: Map<String, Value> = (0..200)
+            .map(|i| {
+                (
+                    format!("field_{i}"),
+                    json!({"type": "string", "description": format!("The value of field number {i} of the record.")}),
+                )
+            })
+            .collect();
+        properties.insert("price".into(), json!({"$ref": "#/$defs/money"}));
+        properties.insert("cost".into(), json!({"$ref": "#/$defs/money"}));
+        properties.insert("currency".into(), json!({"enum": ["USD", "EUR", "GBP", "JPY", "CHF"]}));
+        let schema = json!({
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "type": "object",
+            "$defs": {"money": {"type": "object", "properties": {"amount": {"type": "number"}, "currency": {"type": "string"}}, "required": ["amount", "currency"]}},
+            "properties": properties,
+            "required": ["price"],
+        });
+        assert!(serde_json::to_vec(&schema).unwrap().len() > 15_000);
+        let tools = ToolSet::declare(&[decl("record", schema)]).unwrap();
+        let ok = json!({"price": {"amount": 1.5, "currency": "EUR"}, "field_7": "x"});
+        assert_eq!(args(tools.check("record", Some(ok.clone()), None, &budget(1000))), ok);
+        let bad = json!({"price": {"amount": "1.5", "currency": "EUR"}});
+        assert!(tools
+            .check("record", Some(bad), None, &budget(1000))
+            .err()
+            .unwrap()
+            .contains("/price/amount"));
+    }
+
+    #[test]
+    fn keywords_that_move_references_are_refused_below_the_root() {
+        for schema in [
+            json!({"properties": {"a": {"$id": "https://example.invalid/a", "$defs": {"x": {}}, "$ref": "#/$defs/x"}}}),
+            json!({"properties": {"a": {"$dynamicRef": "#meta"}}}),
+            json!({"properties": {"a": {"$recursiveRef": "#"}}}),
+            json!({"properties": {"a": {"$schema": "http://json-schema.org/draft-04/schema#"}}}),
+            json!({"$schema": "http://json-schema.org/draft-04/schema#", "properties": {"a": {"id": "sub", "definitions": {}}}}),
+        ] {
+            assert!(check_schema(&schema).unwrap_err().contains("not supported"), "{schema}");
+        }
+        // At the root they are harmless, and a property may be called `id`.
+        assert!(check_schema(&json!({"$id": "https://example.invalid/t", "$schema": "https://json-schema.org/draft/2020-12/schema", "properties": {"id": {"type": "string"}}})).is_ok());
+        assert!(check_schema(
+            &json!({"$schema": "http://json-schema.org/draft-04/schema#", "properties": {"id": {"type": "string"}}})
+        )
+        .is_ok());
     }
 
     #[test]
@@ -244,28 +552,49 @@ mod tests {
         )])
         .unwrap();
         assert_eq!(
-            tools
-                .check("get_rate", Some(json!({"base": "USD"})), None, 1000)
-                .unwrap(),
+            args(tools.check("get_rate", Some(json!({"base": "USD"})), None, &budget(1000))),
             json!({"base": "USD"})
         );
         assert!(tools
-            .check("get_rate", Some(json!({"base": 5})), None, 1000)
-            .unwrap_err()
+            .check("get_rate", Some(json!({"base": 5})), None, &budget(1000))
+            .err()
+            .unwrap()
             .contains("do not match"));
         assert!(tools
-            .check("get_rate", Some(json!({})), None, 1000)
-            .unwrap_err()
+            .check("get_rate", Some(json!({})), None, &budget(1000))
+            .err()
+            .unwrap()
             .contains("base"));
         assert!(tools
-            .check("nope", Some(json!({})), None, 1000)
-            .unwrap_err()
+            .check("nope", Some(json!({})), None, &budget(1000))
+            .err()
+            .unwrap()
             .contains("not declared"));
         let big = json!({"base": "x".repeat(2000)});
         assert!(tools
-            .check("get_rate", Some(big), None, 1000)
-            .unwrap_err()
+            .check("get_rate", Some(big), None, &budget(1000))
+            .err()
+            .unwrap()
             .contains("max_tool_call_bytes"));
+    }
+
+    #[test]
+    fn pause_and_session_budgets_count_the_forwarded_text() {
+        let tools = ToolSet::declare(&[decl("t", json!({}))]).unwrap();
+        let call = json!({"s": "x".repeat(100)}); // 108 bytes as compact JSON
+        let mut b = budget(1000);
+        let checked = tools.check("t", Some(call.clone()), None, &b).ok().unwrap();
+        assert_eq!(checked.size, 108);
+        b.max_pause = 200;
+        b.pause_used = 100;
+        let err = tools.check("t", Some(call.clone()), None, &b).err().unwrap();
+        assert!(err.contains("max_pause_bytes"), "{err}");
+        b.pause_used = 92;
+        assert!(tools.check("t", Some(call.clone()), None, &b).is_ok());
+        b.max_session = 1000;
+        b.session_used = 900;
+        let err = tools.check("t", Some(call), None, &b).err().unwrap();
+        assert!(err.contains("max_session_tool_bytes"), "{err}");
     }
 
     #[test]
