@@ -160,11 +160,14 @@ pub struct ToolDecl {
 }
 
 /// The caller's answer to one tool call.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, ToSchema)]
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
 pub struct ToolResult {
     pub call_id: String,
+    // Kept as the JSON text the caller sent: it only passes through to the program, and
+    // parsed it could take 16 times its size (`[0,0,...]`).
     #[serde(default)]
-    pub result: serde_json::Value,
+    #[schema(value_type = serde_json::Value)]
+    pub result: Box<serde_json::value::RawValue>,
     #[serde(default)]
     pub is_error: bool,
     #[serde(default)]

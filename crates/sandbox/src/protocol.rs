@@ -236,11 +236,12 @@ pub enum Command {
 }
 
 /// What the program receives for one tool call.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ToolReply {
     pub ok: bool,
+    /// The caller's result as the JSON text it sent, passed through unparsed.
     #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub result: Option<serde_json::Value>,
+    pub result: Option<Box<serde_json::value::RawValue>>,
     /// `tool_error` (the caller said is_error), `refused` (the server refused the call),
     /// or `timeout` (no result within tool_call_timeout).
     #[serde(skip_serializing_if = "Option::is_none", default)]
@@ -249,8 +250,17 @@ pub struct ToolReply {
     pub error: Option<String>,
 }
 
+impl PartialEq for ToolReply {
+    fn eq(&self, other: &Self) -> bool {
+        self.ok == other.ok
+            && self.result.as_ref().map(|r| r.get()) == other.result.as_ref().map(|r| r.get())
+            && self.kind == other.kind
+            && self.error == other.error
+    }
+}
+
 impl ToolReply {
-    pub fn result(value: serde_json::Value) -> Self {
+    pub fn result(value: Box<serde_json::value::RawValue>) -> Self {
         ToolReply {
             ok: true,
             result: Some(value),

@@ -623,7 +623,8 @@ pub fn client_main(name: &str, argv: &[String]) -> i32 {
         return fail(2, "unreadable answer from sandcall");
     };
     if reply.ok {
-        let out = match reply.result.unwrap_or(Value::Null) {
+        let result = reply.result.and_then(|r| serde_json::from_str(r.get()).ok());
+        let out = match result.unwrap_or(Value::Null) {
             Value::String(s) => s,
             other => other.to_string(),
         };
@@ -754,7 +755,7 @@ mod tests {
         // The server's replies go back with the program's own ids.
         for (key, reply) in [
             (2, ToolReply::error("refused", "no")),
-            (1, ToolReply::result(serde_json::json!("r"))),
+            (1, ToolReply::result(serde_json::value::to_raw_value("r").unwrap())),
         ] {
             let line = serde_json::to_vec(&Command::Reply { key, reply }).unwrap();
             assert!(hub.command(&line));
@@ -866,7 +867,7 @@ mod tests {
             .unwrap();
         assert_eq!(read_all(&mut hub).len(), 2);
         // Nobody reads: the first reply fills the socket buffer and the queue.
-        let big = ToolReply::result(Value::String("x".repeat(900 << 10)));
+        let big = ToolReply::result(serde_json::value::to_raw_value(&"x".repeat(900 << 10)).unwrap());
         assert!(hub.command(
             &serde_json::to_vec(&Command::Reply {
                 key: 1,

@@ -29,7 +29,7 @@ use std::time::Duration;
 /// A JSON body whose every failure (content type, size, syntax, types) is an ApiError.
 pub struct JsonBody<T>(pub T);
 
-impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
+impl<T: DeserializeOwned + Send + 'static> FromRequest<AppState> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
@@ -61,7 +61,7 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
             None => {}
         }
         let bytes = read_body(req.into_body(), state.config.max_body_bytes()).await?;
-        serde_json::from_slice(&bytes).map(JsonBody).map_err(|e| {
+        crate::json::parse(bytes).await.map(JsonBody).map_err(|e| {
             use serde_json::error::Category;
             match e.classify() {
                 Category::Syntax | Category::Eof | Category::Io => ApiError::new(
@@ -363,8 +363,8 @@ pub(crate) async fn programmatic_route(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
     JsonBody(req): JsonBody<ProgrammaticRequest>,
-) -> Result<Json<ProgrammaticResponse>, ApiError> {
-    let response = match req.continuation_token.as_deref() {
+) -> Result<Response, ApiError> {
+    let json = match req.continuation_token.as_deref() {
         Some(token) => {
             let results = req.tool_results.as_deref().unwrap_or_default();
             state
@@ -383,7 +383,8 @@ pub(crate) async fn programmatic_route(
             state.sessions.start(&principal, cmd).await?
         }
     };
-    Ok(Json(response))
+    // Already JSON: a pause's answer is serialized once, off the async workers.
+    Ok(([(header::CONTENT_TYPE, "application/json")], json).into_response())
 }
 
 /// Ends a session: its program is killed and its sandbox freed.

@@ -15,6 +15,7 @@ pub mod files;
 pub mod host;
 pub mod http;
 pub mod ids;
+pub mod json;
 pub mod listen;
 pub mod openapi;
 pub mod pool;

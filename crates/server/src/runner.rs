@@ -423,7 +423,9 @@ fn spawn_writer(mut stdin: tokio::process::ChildStdin) -> tokio::sync::mpsc::Unb
 
 async fn next_event(events: &mut Lines<BufReader<ChildStdout>>) -> Result<Event, RunError> {
     match events.next_line().await {
-        Ok(Some(line)) => serde_json::from_str(&line).map_err(|e| RunError::Protocol(format!("bad event: {e}"))),
+        Ok(Some(line)) => crate::json::parse(line)
+            .await
+            .map_err(|e| RunError::Protocol(format!("bad event: {e}"))),
         Ok(None) => Err(RunError::Protocol("helper exited without an answer".into())),
         Err(e) => Err(RunError::Protocol(format!("reading from helper: {e}"))),
     }

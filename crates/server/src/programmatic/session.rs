@@ -87,9 +87,14 @@ impl Session {
     }
 
     fn publish(&self, phase: Phase, response: ProgrammaticResponse) {
+        self.publish_json(phase, response, None);
+    }
+
+    /// Publishes `response` with its JSON, when the caller made it already.
+    fn publish_json(&self, phase: Phase, response: ProgrammaticResponse, json: Option<Bytes>) {
         let mut shared = self.lock();
         shared.phase = phase;
-        shared.response = response.into();
+        shared.response = Published { response, json };
         self.version.send_modify(|v| *v += 1);
     }
 
@@ -127,9 +132,19 @@ impl Session {
 
     /// Waits until the session moves past version `seen` (to a pause or an end).
     async fn next_outcome(&self, seen: u64) -> ProgrammaticResponse {
+        self.wait_past(seen).await;
+        self.current()
+    }
+
+    /// The same, as the JSON every request for this outcome shares.
+    async fn next_outcome_json(&self, seen: u64) -> Result<Bytes, ApiError> {
+        self.wait_past(seen).await;
+        self.current_json().map_err(serialize_failed)
+    }
+
+    async fn wait_past(&self, seen: u64) {
         let mut rx = self.version.subscribe();
         let _ = rx.wait_for(|v| *v > seen).await;
-        self.current()
     }
 }
 
@@ -228,7 +243,8 @@ impl Sessions {
     }
 
     /// Starts the program and answers with its first pause or its end.
-    pub async fn start(&self, principal: &Principal, cmd: StartCommand) -> Result<ProgrammaticResponse, ApiError> {
+    /// Answers the JSON of the response, which every request for it shares.
+    pub async fn start(&self, principal: &Principal, cmd: StartCommand) -> Result<Bytes, ApiError> {
         let mut spec = cmd.spec;
         let inner = &self.inner;
         spec.inputs = ops::resolve_inputs(&*inner.files, &principal.0, &cmd.files, spec.limits.workspace_bytes).await?;
@@ -292,7 +308,7 @@ impl Sessions {
             deadline,
         };
         tokio::spawn(driver.run(helper, rx, slot, run_slot));
-        Ok(session.next_outcome(0).await)
+        session.next_outcome_json(0).await
     }
 
     /// A place for one more session of `principal`: 429 when it holds its share, 503 when
@@ -329,7 +345,7 @@ impl Sessions {
         token: &str,
         session_id: Option<&str>,
         results: &[ToolResult],
-    ) -> Result<ProgrammaticResponse, ApiError> {
+    ) -> Result<Bytes, ApiError> {
         let (id, pause) = self.inner.key.verify(token).ok_or_else(|| {
             ApiError::new(
                 StatusCode::UNAUTHORIZED,
@@ -374,15 +390,13 @@ impl Sessions {
             shared.response = ProgrammaticResponse::Running { session_id: id.clone() }.into();
             *session.version.borrow()
         };
-        Ok(session.next_outcome(seen).await)
+        session.next_outcome_json(seen).await
     }
 
     /// The session's state as the JSON of a `ProgrammaticResponse`. A paused session's
     /// answer is serialized once and shared by every GET that reads it.
     pub fn status(&self, principal: &Principal, id: &str) -> Result<Bytes, ApiError> {
-        self.get(id, principal)?
-            .current_json()
-            .map_err(|e| ApiError::internal(error_type::INTERNAL, &format!("serializing a session's state: {e}")))
+        self.get(id, principal)?.current_json().map_err(serialize_failed)
     }
 
     /// Kills the program; answers with the session's end.
@@ -445,6 +459,19 @@ impl Drop for Paused<'_> {
     fn drop(&mut self) {
         self.set(false);
     }
+}
+
+fn serialize_failed(e: serde_json::Error) -> ApiError {
+    ApiError::internal(error_type::INTERNAL, &format!("serializing a session's state: {e}"))
+}
+
+/// A pause's answer as JSON, made on a blocking thread: it holds up to `max_pause_bytes`
+/// of arguments twice (`arguments` and `input`). `None` if that fails; the first request
+/// then serializes it.
+async fn serialized(response: &ProgrammaticResponse) -> Option<Bytes> {
+    let response = response.clone();
+    let json = tokio::task::spawn_blocking(move || serde_json::to_vec(&response)).await;
+    json.ok().and_then(Result::ok).map(Bytes::from)
 }
 
 fn token_used() -> ApiError {
@@ -675,8 +702,9 @@ impl Driver {
                                 tool_timeout.min(expiry).min(self.deadline.saturating_duration_since(Instant::now())),
                             ),
                         };
+                        let json = serialized(&response).await;
                         paused_at = Some(Instant::now());
-                        self.session.publish(Phase::Paused { pause, calls: handed }, response);
+                        self.session.publish_json(Phase::Paused { pause, calls: handed }, response, json);
                         // Waiting for the caller takes no CPU: the slot goes to someone else.
                         run_slot = None;
                         paused_count.set(true);
@@ -843,7 +871,7 @@ mod tests {
     fn result(id: &str, value: Value) -> ToolResult {
         ToolResult {
             call_id: id.into(),
-            result: value,
+            result: serde_json::value::to_raw_value(&value).unwrap(),
             is_error: false,
             error_message: None,
         }
@@ -876,7 +904,7 @@ mod tests {
         let calls = vec![("a".to_string(), 7)];
         let r = ToolResult {
             call_id: "a".into(),
-            result: Value::Null,
+            result: Default::default(),
             is_error: true,
             error_message: Some("boom".into()),
         };

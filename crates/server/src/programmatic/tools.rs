@@ -35,10 +35,25 @@ pub const MAX_SCHEMA_DEPTH: usize = 64;
 /// thread, off the async workers): 1 s. A call whose check takes longer is refused.
 pub const CHECK_TIME_BUDGET: Duration = Duration::from_secs(1);
 
+/// A declared tool. Its schema is kept as compact JSON text and compiled afresh for each
+/// check: a compiled validator takes tens of times the schema's size in memory (about
+/// 1 MiB for a 20 KiB schema), and a session would hold it for as long as it lives,
+/// while compiling takes about a millisecond (the bounds above keep it so).
 pub struct Tool {
     pub names: ToolNames,
-    pub parameters: Value,
-    validator: jsonschema::Validator,
+    schema: Box<str>,
+}
+
+impl Tool {
+    fn schema(&self) -> Result<(Value, jsonschema::Validator), String> {
+        let failed = |e: String| {
+            tracing::error!(tool = %self.names.declared, error = %e, "a declared schema did not compile again");
+            "the tool's schema could not be compiled".to_string()
+        };
+        let schema: Value = serde_json::from_str(&self.schema).map_err(|e| failed(e.to_string()))?;
+        let validator = jsonschema::validator_for(&schema).map_err(|e| failed(e.to_string()))?;
+        Ok((schema, validator))
+    }
 }
 
 /// The declared tools. Cheap to clone, so a check can run on a blocking thread.
@@ -142,7 +157,9 @@ impl ToolSet {
             // Before compiling: the bounds are what keep compilation (here, on an async
             // worker) and every later check cheap.
             check_schema(&parameters).map_err(|m| DeclarationError(format!("parameters of {:?}: {m}", decl.name)))?;
-            let validator = jsonschema::validator_for(&parameters).map_err(|e| {
+            // Compiled here only to refuse a schema that does not compile; each check
+            // compiles it again (see `Tool`).
+            jsonschema::validator_for(&parameters).map_err(|e| {
                 DeclarationError(format!(
                     "parameters of {:?} are not a valid JSON Schema: {e}",
                     decl.name
@@ -150,8 +167,7 @@ impl ToolSet {
             })?;
             tools.push(Tool {
                 names,
-                parameters,
-                validator,
+                schema: parameters.to_string().into(),
             });
         }
         Ok(ToolSet { tools: tools.into() })
@@ -176,11 +192,12 @@ impl ToolSet {
             .iter()
             .find(|t| t.names.declared == name)
             .ok_or_else(|| format!("unknown tool {name:?}: it was not declared for this run"))?;
+        let (schema, validator) = tool.schema()?;
         let arguments = match (arguments, argv) {
             (Some(Value::Null) | None, None) => Value::Object(Map::new()),
             (Some(v @ Value::Object(_)), None) => v,
             (Some(other), None) => return Err(format!("arguments of {name} must be an object, got {other}")),
-            (None, Some(argv)) => arguments_from_argv(&argv, &tool.parameters)?,
+            (None, Some(argv)) => arguments_from_argv(&argv, &schema)?,
             (Some(_), Some(_)) => return Err("a call carries either arguments or argv".into()),
         };
         // The text forwarded is what is counted, so the budgets bound what the server
@@ -191,7 +208,7 @@ impl ToolSet {
         if let Some(reason) = budget.refuse(name, size) {
             return Err(reason);
         }
-        if let Some(error) = tool.validator.iter_errors(&arguments).next() {
+        if let Some(error) = validator.iter_errors(&arguments).next() {
             let at = error.instance_path.to_string();
             let at = if at.is_empty() {
                 String::new()
