@@ -24,12 +24,7 @@ const MAX_STDIN_BYTES: usize = 1 << 20;
 const MAX_FILE_BYTES: usize = 25 << 20;
 
 fn status_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or_else(|| panic!("no {field} for {pid}"))
+    crate::common::proc_status_kib(pid, field).unwrap_or_else(|| panic!("no {field} for {pid}"))
 }
 
 /// What one request cost: the growth of the server's peak RSS, and the slowest health
@@ -45,7 +40,7 @@ struct Cost {
 fn measure<T>(s: &Server, f: impl FnOnce() -> T) -> (T, Cost) {
     let pid = s.pid();
     std::fs::write(format!("/proc/{pid}/clear_refs"), "5").expect("reset the server's peak RSS");
-    let before = status_kib(pid, "VmRSS:");
+    let before = status_kib(pid, "VmRSS");
     let stop = Arc::new(AtomicBool::new(false));
     let latencies = Arc::new(Mutex::new(Vec::new()));
     let monitor = {
@@ -64,7 +59,7 @@ fn measure<T>(s: &Server, f: impl FnOnce() -> T) -> (T, Cost) {
     let out = f();
     stop.store(true, Ordering::SeqCst);
     monitor.join().unwrap();
-    let peak = status_kib(pid, "VmHWM:");
+    let peak = status_kib(pid, "VmHWM");
     let latencies = latencies.lock().unwrap();
     let cost = Cost {
         growth_kib: peak.saturating_sub(before),

@@ -290,6 +290,14 @@ fn rand_suffix() -> u64 {
     h.finish()
 }
 
+/// A field of `/proc/<pid>/status` given in kB (`VmRSS`, `VmHWM`, ...), in KiB; None if
+/// the process or the field is gone.
+pub fn proc_status_kib(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?;
+    line.split_whitespace().next()?.parse().ok()
+}
+
 /// Processes whose parent chain leads to `root` (not counting `root`).
 pub fn descendants(root: u32) -> Vec<u32> {
     let mut parents = Vec::new();

@@ -513,12 +513,7 @@ fn assert_no_secrets(s: &Server, secrets: &[(String, Vec<u8>)], bodies: &[Vec<u8
 
 /// The server's peak resident memory, in KiB.
 fn peak_rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or_else(|| panic!("no VmHWM in /proc/{pid}/status"))
+    crate::common::proc_status_kib(pid, "VmHWM").unwrap_or_else(|| panic!("no VmHWM in /proc/{pid}/status"))
 }
 
 /// Runs a hostile collection fixture and returns the response and how long it took.

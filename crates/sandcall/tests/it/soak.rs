@@ -292,12 +292,7 @@ fn remains_of(s: &Server, id: &str) -> Vec<String> {
 }
 
 fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
+    crate::common::proc_status_kib(pid, "VmRSS").unwrap_or(0)
 }
 
 fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {

@@ -141,13 +141,7 @@ fn allow_many_sockets() {
 
 /// The resident memory of `pid`, in KiB.
 fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no VmRSS: {status}"))
+    crate::common::proc_status_kib(pid, "VmRSS").unwrap_or_else(|| panic!("no VmRSS for {pid}"))
 }
 
 /// The most descriptors `pid` has open, sampled until `done` says stop.

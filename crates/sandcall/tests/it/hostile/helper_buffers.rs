@@ -15,6 +15,17 @@ const ROUTE: &str = "/v1/exec/programmatic";
 /// of 64 connections); the rest is room for the allocator.
 const HELPER_GROWTH_BOUND: u64 = 24 << 20;
 
+fn assert_helper_growth_bounded(peak: u64, idle: u64) {
+    let growth = peak.saturating_sub(idle);
+    assert!(
+        growth < HELPER_GROWTH_BOUND,
+        "the helper grew by {} MiB (peak {} MiB, idle {} MiB)",
+        growth >> 20,
+        peak >> 20,
+        idle >> 20
+    );
+}
+
 /// The server's children that are sandbox helpers (init, cloned from a helper, has the
 /// same command line but is the helper's child).
 fn helpers(server: u32) -> Vec<u32> {
@@ -41,9 +52,7 @@ fn helpers(server: u32) -> Vec<u32> {
 
 /// A field of /proc/<pid>/status in bytes (VmRSS, VmHWM).
 fn status_bytes(pid: u32, field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with(field))?;
-    line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib << 10)
+    crate::common::proc_status_kib(pid, field).map(|kib| kib << 10)
 }
 
 /// CPU time (user and system) of a process so far, in ms.
@@ -115,13 +124,7 @@ fn tool_connections_without_newlines_are_bounded() {
         "tool flood: helper peak {peak} B, idle {idle} B, growth {growth} B, CPU {cpu_ms} ms, {elapsed:?}, stdout {}",
         r["stdout"]
     );
-    assert!(
-        growth < HELPER_GROWTH_BOUND,
-        "the helper grew by {} MiB (peak {} MiB, idle {} MiB)",
-        growth >> 20,
-        peak >> 20,
-        idle >> 20
-    );
+    assert_helper_growth_bounded(peak, idle);
     assert!(elapsed < Duration::from_secs(15), "took {elapsed:?}");
     s.assert_healthy();
 }
@@ -182,13 +185,7 @@ fn a_flooded_status_channel_is_bounded() {
         r["stdout"].as_str().unwrap_or("").contains("written"),
         "the flood did not end within the run's timeout: {r}"
     );
-    assert!(
-        growth < HELPER_GROWTH_BOUND,
-        "the helper grew by {} MiB (peak {} MiB, idle {} MiB)",
-        growth >> 20,
-        peak >> 20,
-        idle >> 20
-    );
+    assert_helper_growth_bounded(peak, idle);
     assert!(elapsed < Duration::from_secs(20), "took {elapsed:?}");
     s.assert_healthy();
 }

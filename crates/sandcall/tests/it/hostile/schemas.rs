@@ -12,10 +12,7 @@ pub(super) const ROUTE: &str = "/v1/exec/programmatic";
 
 /// The server's resident memory (VmRSS), in bytes.
 pub(super) fn rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
-    kib << 10
+    crate::common::proc_status_kib(pid, "VmRSS").unwrap_or_else(|| panic!("no VmRSS for {pid}")) << 10
 }
 
 /// Watches the server while a test attacks it: every 10 ms it samples the server's RSS
