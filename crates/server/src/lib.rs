@@ -179,6 +179,7 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
         return Err(ServeError::Preflight(report.failures()));
     }
     let host = host::prepare(&config).map_err(ServeError::Preflight)?;
+    warn_if_sandboxes_outgrow_memory(&config);
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
     let runner = Runner::new(
         RunnerSettings {
@@ -273,6 +274,36 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     let left = host.cgroups.sweep();
     tracing::info!(left, "stopped");
     Ok(())
+}
+
+/// Paused sessions keep their sandboxes, and each may hold `memory_limit_mb`: say so at
+/// start when all of them together (with the runs and the warm pool) could hold more
+/// than the machine has, since then the kernel, not the limits, decides who goes. A
+/// note, not a warning: the limits are caps, and most sandboxes use a few MiB (the
+/// defaults on a small machine are over).
+fn warn_if_sandboxes_outgrow_memory(config: &Config) {
+    let total_mib = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        let kib: u64 = m
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()?;
+        Some(kib >> 10)
+    });
+    let sandboxes = config.max_sessions + config.max_concurrent_runs + 2 * config.warm_pool_size;
+    let worst_mib = (sandboxes as u64).saturating_mul(config.memory_limit_mb);
+    if let Some(total_mib) = total_mib.filter(|&t| worst_mib > t) {
+        tracing::info!(
+            sandboxes,
+            memory_limit_mb = config.memory_limit_mb,
+            worst_mib,
+            total_mib,
+            "max_sessions + max_concurrent_runs + the warm pool, each at memory_limit_mb, could hold more memory \
+             than this machine has; lower max_sessions (or memory_limit_mb) to keep every sandbox within it"
+        );
+    }
 }
 
 /// Deletes expired files now and then, and outbox directories that no request came
