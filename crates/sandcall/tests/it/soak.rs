@@ -384,7 +384,7 @@ impl Tally {
              {} requests ({}); 503 at_capacity retried: {}; 429 principal_at_capacity retried: {}; \
              health checks within the caps: {}; runs by kind: {}; programmatic sessions: {}; \
              exec of short programs: {} requests, p50 {:.1} ms, p99 {:.1} ms; \
-             abandoned sessions expired: {}, seen gone at most {} ms after their expiry; \
+             abandoned sessions expired: {}, of those seen paused past their expiry gone at most {} ms after it; \
              server RSS {} -> {} MiB, fds {} -> {}; failures: {}",
             load_time.as_secs_f64(),
             total.as_secs_f64(),
@@ -839,6 +839,9 @@ impl<'a> Client<'a> {
     }
 
     fn expired(&mut self, session: &Abandoned, due: Instant) -> Result<(), String> {
+        // How late it went is known only if it was seen paused after it was due; a
+        // client held up by retries may look only once it is long gone.
+        let mut last_paused: Option<Instant> = None;
         let gone = loop {
             let (status, v) = self.state(&session.id)?;
             if status == 404 {
@@ -860,9 +863,12 @@ impl<'a> Client<'a> {
                 "still paused {EXPIRY_GRACE:?} after its expiry: {}",
                 shown(&v)
             );
+            last_paused = Some(Instant::now());
             std::thread::sleep(Duration::from_millis(100));
         };
-        self.tally.expiry_lateness = self.tally.expiry_lateness.max(gone.saturating_duration_since(due));
+        if last_paused.is_some_and(|t| t >= due) {
+            self.tally.expiry_lateness = self.tally.expiry_lateness.max(gone.saturating_duration_since(due));
+        }
         self.tally.abandoned_expired += 1;
         let call = &session.paused["tool_calls"][0]["id"];
         let (status, v) = self.resume_status(&session.paused, vec![json!({"call_id": call, "result": 1})])?;
