@@ -36,7 +36,8 @@ struct Cost {
 }
 
 /// Runs `f` while measuring the server: its peak RSS is reset first (clear_refs 5), and
-/// a client checks health every 10 ms on a kept-alive connection.
+/// a client checks health every 10 ms on a kept-alive connection, from before `f` starts
+/// until after it ends.
 fn measure<T>(s: &Server, f: impl FnOnce() -> T) -> (T, Cost) {
     let pid = s.pid();
     std::fs::write(format!("/proc/{pid}/clear_refs"), "5").expect("reset the server's peak RSS");
@@ -56,7 +57,16 @@ fn measure<T>(s: &Server, f: impl FnOnce() -> T) -> (T, Cost) {
             }
         })
     };
+    // One check before the request and one after it, however short it is.
+    let checks = || latencies.lock().unwrap().len();
+    while checks() == 0 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let out = f();
+    let during = checks();
+    while checks() == during {
+        std::thread::sleep(Duration::from_millis(1));
+    }
     stop.store(true, Ordering::SeqCst);
     monitor.join().unwrap();
     let peak = status_kib(pid, "VmHWM");
@@ -204,11 +214,7 @@ fn the_largest_request_of_each_route_costs_a_bounded_amount() {
     // that costs the most to hold in memory (arrays of small numbers).
     let mut tools = vec![json!({"name": "sink", "parameters": {"type": "object"}})];
     tools.extend((1..100).map(|i| json!({"name": format!("tool_{i}"), "parameters": big_schema(18 << 10)})));
-    let program = "import asyncio\n\
-        r = await asyncio.gather(*[sink(xs=[0] * 520000) for _ in range(4)])\n\
-        print(sum(len(x) for x in r))";
-    let body = json!({"code": padded(program, MAX_CODE_BYTES - 64), "tools": tools});
-    assert!(body.to_string().len() < MAX_CODE_BYTES + MAX_STDIN_BYTES + (1 << 20));
+    let body = body_of_full_pause(&tools);
     let (reply, cost) = measure(&s, || c.post_json(ROUTE, &body));
     let paused = ok(&reply);
     assert_eq!(paused["status"], "tool_call_required", "{}", shown(&paused));
@@ -255,7 +261,47 @@ fn the_largest_request_of_each_route_costs_a_bounded_amount() {
         &mut failures,
     );
 
+    // POST /v1/exec/programmatic/cancel of a session paused on a full pause.
+    let paused = ok(&c.post_json(ROUTE, &body_of_full_pause(&tools)));
+    assert_eq!(paused["status"], "tool_call_required", "{}", shown(&paused));
+    let cancel = json!({"session_id": paused["session_id"]});
+    let (reply, cost) = measure(&s, || c.post_json(&format!("{ROUTE}/cancel"), &cancel));
+    assert_eq!(ok(&reply)["error_type"], "cancelled");
+    check("POST /v1/exec/programmatic/cancel (a full pause)", &cost, &mut failures);
+
+    // DELETE of the twenty large files; the documents and a bare health check.
+    let ids: Vec<String> = uploaded["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["id"].as_str().unwrap().to_owned())
+        .collect();
+    let (_, cost) = measure(&s, || {
+        for id in &ids {
+            assert_eq!(c.delete_file(&session, id).status, 204);
+        }
+        ok(&c.get("/openapi.json"));
+        ok(&c.get("/v1/health"));
+    });
+    check(
+        "DELETE /v1/files (20 × 25 MiB), GET /openapi.json, GET /v1/health",
+        &cost,
+        &mut failures,
+    );
+
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The first call of a session with `tools`, 1 MiB of code less the room they take,
+/// whose program hands out as much as one pause may hold (4 calls of 1 MB) in the shape
+/// that costs the most to hold in memory (arrays of small numbers).
+fn body_of_full_pause(tools: &[Value]) -> Value {
+    let program = "import asyncio\n\
+        r = await asyncio.gather(*[sink(xs=[0] * 520000) for _ in range(4)])\n\
+        print(sum(len(x) for x in r))";
+    let body = json!({"code": padded(program, MAX_CODE_BYTES - 64), "tools": tools});
+    assert!(body.to_string().len() < MAX_CODE_BYTES + MAX_STDIN_BYTES + (1 << 20));
+    body
 }
 
 fn shown(v: &Value) -> String {
