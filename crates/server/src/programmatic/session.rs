@@ -359,26 +359,28 @@ impl Sessions {
             ));
         }
         let session = self.get(&id, principal)?;
-        // Checked here, before waiting for a run slot, so that a stale token is answered
-        // at once; checked again below, under the lock, where it counts.
-        {
+        // Checked here, before waiting for a run slot, so that a stale token or results
+        // that do not fit are answered at once; the phase is checked again below, under
+        // the lock, where it counts (the same pause has the same calls, so the replies
+        // made here still fit then).
+        let replies = {
             let shared = session.lock();
-            if !matches!(shared.phase, Phase::Paused { pause: current, .. } if current == pause) {
-                return Err(token_used());
-            }
-        }
-        // The program runs again from here: it waits for a run slot like a new run. A
-        // refusal here leaves the pause, and the token, as they were.
-        let run_slot = self.inner.admission.admit(principal.0.as_str()).await?;
-        let seen = {
-            let mut shared = session.lock();
             let Phase::Paused { pause: current, calls } = &shared.phase else {
                 return Err(token_used());
             };
             if *current != pause {
                 return Err(token_used());
             }
-            let replies = match_results(calls, results)?;
+            match_results(calls, results)?
+        };
+        // The program runs again from here: it waits for a run slot like a new run. A
+        // refusal here leaves the pause, and the token, as they were.
+        let run_slot = self.inner.admission.admit(principal.0.as_str()).await?;
+        let seen = {
+            let mut shared = session.lock();
+            if !matches!(shared.phase, Phase::Paused { pause: current, .. } if current == pause) {
+                return Err(token_used());
+            }
             if session
                 .commands
                 .send(DriverCommand::Results(replies, run_slot))

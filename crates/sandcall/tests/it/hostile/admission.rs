@@ -134,6 +134,12 @@ fn a_paused_session_holds_no_run_slot_and_its_resume_waits_for_one() {
         assert!(t.elapsed() < Duration::from_secs(10), "the busy run never started");
         std::thread::sleep(Duration::from_millis(20));
     }
+    // Results that do not fit are answered at once, without a slot.
+    let wrong =
+        json!({"continuation_token": p["continuation_token"], "tool_results": [{"call_id": "nope", "result": 1}]});
+    let reply = c.post_json(ROUTE, &wrong);
+    assert_eq!(reply.status, 400, "{reply}");
+    assert_eq!(reply.json()["error_type"], "invalid_tool_results", "{reply}");
     assert_refused(&c.post_json(ROUTE, &resume_body(&p)), 503, "at_capacity");
     assert_eq!(busy.join().unwrap().status, 200);
     let done = c.post_json(ROUTE, &resume_body(&p)).json();
