@@ -24,6 +24,10 @@ pub const LOCAL: &str = "local";
 pub struct Auth {
     /// Hex SHA-256 of a key -> principal. Empty: local mode.
     keys: HashMap<String, String>,
+    /// Local mode on loopback: only loopback host names are served (DNS rebinding).
+    /// Off when `allow_unauthenticated` opens it to a network, whose clients name the
+    /// server as they like.
+    loopback_hosts_only: bool,
 }
 
 impl Auth {
@@ -34,6 +38,7 @@ impl Auth {
                 .iter()
                 .map(|k| (k.sha256.to_ascii_lowercase(), k.principal.clone()))
                 .collect(),
+            loopback_hosts_only: !exposed_without_credentials(config),
         }
     }
 
@@ -68,13 +73,20 @@ pub fn check_listen(config: &Config, auth: &Auth) -> Result<(), String> {
         .listen
         .parse()
         .map_err(|e| format!("listen {:?}: {e}", config.listen))?;
-    if auth.local_mode() && !addr.ip().is_loopback() {
+    if auth.local_mode() && !addr.ip().is_loopback() && !config.allow_unauthenticated {
         return Err(format!(
             "listening on {addr} with no api_keys would let anyone who reaches it run code: add a key \
-             (`sandcall keys add NAME --config FILE`, or SANDCALL_API_KEYS) or listen on 127.0.0.1"
+             (`sandcall keys add NAME --config FILE`, or SANDCALL_API_KEYS), listen on 127.0.0.1, or, \
+             on a private network where every host may run code, set allow_unauthenticated = true"
         ));
     }
     Ok(())
+}
+
+/// No credentials, and a listening address others can reach: `allow_unauthenticated`.
+pub fn exposed_without_credentials(config: &Config) -> bool {
+    let loopback = config.listen.parse::<SocketAddr>().is_ok_and(|a| a.ip().is_loopback());
+    config.api_keys.is_empty() && config.allow_unauthenticated && !loopback
 }
 
 /// Middleware: resolves the principal, or answers 401. In local mode it first refuses
@@ -83,7 +95,7 @@ pub fn check_listen(config: &Config, auth: &Auth) -> Result<(), String> {
 /// credentials that are not valid it is 401 like every other route.
 pub async fn authenticate(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     if state.auth.local_mode() {
-        if let Some(refusal) = local_request_refusal(&req) {
+        if let Some(refusal) = local_request_refusal(&req, state.auth.loopback_hosts_only) {
             return refusal.into_response();
         }
     } else if is_health(&req) && !has_credentials(req.headers()) {
@@ -117,7 +129,7 @@ fn has_credentials(headers: &HeaderMap) -> bool {
 /// with `fetch` from its own origin (the browser sends `Origin`), or after rebinding its
 /// own host name to 127.0.0.1 (the browser sends that name as `Host`). Both are refused
 /// here, before any handler runs; `JsonBody` refuses a body that does not say it is JSON.
-fn local_request_refusal(req: &Request) -> Option<ApiError> {
+fn local_request_refusal(req: &Request, loopback_hosts_only: bool) -> Option<ApiError> {
     // The authority of an absolute-form request target stands in for `Host`.
     let hosts = req.uri().authority().map(|a| a.as_str().to_owned()).into_iter().chain(
         req.headers()
@@ -125,7 +137,7 @@ fn local_request_refusal(req: &Request) -> Option<ApiError> {
             .iter()
             .map(|h| String::from_utf8_lossy(h.as_bytes()).into_owned()),
     );
-    for host in hosts {
+    for host in hosts.filter(|_| loopback_hosts_only) {
         if !is_loopback_host(&host) {
             return Some(ApiError::new(
                 StatusCode::MISDIRECTED_REQUEST,
@@ -295,7 +307,16 @@ mod tests {
         let mut c = Config::default();
         assert!(check_listen(&c, &Auth::new(&c)).is_ok());
         c.listen = "0.0.0.0:3112".into();
-        assert!(check_listen(&c, &Auth::new(&c)).unwrap_err().contains("api_keys"));
+        let refusal = check_listen(&c, &Auth::new(&c)).unwrap_err();
+        assert!(refusal.contains("api_keys") && refusal.contains("allow_unauthenticated"));
+        c.allow_unauthenticated = true;
+        assert!(check_listen(&c, &Auth::new(&c)).is_ok());
+        assert!(exposed_without_credentials(&c));
+        assert!(!Auth::new(&c).loopback_hosts_only);
+        c.listen = "127.0.0.1:3112".into();
+        assert!(!exposed_without_credentials(&c), "on loopback it stays local mode");
+        c.listen = "0.0.0.0:3112".into();
+        c.allow_unauthenticated = false;
         c.api_keys = vec![ApiKey {
             principal: "a".into(),
             sha256: key_hash("k"),

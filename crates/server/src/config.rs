@@ -96,6 +96,11 @@ pub struct Config {
     /// one). SANDCALL_API_KEYS=`principal:key,principal:key` adds plain keys. Default
     /// none: local mode (one principal, no authentication, loopback only).
     pub api_keys: Vec<ApiKey>,
+    /// With no credentials, listen on a non-loopback address anyway: for a private network
+    /// whose every host may run code (LibreChat and sandcall side by side in containers,
+    /// say). A warning at start. Requests may then name the server by any host; foreign
+    /// `Origin`s and JSON bodies without `Content-Type` are still refused. Default false.
+    pub allow_unauthenticated: bool,
     /// Largest uploaded or output file, in bytes. Default 26214400 (25 MiB).
     pub max_file_bytes: u64,
     /// Output files collected from one run. Default 100.
@@ -253,6 +258,7 @@ impl Default for Config {
             sandbox_gid: None,
             cgroup_root: None,
             api_keys: Vec::new(),
+            allow_unauthenticated: false,
             max_file_bytes: 26_214_400,
             max_output_files: 100,
             file_ttl_s: 86_400,

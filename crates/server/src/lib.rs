@@ -173,6 +173,15 @@ pub enum ServeError {
 /// their sandboxes and returns.
 pub async fn serve(config: Config) -> Result<(), ServeError> {
     auth::check_listen(&config, &auth::Auth::new(&config)).map_err(ServeError::Preflight)?;
+    if auth::exposed_without_credentials(&config) {
+        let warning = format!(
+            "warning: allow_unauthenticated: listening on {} with no credentials: every host that can \
+             reach it can run code here; use this only on a private network",
+            config.listen
+        );
+        eprintln!("{warning}");
+        tracing::warn!("{warning}");
+    }
     let report = doctor::run(&config).await;
     if !report.all_passed() {
         eprint!("{}", report.render());

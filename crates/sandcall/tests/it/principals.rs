@@ -652,7 +652,7 @@ fn a_non_loopback_address_without_keys_refuses_to_start() {
             t.elapsed()
         );
         assert!(
-            stderr.contains("api_keys"),
+            stderr.contains("api_keys") && stderr.contains("allow_unauthenticated"),
             "{label}: the message does not say what to add: {stderr}"
         );
         assert!(!stdout.contains("sandcall listening on"), "{label}: {stdout}");
@@ -685,6 +685,54 @@ fn a_non_loopback_address_with_keys_starts() {
     assert_unauthorized(&Client::at(&base).get("/openapi.json"), "no key on a public address");
     server.stop();
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `allow_unauthenticated` opens a server with no credentials to a private network: it
+/// starts on a non-loopback address with a warning, serves requests that name it by any
+/// host (containers call it `sandcall:3112`), and still refuses web pages.
+#[test]
+fn allow_unauthenticated_listens_beyond_loopback_with_a_warning() {
+    let dir = Server::new_dir();
+    let empty = dir.join("empty.toml");
+    std::fs::write(&empty, "").unwrap();
+    let (data, empty) = (path_arg(&dir.join("data")), path_arg(&empty));
+    let args: Vec<String> = ["--listen", "0.0.0.0:0", "--data-dir", &data, "--config", &empty]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+    let mut server = Spawned::serve(&args, &[("SANDCALL_ALLOW_UNAUTHENTICATED", "true")]);
+    let stderr = server.child().stderr.take().unwrap();
+    // Read to the end (the server must not meet a closed pipe), counting the warnings.
+    let warned = std::thread::spawn(move || {
+        BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+            .filter(|l| l.contains("allow_unauthenticated") && l.contains("private network"))
+            .count()
+            > 0
+    });
+    let port = server.wait_for_port(Duration::from_secs(60));
+    let base = format!("http://127.0.0.1:{port}");
+    let named = Client::at(&base).with("Host", &format!("sandcall:{port}"));
+    let ran = named.post_json("/v1/exec", &json!({"code": "print(6 * 7)"}));
+    assert_eq!(ran.status, 200, "{ran}");
+    assert_eq!(ran.json()["stdout"], "42\n", "{ran}");
+    // A web page is still a web page.
+    let page = Client::at(&base).with("Origin", "http://evil.example");
+    let refused = page.post_json("/v1/exec", &json!({"code": "print(1)"}));
+    assert_eq!(refused.status, 403, "{refused}");
+    assert_eq!(refused.json()["error_type"], "forbidden_origin");
+    let untyped = named.send("POST", "/v1/exec", None, Some(br#"{"code": "print(1)"}"#));
+    assert_eq!(untyped.status, 415, "{untyped}");
+    server.stop();
+    assert!(warned.join().unwrap(), "no warning at start");
+    let _ = std::fs::remove_dir_all(&dir);
+    // The same request to a server in plain local mode (loopback only) is refused: the
+    // name is what the rebinding check looks at.
+    let local = Server::start();
+    let misnamed = Client::at(&local.base).with("Host", &format!("sandcall:{}", local.port));
+    let reply = misnamed.post_json("/v1/exec", &json!({"code": "print(6 * 7)"}));
+    assert_eq!(reply.status, 421, "{reply}");
 }
 
 #[test]
