@@ -45,6 +45,15 @@ impl Drop for Slot {
     }
 }
 
+/// One request in the queue; counted out when dropped.
+struct Waiter<'a>(&'a AtomicUsize);
+
+impl Drop for Waiter<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// How many of something each principal holds, with a cap per principal.
 pub struct PerPrincipal {
     cap: usize,
@@ -167,12 +176,13 @@ impl Admission {
             });
         }
         let retry_after = inner.max_wait.as_secs().max(1);
+        // Counted out when dropped: also when the request goes away while it waits.
+        let waiter = Waiter(&inner.waiting);
         if inner.waiting.fetch_add(1, Ordering::SeqCst) >= inner.max_waiting {
-            inner.waiting.fetch_sub(1, Ordering::SeqCst);
             return Err(ApiError::at_capacity(retry_after));
         }
         let result = tokio::time::timeout(inner.max_wait, inner.slots.clone().acquire_owned()).await;
-        inner.waiting.fetch_sub(1, Ordering::SeqCst);
+        drop(waiter);
         match result {
             Ok(Ok(permit)) => Ok(Slot {
                 _permit: Some(permit),
@@ -229,6 +239,25 @@ mod tests {
         assert!(waiter.await.unwrap().is_err());
         drop(first);
         assert!(adm.admit("a").await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_waiter_that_goes_away_leaves_the_queue() {
+        let adm = Admission::new(1, 1, Duration::from_secs(10), usize::MAX);
+        let _held = adm.admit("a").await.unwrap();
+        // The client goes away while its request waits: the future is dropped.
+        assert!(tokio::time::timeout(Duration::from_millis(20), adm.admit("a"))
+            .await
+            .is_err());
+        assert_eq!(adm.queued(), 0);
+        assert_eq!(adm.inner.principals.holders(), 1);
+        // The queue's one place is free again: this one waits (and times out) rather than
+        // being refused at once.
+        let t = std::time::Instant::now();
+        assert!(tokio::time::timeout(Duration::from_millis(50), adm.admit("a"))
+            .await
+            .is_err());
+        assert!(t.elapsed() >= Duration::from_millis(50));
     }
 
     #[tokio::test]

@@ -176,6 +176,10 @@ struct Inner {
     admission: Admission,
     /// Sessions paused now, waiting for their caller.
     paused: std::sync::atomic::AtomicUsize,
+    /// Tool-call checks running at once, server-wide: one per core. A check runs on a
+    /// blocking thread outside every cgroup, and one that overruns its budget goes on
+    /// until it ends, so without this many sessions' checks could starve the server.
+    checks: Arc<Semaphore>,
     shutdown: watch::Receiver<bool>,
     files: Arc<dyn FileStore>,
     outbox_dir: PathBuf,
@@ -221,6 +225,9 @@ impl Sessions {
                 per_principal,
                 admission,
                 paused: Default::default(),
+                checks: Arc::new(Semaphore::new(
+                    std::thread::available_parallelism().map_or(1, |n| n.get()),
+                )),
                 shutdown,
                 files,
                 outbox_dir,
@@ -583,10 +590,23 @@ impl Driver {
             ));
         }
         *overrun = None;
+        let started = Instant::now();
+        let checks = self.sessions.inner.checks.clone();
+        let Ok(Ok(permit)) = tokio::time::timeout(CHECK_TIME_BUDGET, checks.acquire_owned()).await else {
+            return Err(format!(
+                "the server is busy checking other calls; {name} was not checked within {} ms, retry later",
+                CHECK_TIME_BUDGET.as_millis()
+            ));
+        };
         let tools = self.tools.clone();
         let owned = name.to_owned();
-        let mut handle = tokio::task::spawn_blocking(move || tools.check(&owned, arguments, argv, &budget));
-        match tokio::time::timeout(CHECK_TIME_BUDGET, &mut handle).await {
+        // The permit goes with the check, and is given back when it ends, overrun or not.
+        let mut handle = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            tools.check(&owned, arguments, argv, &budget)
+        });
+        let left = CHECK_TIME_BUDGET.saturating_sub(started.elapsed());
+        match tokio::time::timeout(left, &mut handle).await {
             Ok(Ok(verdict)) => verdict,
             Ok(Err(e)) => {
                 tracing::error!(session = %self.session.id, error = %e, "a tool-call check failed");
@@ -645,6 +665,10 @@ impl Driver {
         let mut carry = (String::new(), String::new());
         let mut paused_at: Option<Instant> = None;
         let mut ending = Ending::Normal;
+        // A resume won the race with a timer: its results are queued, and until they
+        // are handled no new pause may be published (their call keys would be cleared
+        // with the old ones).
+        let mut results_on_their_way = false;
 
         let outcome = loop {
             tokio::select! {
@@ -678,7 +702,7 @@ impl Driver {
                         let cap = config.max_output_bytes as usize;
                         push_capped(&mut carry.0, &partial_stdout, cap);
                         push_capped(&mut carry.1, &partial_stderr, cap);
-                        if pending.is_empty() || paused_at.is_some() || ending != Ending::Normal {
+                        if pending.is_empty() || paused_at.is_some() || results_on_their_way || ending != Ending::Normal {
                             continue;
                         }
                         pause += 1;
@@ -719,6 +743,7 @@ impl Driver {
                 command = commands.recv() => match command {
                     Some(DriverCommand::Results(replies, slot)) => {
                         paused_at = None;
+                        results_on_their_way = false;
                         run_slot = Some(slot);
                         paused_count.set(false);
                         outstanding.clear();
@@ -739,7 +764,8 @@ impl Driver {
                     // goes on; the token of this pause is stale from now.
                     paused_at = None;
                     if !self.session.unpause() {
-                        continue; // a resume won the race; its results are on their way
+                        results_on_their_way = true;
+                        continue;
                     }
                     // The program goes on without its caller, so it cannot wait in the queue.
                     run_slot = Some(admission.admit_now(&self.session.principal));
@@ -752,6 +778,7 @@ impl Driver {
                 _ = until(paused_at.map(|t| t + expiry)) => {
                     paused_at = None;
                     if !self.session.unpause() {
+                        results_on_their_way = true;
                         continue;
                     }
                     ending = Ending::Expired;
@@ -763,6 +790,11 @@ impl Driver {
                 _ = async { let _ = shutdown.wait_for(|stop| *stop).await; }, if !helper.aborted() => helper.abort(),
             }
         };
+        // No resume reaches the program from here: one that comes later finds the session
+        // no longer paused (409), and results already queued are dropped with the
+        // receiver, and with them the run slots their resumes took.
+        self.session.unpause();
+        drop(commands);
         // The sandbox is gone once the helper has exited; only then are the slots free.
         helper.wait().await;
         drop(run_slot);

@@ -191,3 +191,35 @@ fn one_principal_cannot_take_every_run_slot() {
         "4\n"
     );
 }
+
+/// A resume that races the end of its session (here, a cancel) must not keep the run slot
+/// it took: once every session has ended, health counts no program running.
+#[test]
+fn a_resume_racing_the_end_of_its_session_keeps_no_slot() {
+    let s = Server::start();
+    let c = Client::anonymous(&s);
+    for delay_ms in [0, 5, 10, 20, 30, 40] {
+        let p = paused(&start_paused(&c));
+        let base = s.base.clone();
+        let id = p["session_id"].clone();
+        let cancel = std::thread::spawn(move || {
+            Client::at(&base).post_json(&format!("{ROUTE}/cancel"), &json!({"session_id": id}))
+        });
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        // Whatever it gets (the ending, 409 or 404), it must leave nothing held.
+        let _ = c.post_json(ROUTE, &resume_body(&p));
+        assert_eq!(cancel.join().unwrap().status, 200);
+    }
+    let t = Instant::now();
+    loop {
+        let (_, _, health) = s.request("GET", "/v1/health", None, None);
+        if health["active_runs"] == 0 && health["sessions"] == 0 {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "still held after every session ended: {health}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
