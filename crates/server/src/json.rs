@@ -8,13 +8,20 @@ use serde::de::DeserializeOwned;
 /// Inputs at least this large are parsed on a blocking thread.
 const INLINE_LIMIT: usize = 64 << 10;
 
-/// Parses `bytes` as a `T`; on a blocking thread when they are large.
+/// Whether `bytes` are worth a blocking thread to parse.
+pub fn is_large(bytes: &[u8]) -> bool {
+    bytes.len() >= INLINE_LIMIT
+}
+
+/// Parses `bytes` as a `T`; on a blocking thread when they are large. Not cancel-safe
+/// for a caller that consumed its input first: such a caller keeps the parse itself (see
+/// `runner::Helper::next_event`).
 pub async fn parse<T, B>(bytes: B) -> serde_json::Result<T>
 where
     T: DeserializeOwned + Send + 'static,
     B: AsRef<[u8]> + Send + 'static,
 {
-    if bytes.as_ref().len() < INLINE_LIMIT {
+    if !is_large(bytes.as_ref()) {
         return serde_json::from_slice(bytes.as_ref());
     }
     match tokio::task::spawn_blocking(move || serde_json::from_slice(bytes.as_ref())).await {

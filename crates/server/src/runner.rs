@@ -299,6 +299,7 @@ impl Runner {
             child,
             stdin: Some(spawn_writer(stdin)),
             events: BufReader::new(stdout).lines(),
+            parsing: None,
             _guard: guard,
         };
 
@@ -343,6 +344,10 @@ pub struct Helper {
     /// Dropping it closes the helper's stdin (abort).
     stdin: Option<tokio::sync::mpsc::UnboundedSender<Vec<u8>>>,
     events: Lines<BufReader<ChildStdout>>,
+    /// A large event being parsed on a blocking thread. Kept here, not in the future of
+    /// `next_event`, so that a caller that drops that future (a `select!` whose other
+    /// branch won) loses nothing: the next call takes the same parse up again.
+    parsing: Option<tokio::task::JoinHandle<serde_json::Result<Event>>>,
     _guard: ActiveGuard,
 }
 
@@ -353,8 +358,29 @@ impl Helper {
         &self.run_id
     }
 
+    /// The helper's next event. Cancel-safe: reading a line is, and a large line's parse
+    /// outlives a dropped call (see `parsing`).
     pub async fn next_event(&mut self) -> Result<Event, RunError> {
-        next_event(&mut self.events).await
+        if self.parsing.is_none() {
+            let line = match self.events.next_line().await {
+                Ok(Some(line)) => line,
+                Ok(None) => return Err(RunError::Protocol("helper exited without an answer".into())),
+                Err(e) => return Err(RunError::Protocol(format!("reading from helper: {e}"))),
+            };
+            if !crate::json::is_large(line.as_bytes()) {
+                return serde_json::from_str(&line).map_err(bad_event);
+            }
+            self.parsing = Some(tokio::task::spawn_blocking(move || serde_json::from_str(&line)));
+        }
+        let Some(parsing) = self.parsing.as_mut() else {
+            return Err(RunError::Protocol("no event being parsed".into()));
+        };
+        let parsed = parsing.await;
+        self.parsing = None;
+        match parsed {
+            Ok(event) => event.map_err(bad_event),
+            Err(e) => Err(RunError::Protocol(format!("parsing an event: {e}"))),
+        }
     }
 
     pub async fn send<T: serde::Serialize>(&mut self, message: &T) -> Result<(), RunError> {
@@ -421,12 +447,6 @@ fn spawn_writer(mut stdin: tokio::process::ChildStdin) -> tokio::sync::mpsc::Unb
     tx
 }
 
-async fn next_event(events: &mut Lines<BufReader<ChildStdout>>) -> Result<Event, RunError> {
-    match events.next_line().await {
-        Ok(Some(line)) => crate::json::parse(line)
-            .await
-            .map_err(|e| RunError::Protocol(format!("bad event: {e}"))),
-        Ok(None) => Err(RunError::Protocol("helper exited without an answer".into())),
-        Err(e) => Err(RunError::Protocol(format!("reading from helper: {e}"))),
-    }
+fn bad_event(e: serde_json::Error) -> RunError {
+    RunError::Protocol(format!("bad event: {e}"))
 }
