@@ -298,8 +298,8 @@ pub fn proc_status_kib(pid: u32, field: &str) -> Option<u64> {
     line.split_whitespace().next()?.parse().ok()
 }
 
-/// Processes whose parent chain leads to `root` (not counting `root`).
-pub fn descendants(root: u32) -> Vec<u32> {
+/// Every host process with its parent: `(pid, ppid)`.
+pub fn parents() -> Vec<(u32, u32)> {
     let mut parents = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
@@ -315,6 +315,12 @@ pub fn descendants(root: u32) -> Vec<u32> {
         let ppid: u32 = rest.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
         parents.push((pid, ppid));
     }
+    parents
+}
+
+/// Processes whose parent chain leads to `root` (not counting `root`).
+pub fn descendants(root: u32) -> Vec<u32> {
+    let parents = parents();
     let mut found = vec![root];
     let mut changed = true;
     while changed {

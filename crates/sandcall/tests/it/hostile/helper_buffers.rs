@@ -29,25 +29,15 @@ fn assert_helper_growth_bounded(peak: u64, idle: u64) {
 /// The server's children that are sandbox helpers (init, cloned from a helper, has the
 /// same command line but is the helper's child).
 fn helpers(server: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        let ppid: u32 = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|p| p.parse().ok())
-            .unwrap_or(0);
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        if ppid == server && String::from_utf8_lossy(&cmdline).contains("sandbox-helper") {
-            out.push(pid);
-        }
-    }
-    out
+    crate::common::parents()
+        .into_iter()
+        .filter(|&(_, ppid)| ppid == server)
+        .map(|(pid, _)| pid)
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            String::from_utf8_lossy(&cmdline).contains("sandbox-helper")
+        })
+        .collect()
 }
 
 /// A field of /proc/<pid>/status in bytes (VmRSS, VmHWM).
