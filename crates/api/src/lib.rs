@@ -14,6 +14,18 @@ use utoipa::ToSchema;
 pub struct ErrorBody {
     pub error: String,
     pub error_type: String,
+    /// A second, coarser code that some clients act on, present only where one applies:
+    /// `unsupported_capability` (LibreChat's client then tells the model not to retry
+    /// with that language).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
+}
+
+/// Values of `ErrorBody::code`.
+pub mod error_code {
+    /// The request asks for something this server does not do at all (a language it
+    /// does not run): retrying it the same way cannot succeed.
+    pub const UNSUPPORTED_CAPABILITY: &str = "unsupported_capability";
 }
 
 /// Stable, snake_case error codes clients can match on.

@@ -12,6 +12,8 @@ pub struct ApiError {
     pub error_type: &'static str,
     pub message: String,
     pub retry_after_s: Option<u64>,
+    /// `ErrorBody::code`, where one applies.
+    pub code: Option<&'static str>,
 }
 
 impl ApiError {
@@ -21,6 +23,7 @@ impl ApiError {
             error_type,
             message: message.into(),
             retry_after_s: None,
+            code: None,
         }
     }
 
@@ -76,6 +79,7 @@ impl IntoResponse for ApiError {
         let body = ErrorBody {
             error: self.message,
             error_type: self.error_type.to_string(),
+            code: self.code.map(str::to_owned),
         };
         let mut response = (self.status, axum::Json(body)).into_response();
         if let Some(s) = self.retry_after_s {

@@ -25,11 +25,15 @@ pub struct ExecCommand {
 pub fn parse_language(language: Option<&str>, lang: Option<&str>) -> Result<Language, ApiError> {
     match language.or(lang) {
         None => Ok(Language::Python),
-        Some(name) => Language::parse(name).ok_or_else(|| {
-            ApiError::new(
+        Some(name) => Language::parse(name).ok_or_else(|| ApiError {
+            code: Some(sandcall_api::error_code::UNSUPPORTED_CAPABILITY),
+            ..ApiError::new(
                 axum::http::StatusCode::BAD_REQUEST,
                 error_type::UNSUPPORTED_LANGUAGE,
-                format!("unsupported language {name:?}: use python (py, python3) or bash (sh)"),
+                format!(
+                    "this server does not run {name:?} programs: use python (py, python3) or bash (sh); \
+                     retrying in {name:?} will not work"
+                ),
             )
         }),
     }
@@ -176,7 +180,59 @@ pub fn status_of(result: &RunResult) -> ExecStatus {
     }
 }
 
-pub fn to_response(session_id: String, result: RunResult) -> ExecResponse {
+/// Why a run ended abnormally, in the words the model reads: the Code Interpreter API's
+/// where it has them, sandcall's own for the rest. `None` for a program that exited.
+pub fn abnormal_end(result: &RunResult) -> Option<String> {
+    if result.timed_out {
+        Some("Time limit exceeded".into())
+    } else if result.oom_killed {
+        Some("Out of memory".into())
+    } else if result.cpu_limit_exceeded {
+        Some("CPU time limit exceeded".into())
+    } else if result.aborted {
+        Some("Stopped: the server is shutting down".into())
+    } else {
+        result
+            .signal
+            .as_ref()
+            .map(|signal| format!("Killed by signal {signal}"))
+    }
+}
+
+/// LibreChat shows a model only a run's `stdout` and `stderr`, never the response's
+/// flags, so without these lines a model cannot tell a program that stopped printing
+/// from one that was cut off or killed, and retries blindly. Each abnormal end becomes
+/// one `[sandbox] ...` line appended to `stderr`, after the cap (the notes are not
+/// counted against `max_output_bytes`). `stderr_cap` is the run's `max_output_bytes`.
+pub fn sandbox_notes(result: &RunResult, stderr_cap: u64) -> Vec<String> {
+    let mut notes = Vec::new();
+    if result.stdout_truncated {
+        notes.push("[sandbox] stdout length exceeded".to_owned());
+    }
+    if result.stderr_truncated {
+        notes.push(format!("[sandbox] stderr truncated at {stderr_cap} bytes"));
+    }
+    if let Some(end) = abnormal_end(result) {
+        notes.push(format!("[sandbox] {end}"));
+    }
+    notes
+}
+
+/// Appends the notes to `stderr`, each on a line of its own.
+pub fn append_notes(stderr: &mut String, notes: &[String]) {
+    for note in notes {
+        if !stderr.is_empty() && !stderr.ends_with('\n') {
+            stderr.push('\n');
+        }
+        stderr.push_str(note);
+        stderr.push('\n');
+    }
+}
+
+/// `stderr_cap` is the run's `max_output_bytes` (see `sandbox_notes`).
+pub fn to_response(session_id: String, mut result: RunResult, stderr_cap: u64) -> ExecResponse {
+    let notes = sandbox_notes(&result, stderr_cap);
+    append_notes(&mut result.stderr, &notes);
     ExecResponse {
         session_id,
         status: status_of(&result),
@@ -300,5 +356,94 @@ mod tests {
         assert_eq!(status_of(&r), ExecStatus::Killed);
         r.timed_out = true;
         assert_eq!(status_of(&r), ExecStatus::TimedOut);
+    }
+
+    #[test]
+    fn abnormal_ends_become_sandbox_lines_on_stderr() {
+        let notes = |r: &RunResult| sandbox_notes(r, 65_536);
+        let exited = RunResult {
+            exit_code: Some(1),
+            stderr: "Traceback ...".into(),
+            ..Default::default()
+        };
+        assert!(notes(&exited).is_empty(), "a program that exited gets no note");
+        let cases = [
+            (
+                RunResult {
+                    timed_out: true,
+                    signal: Some("SIGKILL".into()),
+                    ..Default::default()
+                },
+                "[sandbox] Time limit exceeded",
+            ),
+            (
+                RunResult {
+                    oom_killed: true,
+                    signal: Some("SIGKILL".into()),
+                    ..Default::default()
+                },
+                "[sandbox] Out of memory",
+            ),
+            (
+                RunResult {
+                    cpu_limit_exceeded: true,
+                    signal: Some("SIGKILL".into()),
+                    ..Default::default()
+                },
+                "[sandbox] CPU time limit exceeded",
+            ),
+            (
+                RunResult {
+                    signal: Some("SIGSEGV".into()),
+                    ..Default::default()
+                },
+                "[sandbox] Killed by signal SIGSEGV",
+            ),
+            (
+                RunResult {
+                    exit_code: Some(0),
+                    stdout_truncated: true,
+                    ..Default::default()
+                },
+                "[sandbox] stdout length exceeded",
+            ),
+            (
+                RunResult {
+                    exit_code: Some(0),
+                    stderr_truncated: true,
+                    ..Default::default()
+                },
+                "[sandbox] stderr truncated at 65536 bytes",
+            ),
+        ];
+        for (result, line) in cases {
+            assert_eq!(notes(&result), vec![line.to_owned()], "{result:?}");
+        }
+        let both = RunResult {
+            stdout_truncated: true,
+            timed_out: true,
+            ..Default::default()
+        };
+        assert_eq!(
+            notes(&both),
+            ["[sandbox] stdout length exceeded", "[sandbox] Time limit exceeded"]
+        );
+        // Each note starts a line of its own, and ends one.
+        let mut stderr = "partial".to_owned();
+        append_notes(&mut stderr, &notes(&both));
+        assert_eq!(
+            stderr,
+            "partial\n[sandbox] stdout length exceeded\n[sandbox] Time limit exceeded\n"
+        );
+        let mut stderr = String::new();
+        append_notes(&mut stderr, &["[sandbox] Out of memory".to_owned()]);
+        assert_eq!(stderr, "[sandbox] Out of memory\n");
+    }
+
+    #[test]
+    fn an_unknown_language_says_not_to_retry() {
+        let err = parse_language(Some("cobol"), None).unwrap_err();
+        assert_eq!(err.code, Some("unsupported_capability"));
+        assert_eq!(err.status, axum::http::StatusCode::BAD_REQUEST);
     }
 }

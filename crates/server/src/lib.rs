@@ -92,6 +92,7 @@ impl AppState {
         // Whatever happens to this request (a client that goes away drops it mid-way),
         // the run's outbox does not outlive it.
         let _outbox = OutboxGuard(outbox.clone());
+        let stderr_cap = cmd.limits.max_output_bytes;
         let mut spec = RunSpec::new(session_id.clone(), cmd.code, launch, cmd.timeout_ms, cmd.limits);
         spec.stdin = cmd.stdin;
         spec.inputs = inputs;
@@ -129,7 +130,7 @@ impl AppState {
             &mut result,
         )
         .await;
-        let mut response = exec::to_response(session_id, result);
+        let mut response = exec::to_response(session_id, result, stderr_cap);
         response.files = files;
         response.files_skipped = skipped;
         response.files_skipped_total = skipped_total;

@@ -6,10 +6,17 @@ use serde_json::{json, Value};
 fn assert_error(v: &Value, error_type: &str) {
     assert_eq!(v["error_type"], error_type, "{v}");
     assert!(v["error"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+    // `code` appears only where a coarser code applies (an unsupported language).
+    let expected = if error_type == "unsupported_language" {
+        assert_eq!(v["code"], "unsupported_capability", "{v}");
+        3
+    } else {
+        2
+    };
     assert_eq!(
         v.as_object().map(|o| o.len()),
-        Some(2),
-        "only error and error_type: {v}"
+        Some(expected),
+        "only error, error_type (and code): {v}"
     );
 }
 

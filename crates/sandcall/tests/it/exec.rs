@@ -128,7 +128,14 @@ fn hundred_megabytes_of_output_are_truncated_while_the_server_stays_responsive()
         assert_eq!(r["status"], "ok", "{}", r["stderr"]);
         assert_eq!(r["stdout"].as_str().unwrap().len(), 65536);
         assert_eq!(r["stdout_truncated"], true);
-        assert_eq!(r["stderr"].as_str().unwrap().len(), 65536);
+        // The cap holds for the program's bytes; what the model must know follows it.
+        assert_eq!(
+            r["stderr"].as_str().unwrap(),
+            format!(
+                "{}\n[sandbox] stdout length exceeded\n[sandbox] stderr truncated at 65536 bytes\n",
+                "e".repeat(65536)
+            )
+        );
         assert_eq!(r["stderr_truncated"], true);
     });
     let r = s.py("print('short')");
@@ -145,6 +152,7 @@ fn timeouts_hold_to_the_millisecond() {
     assert_eq!(r["timed_out"], true);
     assert_eq!(r["exit_code"], serde_json::Value::Null);
     assert_eq!(r["signal"], "SIGKILL");
+    assert_eq!(r["stderr"], "[sandbox] Time limit exceeded\n", "the model reads why");
     let wall = r["execution_time"].as_u64().unwrap();
     // Not rounded up to a whole second, and not cut short.
     assert!((350..450).contains(&wall), "execution_time {wall}");
@@ -153,6 +161,56 @@ fn timeouts_hold_to_the_millisecond() {
     let r = s.exec(json!({"language": "bash", "code": "sleep 30", "run_timeout": 120}));
     assert_eq!(r["status"], "timed_out");
     assert!(r["execution_time"].as_u64().unwrap() < 220, "{r}");
+}
+
+/// LibreChat shows the model only stdout and stderr: each abnormal end is also a last
+/// `[sandbox] ...` line on stderr, while a program that exits (even non-zero) gets none.
+#[test]
+fn abnormal_ends_are_told_on_stderr() {
+    let s = Server::start();
+    let r = s.py("import os, signal\nprint('before', flush=True)\nos.kill(os.getpid(), signal.SIGSEGV)");
+    assert_eq!(r["status"], "killed", "{r}");
+    assert_eq!(r["stderr"], "[sandbox] Killed by signal SIGSEGV\n", "{r}");
+    let r = s.exec(json!({"code": "import sys\nsys.stderr.write('half a line')\nbytearray(2 << 30)", "limits": {"memory_limit_mb": 64}}));
+    assert_eq!(r["oom_killed"], true, "{r}");
+    assert!(
+        r["stderr"]
+            .as_str()
+            .unwrap()
+            .ends_with("half a line\n[sandbox] Out of memory\n"),
+        "{r}"
+    );
+    let r = s.exec(json!({"code": "while True: pass", "limits": {"cpu_time_limit_ms": 300}}));
+    assert!(
+        r["stderr"]
+            .as_str()
+            .unwrap()
+            .ends_with("[sandbox] CPU time limit exceeded\n"),
+        "{r}"
+    );
+    let r = s.exec(json!({"code": "print('x' * 500)", "limits": {"max_output_bytes": 100}}));
+    assert_eq!(r["status"], "ok");
+    assert_eq!(r["stderr"], "[sandbox] stdout length exceeded\n");
+    let r = s.py("import sys\nprint('oops', file=sys.stderr)\nsys.exit(3)");
+    assert_eq!(r["stderr"], "oops\n", "an exit is the program's own business: {r}");
+}
+
+/// A language the server does not run is 400 with `code: unsupported_capability` beside
+/// `error_type`, which LibreChat's client turns into "do not retry with this language".
+#[test]
+fn an_unknown_language_is_an_unsupported_capability() {
+    let s = Server::start();
+    for route in ["/v1/exec", "/v1/exec/programmatic"] {
+        let (status, v) = s.post(route, &json!({"lang": "cobol", "code": "DISPLAY 1", "tools": []}));
+        assert_eq!(status, 400, "{route}: {v}");
+        assert_eq!(v["error_type"], "unsupported_language", "{v}");
+        assert_eq!(v["code"], "unsupported_capability", "{v}");
+        assert!(v["error"].as_str().unwrap().contains("cobol"), "{v}");
+    }
+    // Other errors carry no `code`.
+    let (status, v) = s.post("/v1/exec", &json!({"code": ""}));
+    assert_eq!(status, 400);
+    assert!(v.get("code").is_none(), "{v}");
 }
 
 #[test]

@@ -1047,6 +1047,14 @@ fn whole_loop_timeout() {
     assert_eq!(r["status"], "error", "{r}");
     assert_eq!(r["error_type"], "timeout", "{r}");
     assert!(r["stdout"].as_str().is_some_and(|o| o.contains("resumed 0.92")), "{r}");
+    // LibreChat shows the model `error` and stderr: both say why, in the same words.
+    assert_eq!(r["error"], "[sandbox] Time limit exceeded", "{r}");
+    assert!(
+        r["stderr"]
+            .as_str()
+            .is_some_and(|e| e.ends_with("[sandbox] Time limit exceeded\n")),
+        "{r}"
+    );
     wait_until_reclaimed(&s, None, Duration::from_secs(10));
 }
 

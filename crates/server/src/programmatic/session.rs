@@ -845,6 +845,9 @@ impl Driver {
         (files, files_skipped, files_skipped_total): (Vec<OutputFile>, Vec<SkippedFile>, usize),
     ) -> ProgrammaticResponse {
         let session_id = self.session.id.clone();
+        let mut result = result;
+        let notes = crate::exec::sandbox_notes(&result, self.sessions.inner.config.max_output_bytes);
+        crate::exec::append_notes(&mut result.stderr, &notes);
         let error = |error_type: &str, error: String| ProgrammaticResponse::Error {
             session_id: session_id.clone(),
             error,
@@ -863,7 +866,8 @@ impl Driver {
             Ending::Normal => {}
         }
         if result.timed_out {
-            return error(error_type::TIMEOUT, "the run did not finish within its timeout".into());
+            // The same words as the note on stderr: LibreChat shows the model `error`.
+            return error(error_type::TIMEOUT, "[sandbox] Time limit exceeded".into());
         }
         if result.aborted {
             return error(error_type::SHUTTING_DOWN, "the server is shutting down".into());
