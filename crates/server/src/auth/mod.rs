@@ -310,6 +310,116 @@ mod tests {
         assert_eq!(auth().principal(&h).unwrap_err().error_type, "unauthorized");
     }
 
+    /// A server with one API key (alice's) and an HS256 secret, HS256 allowed.
+    fn both(api_key: bool) -> Auth {
+        let c = Config {
+            api_keys: if api_key {
+                vec![ApiKey {
+                    principal: "alice".into(),
+                    sha256: key_hash("alice-key-1234567890"),
+                }]
+            } else {
+                Vec::new()
+            },
+            jwt: crate::config::JwtConfig {
+                hs256_secret: Some("dev-secret-dev-secret".into()),
+                allowed_algs: vec!["HS256".into()],
+                ..Default::default()
+            },
+            ..Config::default()
+        };
+        Auth::new(&c).unwrap()
+    }
+
+    fn hs256_token(tenant: &str, sub: &str) -> String {
+        let now = jwt::now();
+        let claims = serde_json::json!({
+            "iss": "librechat", "aud": "codeapi", "sub": sub, "tenant_id": tenant,
+            "iat": now, "nbf": now, "exp": now + 60, "jti": "j",
+            "principal_source": "librechat_jwt", "auth_context_hash": "h",
+        });
+        let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256);
+        header.kid = Some("hs256-dev".into());
+        let key = jsonwebtoken::EncodingKey::from_secret(b"dev-secret-dev-secret").unwrap();
+        jsonwebtoken::encode(&header, &claims, &key).unwrap()
+    }
+
+    fn headers(name: &str, value: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(
+            axum::http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            value.parse().unwrap(),
+        );
+        h
+    }
+
+    #[test]
+    fn bearer_values_go_to_the_provider_they_belong_to() {
+        let auth = both(true);
+        assert!(!auth.local_mode());
+        let token = hs256_token("legacy", "user-1");
+        assert_eq!(
+            auth.principal(&headers("authorization", &format!("Bearer {token}")))
+                .unwrap(),
+            Principal::of_jwt_user("legacy", "user-1")
+        );
+        assert_eq!(
+            auth.principal(&headers("authorization", "Bearer alice-key-1234567890"))
+                .unwrap(),
+            Principal("alice".into())
+        );
+        // X-API-Key is always an API key.
+        let refused = auth.principal(&headers("x-api-key", &token)).unwrap_err();
+        assert_eq!(refused.message, "the API key is not valid");
+        // A JWT-shaped value that is not a valid JWT says which rule it broke.
+        let refused = auth.principal(&headers("authorization", "Bearer a.b")).unwrap_err();
+        assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
+        assert!(refused.message.contains("three segments"), "{}", refused.message);
+        let refused = auth
+            .principal(&headers("authorization", "Bearer wrong-key"))
+            .unwrap_err();
+        assert_eq!(refused.message, "the API key is not valid");
+        let refused = auth.principal(&HeaderMap::new()).unwrap_err();
+        assert!(refused.message.contains("JWT or API key"), "{}", refused.message);
+        assert!(
+            auth.describe().starts_with("1 API key; JWT: issuer \"librechat\""),
+            "{}",
+            auth.describe()
+        );
+    }
+
+    #[test]
+    fn jwt_keys_alone_are_credentials() {
+        let jwt_only = both(false);
+        assert!(!jwt_only.local_mode(), "JWT keys alone are not local mode");
+        let token = hs256_token("t", "u");
+        assert!(jwt_only
+            .principal(&headers("authorization", &format!("Bearer {token}")))
+            .is_ok());
+        let refused = jwt_only
+            .principal(&headers("authorization", "Bearer some-key"))
+            .unwrap_err();
+        assert!(refused.message.contains("not a JWT"), "{}", refused.message);
+        let c = Config {
+            listen: "0.0.0.0:3112".into(),
+            jwt: crate::config::JwtConfig {
+                hs256_secret: Some("dev-secret-dev-secret".into()),
+                ..Default::default()
+            },
+            ..Config::default()
+        };
+        assert!(check_listen(&c, &Auth::new(&c).unwrap()).is_ok());
+        assert!(!exposed_without_credentials(&Config {
+            allow_unauthenticated: true,
+            ..c.clone()
+        }));
+        // Without JWT keys a JWT is just a key that is not valid.
+        let refused = auth()
+            .principal(&headers("authorization", &format!("Bearer {token}")))
+            .unwrap_err();
+        assert_eq!(refused.message, "the API key is not valid");
+    }
+
     #[test]
     fn loopback_hosts() {
         for host in [
