@@ -803,13 +803,16 @@ mod tests {
             jail.set_env("CODEAPI_JWT_ISSUER", "from-env");
             jail.set_env("CODEAPI_JWT_CLOCK_SKEW_SECONDS", "5");
             jail.set_env("CODEAPI_JWT_HS256_SECRET", "");
+            jail.set_env("SANDCALL_JWT__AUDIENCE", "sandcall-aud");
+            jail.set_env("SANDCALL_JWT__MAX_TTL_SECONDS", "60");
             let c = Config::load(Some(Path::new("c.toml")), &Overrides::default()).map_err(|e| e.to_string())?;
             assert_eq!(c.jwt.jwks_json.as_deref(), Some(jwks), "JSON text is kept as text");
             assert_eq!(c.jwt.public_key.as_deref(), Some(pem));
             assert_eq!(c.jwt.kid.as_deref(), Some("2026"), "a number-like kid stays text");
             assert_eq!(c.jwt.allowed_algs, ["EdDSA", "HS256"]);
             assert_eq!(c.jwt.issuer, "from-env", "the environment wins over the file");
-            assert_eq!(c.jwt.audience, "file-aud");
+            assert_eq!(c.jwt.audience, "sandcall-aud", "SANDCALL_JWT__<KEY> works too");
+            assert_eq!(c.jwt.max_ttl_seconds, 60);
             assert_eq!(c.jwt.clock_skew_seconds, 5);
             assert_eq!(c.jwt.hs256_secret, None, "an empty variable is unset");
             assert!(c.has_credentials());
