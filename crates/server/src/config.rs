@@ -101,6 +101,10 @@ pub struct Config {
     /// say). A warning at start. Requests may then name the server by any host; foreign
     /// `Origin`s and JSON bodies without `Content-Type` are still refused. Default false.
     pub allow_unauthenticated: bool,
+    /// LibreChat's JWTs: where their keys come from and the rules of the check (the
+    /// `[jwt]` table, or the Code Interpreter API's `CODEAPI_JWT_*` variables). With no key
+    /// source set, JWTs are off.
+    pub jwt: JwtConfig,
     /// Largest uploaded or output file, in bytes. Default 26214400 (25 MiB).
     pub max_file_bytes: u64,
     /// Output files collected from one run. Default 100.
@@ -152,6 +156,149 @@ pub struct Config {
 pub struct ApiKey {
     pub principal: String,
     pub sha256: String,
+}
+
+/// LibreChat's JWTs (`[jwt]`). Every key also comes from its `CODEAPI_JWT_*` variable,
+/// the names the Code Interpreter API reads, which wins over the file. The keys
+/// themselves are loaded and checked at start (`auth::jwt`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct JwtConfig {
+    /// A JWKS document, as JSON text (`{"keys": [...]}`); keys without a `kid` are
+    /// ignored. CODEAPI_JWT_JWKS_JSON. Default none.
+    pub jwks_json: Option<String>,
+    /// A folder of public keys, one per file, in PEM (or JWK JSON); a file's name without
+    /// its extension is its kid. CODEAPI_JWT_PUBLIC_KEYS_DIR. Default none.
+    pub public_keys_dir: Option<PathBuf>,
+    /// One public key, as PEM text (line breaks may be written `\n`) or a JWK JSON
+    /// object; not a path. Needs `kid`. CODEAPI_JWT_PUBLIC_KEY. Default none.
+    pub public_key: Option<String>,
+    /// The kid of `public_key`. CODEAPI_JWT_KID (or CODEAPI_JWT_KEY_ID). Default none.
+    pub kid: Option<String>,
+    /// A shared secret for HS256 tokens, for development; HS256 must also be in
+    /// `allowed_algs`. CODEAPI_JWT_HS256_SECRET. Default none.
+    pub hs256_secret: Option<String>,
+    /// The kid of `hs256_secret`. CODEAPI_JWT_HS256_KID. Default: `kid` if set, else
+    /// `hs256-dev`.
+    pub hs256_kid: Option<String>,
+    /// Algorithms a token may use, out of `EdDSA`, `RS256`, `HS256`: a list, or one
+    /// comma-separated string. CODEAPI_JWT_ALLOWED_ALGS. Default `EdDSA,RS256`.
+    #[serde(deserialize_with = "names_or_comma_list")]
+    pub allowed_algs: Vec<String>,
+    /// The `iss` a token must have. CODEAPI_JWT_ISSUER. Default `librechat`.
+    pub issuer: String,
+    /// The `aud` a token must have (or include, when a list). CODEAPI_JWT_AUDIENCE.
+    /// Default `codeapi`.
+    pub audience: String,
+    /// Tolerance on `exp`, `nbf` and `iat`, in seconds, at most 300.
+    /// CODEAPI_JWT_CLOCK_SKEW_SECONDS. Default 30.
+    pub clock_skew_seconds: u64,
+    /// Longest lifetime (`exp - iat`) a token may have, in seconds, 1 to 86400.
+    /// CODEAPI_JWT_MAX_TTL_SECONDS. Default 300.
+    pub max_ttl_seconds: u64,
+    /// The tenant of a token without `tenant_id`. CODEAPI_JWT_SINGLE_TENANT_ID. Default
+    /// `legacy`, what LibreChat sends when it has no tenants.
+    pub single_tenant_id: String,
+}
+
+impl Default for JwtConfig {
+    fn default() -> Self {
+        JwtConfig {
+            jwks_json: None,
+            public_keys_dir: None,
+            public_key: None,
+            kid: None,
+            hs256_secret: None,
+            hs256_kid: None,
+            allowed_algs: vec!["EdDSA".into(), "RS256".into()],
+            issuer: "librechat".into(),
+            audience: "codeapi".into(),
+            clock_skew_seconds: 30,
+            max_ttl_seconds: 300,
+            single_tenant_id: "legacy".into(),
+        }
+    }
+}
+
+impl JwtConfig {
+    /// Some key source is set: JWTs are on (and the server is not in local mode).
+    pub fn has_key_source(&self) -> bool {
+        let set = |v: &Option<String>| v.as_deref().is_some_and(|v| !v.trim().is_empty());
+        set(&self.jwks_json)
+            || self.public_keys_dir.as_ref().is_some_and(|d| !d.as_os_str().is_empty())
+            || set(&self.public_key)
+            || self.hs256_secret.as_deref().is_some_and(|s| !s.is_empty())
+    }
+}
+
+/// `["EdDSA", "RS256"]` in the file, `EdDSA,RS256` in the environment.
+fn names_or_comma_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Names {
+        One(String),
+        List(Vec<String>),
+    }
+    Ok(match Names::deserialize(d)? {
+        Names::One(s) => s
+            .split(',')
+            .map(|n| n.trim().to_owned())
+            .filter(|n| !n.is_empty())
+            .collect(),
+        Names::List(l) => l.into_iter().map(|n| n.trim().to_owned()).collect(),
+    })
+}
+
+/// The Code Interpreter API's variables and the `[jwt]` keys they set. Read as plain
+/// text (a JWKS or a PEM must not go through figment's value parsing); an empty one is
+/// unset, as there.
+const CODEAPI_JWT_ENV: &[(&str, &str)] = &[
+    ("CODEAPI_JWT_JWKS_JSON", "jwks_json"),
+    ("CODEAPI_JWT_PUBLIC_KEYS_DIR", "public_keys_dir"),
+    ("CODEAPI_JWT_PUBLIC_KEY", "public_key"),
+    // CODEAPI_JWT_KID wins over its older name.
+    ("CODEAPI_JWT_KEY_ID", "kid"),
+    ("CODEAPI_JWT_KID", "kid"),
+    ("CODEAPI_JWT_HS256_SECRET", "hs256_secret"),
+    ("CODEAPI_JWT_HS256_KID", "hs256_kid"),
+    ("CODEAPI_JWT_ALLOWED_ALGS", "allowed_algs"),
+    ("CODEAPI_JWT_ISSUER", "issuer"),
+    ("CODEAPI_JWT_AUDIENCE", "audience"),
+    ("CODEAPI_JWT_CLOCK_SKEW_SECONDS", "clock_skew_seconds"),
+    ("CODEAPI_JWT_MAX_TTL_SECONDS", "max_ttl_seconds"),
+    ("CODEAPI_JWT_SINGLE_TENANT_ID", "single_tenant_id"),
+];
+
+/// Merges the `CODEAPI_JWT_*` variables that are set over `figment`.
+fn merge_codeapi_jwt_env(mut figment: Figment) -> Result<Figment, ConfigError> {
+    if std::env::var_os("CODEAPI_JWT_TRUST_ENTRIES_JSON").is_some() {
+        return Err(ConfigError::Invalid(
+            "CODEAPI_JWT_TRUST_ENTRIES_JSON is not supported: set CODEAPI_JWT_ISSUER, CODEAPI_JWT_AUDIENCE and \
+             CODEAPI_JWT_ALLOWED_ALGS (or [jwt] in the config file) instead"
+                .into(),
+        ));
+    }
+    for (var, key) in CODEAPI_JWT_ENV {
+        let value = match std::env::var(var) {
+            Ok(v) if v.trim().is_empty() => continue,
+            Ok(v) => v,
+            Err(std::env::VarError::NotPresent) => continue,
+            Err(std::env::VarError::NotUnicode(_)) => {
+                return Err(ConfigError::Invalid(format!("{var} is not valid UTF-8")))
+            }
+        };
+        let path = format!("jwt.{key}");
+        figment = if key.ends_with("_seconds") {
+            let n: u64 = value
+                .trim()
+                .parse()
+                .map_err(|_| ConfigError::Invalid(format!("{var} must be a whole number of seconds")))?;
+            figment.merge(Serialized::default(&path, n))
+        } else {
+            figment.merge(Serialized::default(&path, value))
+        };
+    }
+    Ok(figment)
 }
 
 /// Hex SHA-256 of an API key, as stored.
@@ -259,6 +406,7 @@ impl Default for Config {
             cgroup_root: None,
             api_keys: Vec::new(),
             allow_unauthenticated: false,
+            jwt: JwtConfig::default(),
             max_file_bytes: 26_214_400,
             max_output_files: 100,
             file_ttl_s: 86_400,
@@ -323,6 +471,7 @@ impl Config {
             !top.eq_ignore_ascii_case("api_keys") && keys.iter().any(|known| known.eq_ignore_ascii_case(top))
         });
         figment = figment.merge(env.split("__"));
+        figment = merge_codeapi_jwt_env(figment)?;
         if let Some(listen) = &overrides.listen {
             figment = figment.merge(Serialized::default("listen", listen));
         }
@@ -455,6 +604,11 @@ impl Config {
         Ok(())
     }
 
+    /// API keys or JWT keys are configured: not local mode.
+    pub fn has_credentials(&self) -> bool {
+        !self.api_keys.is_empty() || self.jwt.has_key_source()
+    }
+
     /// The default wall-clock budget of a run, in ms.
     pub fn default_run_timeout_ms(&self) -> u64 {
         self.run_timeout_ms.unwrap_or(self.max_run_timeout_ms)
@@ -467,7 +621,7 @@ impl Config {
 
     /// Sessions one principal may hold at once (`max_sessions_per_principal`).
     pub fn sessions_per_principal(&self) -> usize {
-        let default = if self.api_keys.is_empty() {
+        let default = if !self.has_credentials() {
             self.max_sessions
         } else {
             (self.max_sessions / 4).max(1)
@@ -477,7 +631,7 @@ impl Config {
 
     /// Runs one principal may have running or queued (`max_runs_per_principal`).
     pub fn runs_per_principal(&self) -> usize {
-        let default = if self.api_keys.is_empty() {
+        let default = if !self.has_credentials() {
             usize::MAX
         } else {
             (self.max_concurrent_runs / 2).max(1)
@@ -515,6 +669,16 @@ mod tests {
                 doc.contains(&format!("`{key}`")),
                 "docs/configuration.md does not describe `{key}`"
             );
+        }
+        let jwt = serde_json::to_value(JwtConfig::default()).unwrap();
+        for key in jwt.as_object().unwrap().keys() {
+            assert!(
+                doc.contains(&format!("`jwt.{key}`")),
+                "docs/configuration.md does not describe `jwt.{key}`"
+            );
+        }
+        for (var, _) in CODEAPI_JWT_ENV {
+            assert!(doc.contains(var), "docs/configuration.md does not name {var}");
         }
         let ceilings = serde_json::to_value(Ceilings::default()).unwrap();
         for key in ceilings.as_object().unwrap().keys() {
@@ -615,6 +779,53 @@ mod tests {
             }]
         );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail closure signature
+    fn jwt_settings_from_the_file_and_the_codeapi_variables() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "c.toml",
+                "[jwt]\nissuer = \"from-file\"\naudience = \"file-aud\"\nallowed_algs = [\"EdDSA\"]\n",
+            )?;
+            let c = Config::load(Some(Path::new("c.toml")), &Overrides::default()).map_err(|e| e.to_string())?;
+            assert_eq!(c.jwt.issuer, "from-file");
+            assert_eq!(c.jwt.allowed_algs, ["EdDSA"]);
+            assert!(!c.has_credentials(), "no key source yet");
+            let jwks = r#"{"keys": [{"kty": "OKP", "crv": "Ed25519", "x": "abc", "kid": "k1"}]}"#;
+            let pem = "-----BEGIN PUBLIC KEY-----\\nMCowBQYDK2VwAyEA\\n-----END PUBLIC KEY-----";
+            jail.set_env("CODEAPI_JWT_JWKS_JSON", jwks);
+            jail.set_env("CODEAPI_JWT_PUBLIC_KEY", pem);
+            jail.set_env("CODEAPI_JWT_KEY_ID", "old-name");
+            jail.set_env("CODEAPI_JWT_KID", "2026");
+            jail.set_env("CODEAPI_JWT_ALLOWED_ALGS", "EdDSA, HS256");
+            jail.set_env("CODEAPI_JWT_ISSUER", "from-env");
+            jail.set_env("CODEAPI_JWT_CLOCK_SKEW_SECONDS", "5");
+            jail.set_env("CODEAPI_JWT_HS256_SECRET", "");
+            jail.set_env("SANDCALL_JWT__AUDIENCE", "sandcall-aud");
+            jail.set_env("SANDCALL_JWT__MAX_TTL_SECONDS", "60");
+            let c = Config::load(Some(Path::new("c.toml")), &Overrides::default()).map_err(|e| e.to_string())?;
+            assert_eq!(c.jwt.jwks_json.as_deref(), Some(jwks), "JSON text is kept as text");
+            assert_eq!(c.jwt.public_key.as_deref(), Some(pem));
+            assert_eq!(c.jwt.kid.as_deref(), Some("2026"), "a number-like kid stays text");
+            assert_eq!(c.jwt.allowed_algs, ["EdDSA", "HS256"]);
+            assert_eq!(c.jwt.issuer, "from-env", "the environment wins over the file");
+            assert_eq!(c.jwt.audience, "sandcall-aud", "SANDCALL_JWT__<KEY> works too");
+            assert_eq!(c.jwt.max_ttl_seconds, 60);
+            assert_eq!(c.jwt.clock_skew_seconds, 5);
+            assert_eq!(c.jwt.hs256_secret, None, "an empty variable is unset");
+            assert!(c.has_credentials());
+            assert_eq!(c.sessions_per_principal(), (c.max_sessions / 4).max(1));
+            jail.set_env("CODEAPI_JWT_MAX_TTL_SECONDS", "five minutes");
+            let err = Config::load(None, &Overrides::default()).unwrap_err().to_string();
+            assert!(err.contains("CODEAPI_JWT_MAX_TTL_SECONDS"), "{err}");
+            jail.set_env("CODEAPI_JWT_MAX_TTL_SECONDS", "300");
+            jail.set_env("CODEAPI_JWT_TRUST_ENTRIES_JSON", "[]");
+            let err = Config::load(None, &Overrides::default()).unwrap_err().to_string();
+            assert!(err.contains("CODEAPI_JWT_TRUST_ENTRIES_JSON"), "{err}");
+            Ok(())
+        });
     }
 
     #[test]

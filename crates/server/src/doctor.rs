@@ -111,9 +111,24 @@ fn check_interpreter(name: &'static str, path: &Path) -> Check {
     }
 }
 
+/// Which credentials are configured; a JWT key source that cannot be read or parsed
+/// fails, with the message `serve` refuses to start with.
+fn check_credentials(config: &Config) -> Check {
+    let (ok, detail) = match crate::auth::Auth::new(config) {
+        Ok(auth) => (true, auth.describe()),
+        Err(e) => (false, e.to_string()),
+    };
+    Check {
+        name: "credentials",
+        ok,
+        detail,
+        fix: "correct or remove the JWT key source named above ([jwt] in the config, or the CODEAPI_JWT_* variables; see docs/configuration.md)",
+    }
+}
+
 /// Runs every check, ending with a real sandboxed program in each language.
 pub async fn run(config: &Config) -> Report {
-    let mut checks = vec![check_userns(), check_seccomp()];
+    let mut checks = vec![check_credentials(config), check_userns(), check_seccomp()];
     checks.push(check_interpreter("python interpreter", &config.python));
     checks.push(check_interpreter("bash interpreter", &config.bash));
     let data_dir = host::data_dir(config);

@@ -173,7 +173,9 @@ pub enum ServeError {
 /// Runs the server until SIGTERM or SIGINT, then kills the running programs, reclaims
 /// their sandboxes and returns.
 pub async fn serve(config: Config) -> Result<(), ServeError> {
-    auth::check_listen(&config, &auth::Auth::new(&config)).map_err(ServeError::Preflight)?;
+    // Credentials are loaded once, here: a JWT key source that cannot be parsed stops the start.
+    let auth = auth::Auth::new(&config).map_err(|e| ServeError::Preflight(e.to_string()))?;
+    auth::check_listen(&config, &auth).map_err(ServeError::Preflight)?;
     if auth::exposed_without_credentials(&config) {
         let warning = format!(
             "warning: allow_unauthenticated: listening on {} with no credentials: every host that can \
@@ -238,7 +240,6 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
             outbox_dir: outbox_dir.clone(),
         },
     );
-    let auth = auth::Auth::new(&config);
     let state = AppState {
         config: shared_config,
         runner: runner.clone(),

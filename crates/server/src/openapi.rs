@@ -74,7 +74,10 @@ impl Modify for Common {
             SecurityScheme::Http(
                 HttpBuilder::new()
                     .scheme(HttpAuthScheme::Bearer)
-                    .description(Some("`Authorization: Bearer <key>`"))
+                    .description(Some(
+                        "`Authorization: Bearer <API key>`, or `Authorization: Bearer <JWT>` signed by LibreChat \
+                         (EdDSA or RS256; see docs/configuration.md, LibreChat JWTs)",
+                    ))
                     .build(),
             ),
         );
@@ -139,7 +142,8 @@ impl Modify for Common {
                 add_error(
                     op,
                     "401",
-                    "API keys are configured and the request has no valid key (`unauthorized`).",
+                    "Credentials (API keys or JWT keys) are configured and the request has no valid API key \
+                     or JWT (`unauthorized`, with `WWW-Authenticate: Bearer`); the message says which rule a JWT broke.",
                 );
                 add_error(
                     op,

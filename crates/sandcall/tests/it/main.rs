@@ -8,6 +8,7 @@ mod exec;
 mod faults;
 mod files;
 mod hostile;
+mod jwt;
 mod leaks;
 mod lifecycle;
 mod openapi;
