@@ -39,9 +39,10 @@ if [ "$node_major" -lt 20 ]; then
     exit 1
 fi
 
-# The pinned packages, installed once per lock file (and Node major version) into
-# target/e2e-librechat/<key>/, and linked as e2e/librechat/node_modules.
-key="$( (cat "$here/package-lock.json"; echo "node$node_major") | sha256sum | cut -c1-16)"
+# The pinned packages, installed once per lock file (with package.json, so that npm ci
+# checks the two agree, and the Node major version) into target/e2e-librechat/<key>/, and
+# linked as e2e/librechat/node_modules.
+key="$( (cat "$here/package-lock.json" "$here/package.json"; echo "node$node_major") | sha256sum | cut -c1-16)"
 cache_root="$root/target/e2e-librechat"
 cache="$cache_root/$key"
 if [ ! -f "$cache/.installed" ]; then

@@ -123,11 +123,12 @@ test('nested names: skill/scripts/run.py is staged at that path, by upload and b
   assert.match(content, /skill says hello from SKILL\.md/);
   // A read-only input is never an output, even when the program changed it.
   assert.deepEqual(outputs(artifact).map((f) => f.name), ['made.txt'], `outputs: ${JSON.stringify(artifact.files)}`);
-  for (const f of artifact.files ?? []) {
-    if (f.name.startsWith('skill/')) {
-      assert.equal(f.inherited, true, `read-only input came back as inherited: ${JSON.stringify(f)}`);
-      assert.ok(refs.some((r) => r.id === f.id), `with its own id: ${JSON.stringify(f)}`);
-    }
+  // Both come back as the inputs they were, with their own ids.
+  const skillFiles = (artifact.files ?? []).filter((f) => f.name.startsWith('skill/'));
+  assert.deepEqual(skillFiles.map((f) => f.name).sort(), ['skill/SKILL.md', 'skill/scripts/run.py'], `files: ${JSON.stringify(artifact.files)}`);
+  for (const f of skillFiles) {
+    assert.equal(f.inherited, true, `a read-only input comes back as inherited: ${JSON.stringify(f)}`);
+    assert.equal(f.id, refs.find((r) => r.name === f.name).id, `with its own id: ${JSON.stringify(f)}`);
   }
 });
 
@@ -154,6 +155,14 @@ test('chained sessions: the files one run writes are the next runs\' inputs', { 
   assert.match(second.content, /log: first line \| count: 2/);
   const changed = outputs(second.artifact);
   assert.deepEqual(changed.map((f) => f.name), ['count.txt'], `outputs: ${JSON.stringify(second.artifact.files)}`);
+  // A changed input is a new file that names the input it came from.
+  const firstCount = session.files.find((f) => f.name === 'count.txt');
+  assert.notEqual(changed[0].id, firstCount.id, 'the changed count.txt is a new file');
+  assert.deepEqual(
+    changed[0].modified_from,
+    { id: firstCount.id, storage_session_id: firstCount.storage_session_id },
+    `modified_from names the input: ${JSON.stringify(changed[0])}`,
+  );
   const inherited = (second.artifact.files ?? []).filter((f) => f.inherited === true);
   assert.deepEqual(inherited.map((f) => f.name), ['notes/log.txt'], `the unchanged input comes back inherited: ${JSON.stringify(second.artifact.files)}`);
   session.update(second.artifact);
