@@ -241,11 +241,15 @@ export async function langchainTool(name, description, parameters, fn) {
   return tool(fn, { name, description, schema: parameters });
 }
 
-/** The extra tool-call fields ToolNode adds for run_tools_with_code / run_tools_with_bash. */
-export function programmaticExtra(tools) {
+/**
+ * The extra tool-call fields ToolNode adds for run_tools_with_code / run_tools_with_bash:
+ * the tools, and their definitions (what the client sends). `parameters` replaces a
+ * definition's schema by tool name, for definitions that differ from the tool's own.
+ */
+export function programmaticExtra(tools, parameters = {}) {
   return {
     toolMap: new Map(tools.map((t) => [t.name, t])),
-    toolDefs: tools.map((t) => ({ name: t.name, description: t.description, parameters: t.schema })),
+    toolDefs: tools.map((t) => ({ name: t.name, description: t.description, parameters: parameters[t.name] ?? t.schema })),
   };
 }
 
