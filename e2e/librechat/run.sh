@@ -20,12 +20,12 @@ if [ $# -lt 1 ]; then
     echo "usage: $0 path/to/sandcall [node --test options...]" >&2
     exit 2
 fi
-binary="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
-shift
-if [ ! -x "$binary" ]; then
-    echo "e2e: $binary is not an executable sandcall binary" >&2
+if [ ! -f "$1" ] || [ ! -x "$1" ]; then
+    echo "e2e: $1 is not an executable sandcall binary (build it first: cargo build --release)" >&2
     exit 2
 fi
+binary="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
+shift
 
 for tool in node npm curl; do
     if ! command -v "$tool" >/dev/null; then
