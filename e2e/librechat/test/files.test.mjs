@@ -114,10 +114,11 @@ test('nested names: skill/scripts/run.py is staged at that path, by upload and b
     injected({ id: f.fileId, name: f.filename, storage_session_id: batch.body.storage_session_id, ...identity }),
   );
 
-  // The program runs the script by its path, and changes a read-only input.
+  // The program runs the script by its path, and changes a read-only input (or tries to:
+  // whether the file may be written in the sandbox is not the point here).
   const { content, artifact } = await invoke(
     bashTool(),
-    { command: 'python3 skill/scripts/run.py && echo changed >> skill/SKILL.md && echo new > made.txt' },
+    { command: 'python3 skill/scripts/run.py; (echo changed >> skill/SKILL.md) 2>/dev/null; echo new > made.txt' },
     { _injected_files: refs },
   );
   assert.match(content, /skill says hello from SKILL\.md/);
