@@ -174,9 +174,12 @@ export async function postJson(url, body, headers = {}) {
   return { status: response.status, body: await json(response, `POST ${url}`) };
 }
 
-/** `{id, resource_id, name, storage_session_id, kind}`: a file as LibreChat's ToolNode injects it. */
-export function injected({ id, name, storage_session_id, kind = 'user', version }) {
-  const ref = { id, resource_id: id, name, storage_session_id, kind };
+/**
+ * `{id, resource_id, name, storage_session_id, kind}`: a file as LibreChat's ToolNode
+ * injects it. `resource_id` is the owning resource (a skill's id), else the file's id.
+ */
+export function injected({ id, name, storage_session_id, kind = 'user', version, resource_id = id }) {
+  const ref = { id, resource_id, name, storage_session_id, kind };
   if (kind === 'skill' && version != null) ref.version = version;
   return ref;
 }

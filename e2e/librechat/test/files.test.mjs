@@ -111,7 +111,14 @@ test('nested names: skill/scripts/run.py is staged at that path, by upload and b
   assert.equal(batch.status, 200, `batch upload: ${JSON.stringify(batch.body)}`);
   assert.deepEqual(batch.body.files.map((f) => f.filename), ['skill/SKILL.md', 'skill/scripts/run.py']);
   const refs = batch.body.files.map((f) =>
-    injected({ id: f.fileId, name: f.filename, storage_session_id: batch.body.storage_session_id, ...identity }),
+    injected({
+      id: f.fileId,
+      name: f.filename,
+      storage_session_id: batch.body.storage_session_id,
+      kind: identity.kind,
+      version: identity.version,
+      resource_id: identity.id,
+    }),
   );
 
   // The program runs the script by its path, and changes a read-only input (or tries to:
