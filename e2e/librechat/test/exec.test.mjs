@@ -1,0 +1,77 @@
+// Runs through the client's execute_code and bash_tool tools, as a model's
+// tool calls reach them in LibreChat.
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { createBashExecutionTool, createCodeExecutionTool } from '@librechat/agents';
+import { baseUrl, invoke, openBaseUrl, postJson, upload, download, user, authHeadersFor } from '../lib/librechat.mjs';
+
+const alice = user('e2e-exec-alice');
+
+test('Python: execute_code runs a program and the model sees its output', { timeout: 60_000 }, async () => {
+  const tool = createCodeExecutionTool({ user_id: alice.sub, authHeaders: alice.authHeaders });
+  const { content, artifact } = await invoke(tool, {
+    lang: 'py',
+    code: 'import sys\nprint(sum(range(101)))\nprint("to stderr", file=sys.stderr)',
+  });
+  assert.match(content, /stdout:\n5050(?:\n|$)/);
+  assert.match(content, /stderr:\nto stderr(?:\n|$)/);
+  assert.match(artifact.session_id, /^[A-Za-z0-9_-]{21}$/, 'a nanoid-shaped session id');
+});
+
+test('Bash: bash_tool runs a command with arguments', { timeout: 60_000 }, async () => {
+  const tool = createBashExecutionTool({ user_id: alice.sub, authHeaders: alice.authHeaders });
+  const { content, artifact } = await invoke(tool, {
+    command: 'echo "args: $1 $2"; echo "pwd: $PWD"',
+    args: ['one', 'two'],
+  });
+  assert.match(content, /args: one two/);
+  assert.match(content, /pwd: \/mnt\/data/);
+  assert.ok(artifact.session_id);
+});
+
+test('lang "js" is refused with unsupported_capability, which the client tells the model not to retry', { timeout: 60_000 }, async () => {
+  const raw = await postJson(`${baseUrl}/exec`, { lang: 'js', code: 'console.log(1)' }, authHeadersFor(alice.sub));
+  assert.equal(raw.status, 400, `POST /exec lang js: ${JSON.stringify(raw.body)}`);
+  assert.equal(raw.body.code, 'unsupported_capability', `body: ${JSON.stringify(raw.body)}`);
+  assert.equal(typeof raw.body.error, 'string');
+  assert.equal(typeof raw.body.error_type, 'string');
+
+  const tool = createCodeExecutionTool({ user_id: alice.sub, authHeaders: alice.authHeaders });
+  await assert.rejects(invoke(tool, { lang: 'js', code: 'console.log(1)' }), (error) => {
+    assert.match(error.message, /Code execution is not supported by the selected environment\./);
+    assert.match(error.message, /Do not retry this tool in this environment/);
+    return true;
+  });
+});
+
+// LibreChat with JWT off sends no auth header at all; sandcall serves it on a
+// private network with allow_unauthenticated.
+const guest = user('e2e-open-guest', { url: openBaseUrl, jwt: false });
+
+test('JWT off: execute_code and bash_tool against a server with allow_unauthenticated', { timeout: 60_000 }, async () => {
+  const py = createCodeExecutionTool({ baseUrl: openBaseUrl, user_id: guest.sub });
+  const ran = await invoke(py, { lang: 'py', code: 'print(6 * 7)' });
+  assert.match(ran.content, /stdout:\n42(?:\n|$)/);
+  const sh = createBashExecutionTool({ baseUrl: openBaseUrl, user_id: guest.sub });
+  const bashed = await invoke(sh, { command: 'echo open' });
+  assert.match(bashed.content, /stdout:\nopen(?:\n|$)/);
+});
+
+test('JWT off: upload, a run that reads the file, and the download of its output', { timeout: 60_000 }, async () => {
+  const up = await upload(guest, { name: 'in.txt', content: 'plain\n', type: 'text/plain' });
+  const tool = createCodeExecutionTool({ baseUrl: openBaseUrl, user_id: guest.sub });
+  const { artifact } = await invoke(
+    tool,
+    { lang: 'py', code: "open('out.txt', 'w').write(open('in.txt').read().upper())" },
+    {
+      _injected_files: [
+        { id: up.file_id, resource_id: up.file_id, name: 'in.txt', storage_session_id: up.storage_session_id, kind: 'user' },
+      ],
+    },
+  );
+  const out = (artifact.files ?? []).find((f) => f.name === 'out.txt');
+  assert.ok(out, `out.txt among the outputs: ${JSON.stringify(artifact.files)}`);
+  const got = await download(guest, out.storage_session_id ?? artifact.session_id, out.id);
+  assert.equal(got.status, 200);
+  assert.equal(got.bytes.toString(), 'PLAIN\n');
+});
