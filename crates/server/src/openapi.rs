@@ -5,8 +5,8 @@
 use crate::files::routes as file_routes;
 use crate::http;
 use sandcall_api::{
-    ErrorBody, ExecRequest, ExecResponse, FileEntry, Health, ObjectInfo, ProgrammaticRequest, ProgrammaticResponse,
-    UploadResponse,
+    BatchUploadResponse, DeleteFileResponse, ErrorBody, ExecRequest, ExecResponse, FileFull, FileNormalized,
+    FileSummary, Health, ObjectInfo, ProgrammaticRequest, ProgrammaticResponse, UploadResponse,
 };
 use serde_json::{json, Value};
 use utoipa::openapi::path::Operation;
@@ -29,6 +29,7 @@ use utoipa::{Modify, OpenApi, ToSchema};
         http::cancel_route,
         http::session_route,
         file_routes::upload,
+        file_routes::upload_batch,
         file_routes::download,
         file_routes::list,
         file_routes::object,
@@ -43,9 +44,14 @@ use utoipa::{Modify, OpenApi, ToSchema};
         ProgrammaticRequest,
         ProgrammaticResponse,
         UploadResponse,
-        FileEntry,
+        BatchUploadResponse,
+        FileSummary,
+        FileFull,
+        FileNormalized,
+        DeleteFileResponse,
         ObjectInfo,
         UploadForm,
+        BatchUploadForm,
     )),
     modifiers(&Common),
 )]
@@ -55,9 +61,31 @@ struct ApiDoc;
 #[derive(ToSchema)]
 #[allow(dead_code)] // Only its schema is used: the handler reads the parts as a stream.
 pub struct UploadForm {
-    /// A file. Up to 100 parts named `file` or `files` may be sent in one request.
+    /// A file. Up to 100 parts named `file` or `files` may be sent in one request. The
+    /// part's filename may be a relative path (`skill/scripts/run.py`), kept as it is.
     #[schema(value_type = String, format = Binary)]
     file: Vec<u8>,
+    /// Stored with every file of the request (`user`, `skill`, ...).
+    kind: Option<String>,
+    /// The entity the files belong to, stored with every file (`entity_id` is read too).
+    id: Option<String>,
+    version: Option<String>,
+    /// `true`: the files are staged but never returned as outputs of a run.
+    read_only: Option<bool>,
+}
+
+/// The multipart body of POST /v1/upload/batch.
+#[derive(ToSchema)]
+#[allow(dead_code)] // Only its schema is used: the handler reads the parts as a stream.
+pub struct BatchUploadForm {
+    /// A file. Up to 200 parts named `file` or `files`; each is stored or refused on its
+    /// own. The filename may be a relative path, kept as it is.
+    #[schema(value_type = String, format = Binary)]
+    file: Vec<u8>,
+    kind: Option<String>,
+    id: Option<String>,
+    version: Option<String>,
+    read_only: Option<bool>,
 }
 
 /// What every operation shares: the API key schemes, 401 when keys are configured and the
@@ -244,6 +272,7 @@ mod tests {
             ("/v1/exec/programmatic/cancel", "post"),
             ("/v1/exec/programmatic/{session_id}", "get"),
             ("/v1/upload", "post"),
+            ("/v1/upload/batch", "post"),
             ("/v1/download/{session_id}/{file_id}", "get"),
             ("/v1/files/{session_id}", "get"),
             ("/v1/files/{session_id}/{file_id}", "delete"),
@@ -254,6 +283,6 @@ mod tests {
             assert!(op.is_object(), "{method} {path} is missing");
             assert!(op["responses"]["401"].is_object(), "{method} {path} lacks 401");
         }
-        assert_eq!(paths.len(), 11, "a route in the document that the test does not know");
+        assert_eq!(paths.len(), 12, "a route in the document that the test does not know");
     }
 }
