@@ -233,12 +233,37 @@ fn add_links(doc: &mut Value) {
     });
 }
 
+/// The answers whose body is one of several shapes, which the route annotations cannot
+/// say: the list route's four detail levels, and the batch upload's 400 (the batch body
+/// when every file failed, the error body otherwise). `anyOf`, since `[]` fits them all.
+fn add_alternatives(doc: &mut Value) {
+    let schema = |name: &str| json!({"$ref": format!("#/components/schemas/{name}")});
+    let list = |items: Value| json!({"type": "array", "items": items});
+    let paths = &mut doc["paths"];
+    paths["/v1/files/{session_id}"]["get"]["responses"]["200"]["content"]["application/json"]["schema"] = json!({
+        "anyOf": [
+            list(json!({"type": "string", "description": "`{session_id}/{file_id}` plus the file's extension, if any."})),
+            list(schema("FileSummary")),
+            list(schema("FileFull")),
+            list(schema("FileNormalized")),
+        ]
+    });
+    paths["/v1/upload/batch"]["post"]["responses"]["400"]["content"]["application/json"]["schema"] =
+        json!({"anyOf": [schema("BatchUploadResponse"), schema("ErrorBody")]});
+    paths["/v1/upload/batch"]["post"]["responses"]["200"]["links"] = json!({
+        "DownloadFile": {"operationId": "download_file", "parameters":
+            {"session_id": "$response.body#/storage_session_id", "file_id": "$response.body#/files/0/fileId"}},
+        "ListFiles": {"operationId": "list_files", "parameters": {"session_id": "$response.body#/storage_session_id"}},
+    });
+}
+
 /// The document, as served and checked in: pretty JSON with a final newline.
 pub fn document() -> String {
     let mut doc = ApiDoc::openapi();
     doc.info.version = env!("CARGO_PKG_VERSION").to_owned();
     let mut value = serde_json::to_value(&doc).unwrap_or_default();
     add_links(&mut value);
+    add_alternatives(&mut value);
     let mut text = serde_json::to_string_pretty(&value).unwrap_or_default();
     text.push('\n');
     text

@@ -2188,3 +2188,57 @@ fn folders_nested_too_deep_are_not_walked() {
     assert!(skipped.iter().any(|e| e["reason"] == "too_deep"), "{r}");
     s.assert_healthy();
 }
+
+/// The file answers match their schemas in docs/openapi.json: every required field is
+/// answered, every answered field is documented.
+#[test]
+fn file_answers_have_the_documented_fields() {
+    let doc: Value = serde_json::from_str(include_str!("../../../../docs/openapi.json")).unwrap();
+    let schemas = &doc["components"]["schemas"];
+    let check = |name: &str, answer: &Value| {
+        let schema = &schemas[name];
+        for field in schema["required"].as_array().unwrap_or_else(|| panic!("{name}")) {
+            let field = field.as_str().unwrap();
+            assert!(
+                answer.get(field).is_some(),
+                "{name}.{field} is documented but missing: {answer}"
+            );
+        }
+        for key in answer.as_object().unwrap_or_else(|| panic!("{name}: {answer}")).keys() {
+            assert!(
+                schema["properties"].get(key).is_some(),
+                "{name}.{key} is answered but not documented"
+            );
+        }
+    };
+    let s = Server::start();
+    let c = Client::anonymous(&s);
+    let reply = c.upload_batch(&[
+        field_part("read_only", "true"),
+        file_part("a/b.txt", "text/plain", b"b"),
+        file_part("../x", "text/plain", b"x"),
+    ]);
+    let batch = reply.json();
+    check("BatchUploadResponse", &batch);
+    check("BatchFileResult", &batch["files"][0]);
+    check("BatchFileResult", &batch["files"][1]);
+    let sid = batch["storage_session_id"].as_str().unwrap();
+    let fid = batch["files"][0]["fileId"].as_str().unwrap();
+    let failed = c.upload_batch(&[file_part("../x", "text/plain", b"x")]).json();
+    check("BatchUploadResponse", &failed);
+    check("FileSummary", &c.list_detail(sid, "detail=summary")[0]);
+    let full = c.list_detail(sid, "detail=full");
+    check("FileFull", &full[0]);
+    check("FileObjectMetadata", &full[0]["metadata"]);
+    check("FileNormalized", &c.list_detail(sid, "detail=normalized")[0]);
+    let up = c.upload("in.txt", "text/plain", b"in");
+    let r = c.exec(json!({
+        "code": "open('in.txt', 'a').write('!'); open('new.txt', 'w').write('n')",
+        "files": [up.input("in.txt"), {"id": fid, "storage_session_id": sid, "name": "a/b.txt", "entity_id": "e"}],
+    }));
+    for f in r["files"].as_array().unwrap() {
+        check("OutputFile", f);
+    }
+    check("FileOrigin", &output(&r, "in.txt")["modified_from"]);
+    check("DeleteFileResponse", &c.delete_file(sid, fid).json());
+}

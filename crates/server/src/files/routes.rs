@@ -712,7 +712,7 @@ fn listing(files: Vec<FileMeta>, detail: Detail) -> serde_json::Value {
     params(("session_id" = String, Path, description = "A `storage_session_id`."), ListQuery),
     responses(
         (status = 200, description = "The caller's files of the session, oldest first; `[]` for an unknown session. `simple`: object names `{session_id}/{file_id}[.ext]` (strings); `summary`: `FileSummary`; `full`: `FileFull`; `normalized`: `FileNormalized`.",
-            body = Vec<FileNormalized>),
+            body = Vec<String>),
         (status = 400, description = "`invalid_request`: an unknown `detail`.", body = ErrorBody),
     ),
 )]
