@@ -141,13 +141,16 @@ enum PartOutcome {
 
 /// Streams one file part to `incoming/`, checking its name, `max_file_bytes` and the
 /// room left in the caller's quota as the bytes arrive. A refusal of the part alone
-/// (name, size, quota) is `Refused` once the rest of the part is read; an error of the
+/// (name, size, quota) is `Refused`, after the rest of the part is read when `go_on` (a
+/// batch goes on to the next part; a plain upload answers at once); an error of the
 /// request (malformed or timed-out body, the disk) is `Err`.
 async fn receive_part(
     state: &AppState,
     field: &mut axum::extract::multipart::Field<'_>,
     room: &mut Room,
+    go_on: bool,
 ) -> Result<PartOutcome, ApiError> {
+    let refuse = |field, name, e| refuse(field, name, e, go_on);
     let raw_name = field.file_name().unwrap_or("file").to_owned();
     let name = match upload_name(&raw_name) {
         Ok(name) => name,
@@ -202,13 +205,17 @@ async fn receive_part(
     }))
 }
 
-/// Reads the rest of a refused part (the next part starts after it) and says why.
+/// Says why a part is refused, after reading the rest of it when `go_on` (the next part
+/// starts after it).
 async fn refuse(
     field: &mut axum::extract::multipart::Field<'_>,
     name: String,
     e: ApiError,
+    go_on: bool,
 ) -> Result<PartOutcome, ApiError> {
-    while field.chunk().await.map_err(multipart_error)?.is_some() {}
+    if go_on {
+        while field.chunk().await.map_err(multipart_error)?.is_some() {}
+    }
     Ok(PartOutcome::Refused(name, e))
 }
 
@@ -279,7 +286,7 @@ pub async fn upload(
             if received.len() >= MAX_PARTS {
                 return Err(ApiError::bad_request(format!("at most {MAX_PARTS} files per upload")));
             }
-            match receive_part(&state, &mut field, &mut room).await? {
+            match receive_part(&state, &mut field, &mut room, false).await? {
                 PartOutcome::Received(r) => received.push(r),
                 PartOutcome::Refused(_, e) => return Err(e),
             }
@@ -375,7 +382,7 @@ pub async fn upload_batch(
                     "at most {MAX_BATCH_PARTS} files per batch upload"
                 )));
             }
-            parts.push(receive_part(&state, &mut field, &mut room).await?);
+            parts.push(receive_part(&state, &mut field, &mut room, true).await?);
         }
         Ok(())
     }
