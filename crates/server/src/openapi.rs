@@ -250,9 +250,8 @@ fn add_alternatives(doc: &mut Value) {
     });
     paths["/v1/upload/batch"]["post"]["responses"]["400"]["content"]["application/json"]["schema"] =
         json!({"anyOf": [schema("BatchUploadResponse"), schema("ErrorBody")]});
+    // Only the session: the first file of a partial success may be one that failed.
     paths["/v1/upload/batch"]["post"]["responses"]["200"]["links"] = json!({
-        "DownloadFile": {"operationId": "download_file", "parameters":
-            {"session_id": "$response.body#/storage_session_id", "file_id": "$response.body#/files/0/fileId"}},
         "ListFiles": {"operationId": "list_files", "parameters": {"session_id": "$response.body#/storage_session_id"}},
     });
 }

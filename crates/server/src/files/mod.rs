@@ -246,6 +246,24 @@ mod tests {
     }
 
     #[test]
+    fn records_from_before_the_upload_fields_still_read() {
+        let old = r#"{"principal":"p","session_id":"S","id":"F","name":"a.txt","size":1,
+            "content_type":"text/plain","sha256":"00","created_ms":1,"expires_ms":2}"#;
+        let m: FileMeta = serde_json::from_str(old).unwrap();
+        assert_eq!((m.kind, m.entity_id, m.version, m.read_only), (None, None, None, false));
+        // And a record with them round-trips.
+        let new = FileMeta {
+            kind: Some("skill".into()),
+            entity_id: Some("e".into()),
+            version: Some("2".into()),
+            read_only: true,
+            ..serde_json::from_str(old).unwrap()
+        };
+        let back: FileMeta = serde_json::from_slice(&serde_json::to_vec(&new).unwrap()).unwrap();
+        assert_eq!(back, new);
+    }
+
+    #[test]
     fn object_names_keep_the_extension_only() {
         let mut m = FileMeta {
             principal: "p".into(),
