@@ -70,8 +70,10 @@ pub struct UploadForm {
     /// The entity the files belong to, stored with every file (`entity_id` is read too).
     id: Option<String>,
     version: Option<String>,
-    /// `true`: the files are staged but never returned as outputs of a run.
-    read_only: Option<bool>,
+    /// `true` (or `1`): the files are staged but never returned as outputs of a run.
+    /// `false`, `0` or empty: the default. Any other value is refused.
+    #[schema(value_type = Option<String>, pattern = "^(true|false|1|0)?$")]
+    read_only: Option<String>,
 }
 
 /// The multipart body of POST /v1/upload/batch.
@@ -85,7 +87,9 @@ pub struct BatchUploadForm {
     kind: Option<String>,
     id: Option<String>,
     version: Option<String>,
-    read_only: Option<bool>,
+    /// As on /v1/upload.
+    #[schema(value_type = Option<String>, pattern = "^(true|false|1|0)?$")]
+    read_only: Option<String>,
 }
 
 /// What every operation shares: the API key schemes, 401 when keys are configured and the

@@ -82,12 +82,12 @@ impl UploadFields {
             "version" => &mut self.version,
             "read_only" => {
                 let value = field_text(name, field).await?;
-                self.read_only = match value.trim().to_ascii_lowercase().as_str() {
+                self.read_only = match value.as_str() {
                     "true" | "1" => true,
                     "false" | "0" | "" => false,
                     _ => {
                         return Err(ApiError::bad_request(format!(
-                            "`read_only` must be `true` or `false`, not {value:?}"
+                            "`read_only` must be `true` or `false` (or `1`, `0`), not {value:?}"
                         )))
                     }
                 };
