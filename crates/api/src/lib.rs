@@ -76,6 +76,10 @@ pub struct FileRef {
     pub session_id: Option<String>,
     /// The file's name in the working directory.
     pub name: String,
+    /// The entity (an agent, a skill, ...) the caller ties the file to; echoed on the
+    /// output entry of an input that comes back inherited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entity_id: Option<String>,
 }
 
 impl FileRef {
@@ -340,13 +344,31 @@ pub enum ExecStatus {
     Killed,
 }
 
-/// An output file of a run.
+/// An output file of a run: a file it created, a changed input (a new file, with
+/// `modified_from`), or an input it left as it was or that is read-only (the input's own
+/// id and storage session, with `inherited: true`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct OutputFile {
     pub id: String,
     pub name: String,
     pub storage_session_id: String,
     pub size: u64,
+    /// `true` for an input returned as it was (unchanged, or read-only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inherited: Option<bool>,
+    /// On an inherited input: the `entity_id` the request gave for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entity_id: Option<String>,
+    /// On a changed input: the input it was staged from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub modified_from: Option<FileOrigin>,
+}
+
+/// Names a stored file: its id and `storage_session_id`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct FileOrigin {
+    pub id: String,
+    pub storage_session_id: String,
 }
 
 /// Something of the working directory that was not returned as an output file, and why.
@@ -376,16 +398,103 @@ pub struct UploadedFile {
     pub content_type: String,
 }
 
-/// One entry of GET /v1/files/{session_id}.
+/// POST /v1/upload/batch's answer (also the body of its 400 when every file failed,
+/// which then carries `error` and `error_type` too).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
-pub struct FileEntry {
-    pub id: String,
+pub struct BatchUploadResponse {
+    /// `success`, `partial_success` or `error` (every file failed).
+    pub message: String,
+    pub storage_session_id: String,
+    /// One entry per file part, in the order they were sent.
+    pub files: Vec<BatchFileResult>,
+    pub succeeded: usize,
+    pub failed: usize,
+    /// Only when every file failed: why, as in every error body.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Only when every file failed: `invalid_request`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_type: Option<String>,
+}
+
+/// What became of one file of a batch upload.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct BatchFileResult {
+    /// `success` or `error`.
+    pub status: String,
+    /// The stored file's id (empty when it failed).
+    #[serde(rename = "fileId")]
+    pub file_id: String,
+    /// The name as stored, or as sent when it failed.
+    pub filename: String,
+    /// Why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// An entry of GET /v1/files/{session_id}?detail=summary (and the base of `full`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct FileSummary {
+    /// The object name, `{session_id}/{file_id}` plus the file's extension, if any.
     pub name: String,
     pub size: u64,
     #[serde(rename = "lastModified")]
     pub last_modified: String,
+    /// The hex SHA-256 of the content, in double quotes.
+    pub etag: String,
+}
+
+/// An entry of GET /v1/files/{session_id}?detail=full.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct FileFull {
+    pub name: String,
+    pub size: u64,
+    #[serde(rename = "lastModified")]
+    pub last_modified: String,
+    pub etag: String,
+    pub metadata: FileObjectMetadata,
     #[serde(rename = "contentType")]
     pub content_type: String,
+}
+
+/// The object metadata of a `full` entry.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct FileObjectMetadata {
+    #[serde(rename = "content-type")]
+    pub content_type: String,
+    /// The name the file was uploaded or collected under (a relative path).
+    #[serde(rename = "original-filename")]
+    pub original_filename: String,
+    /// Always `none`: the name is given as it is.
+    #[serde(rename = "original-filename-encoded")]
+    pub original_filename_encoded: String,
+}
+
+/// An entry of GET /v1/files/{session_id}?detail=normalized.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct FileNormalized {
+    pub id: String,
+    /// The original filename (a relative path).
+    pub name: String,
+    pub storage_session_id: String,
+    pub size: u64,
+    #[serde(rename = "contentType")]
+    pub content_type: String,
+    #[serde(rename = "lastModified")]
+    pub last_modified: String,
+    /// Present (`true`) only for a file uploaded with `read_only=true`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_only: Option<bool>,
+}
+
+/// DELETE /v1/files/{session_id}/{file_id}'s answer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct DeleteFileResponse {
+    /// `File deleted successfully`.
+    pub message: String,
+    pub session_id: String,
+    #[serde(rename = "fileId")]
+    pub file_id: String,
 }
 
 /// GET /v1/sessions/{session_id}/objects/{file_id}.

@@ -120,6 +120,10 @@ pub fn run_helper() -> i32 {
             result.outputs = found.files;
             result.skipped = found.skipped;
             result.skipped_total = found.skipped_total;
+            result.inherited = found.inherited;
+        } else if run.collect.is_some() {
+            // An emptied workspace: its read-only inputs still come back as they were.
+            result.inherited = crate::workspace::read_only_tags(&sandbox.staged);
         }
         Ok(result)
     });
@@ -261,7 +265,7 @@ struct Sandbox {
     /// Owner of the workspace's files, as this process names it.
     owner: (u32, u32),
     /// Staged inputs and their SHA-256, to tell changed inputs from unchanged ones.
-    staged: std::collections::HashMap<String, String>,
+    staged: Vec<crate::workspace::Staged>,
     /// The helper's end of a launched program's fd 3.
     go_w: Option<OwnedFd>,
     /// CPU time spent before the run began (a launched program's start-up).

@@ -138,6 +138,14 @@ pub struct Run {
 pub struct InputFile {
     pub source: PathBuf,
     pub name: String,
+    /// Never collected as an output, even if the run changed it; always reported in
+    /// `RunResult.inherited`.
+    #[serde(default)]
+    pub read_only: bool,
+    /// The server's label for this input. The helper does not read it: it only echoes
+    /// it (in `RunResult.inherited`, or in `CollectedFile.input` for a changed input).
+    #[serde(default)]
+    pub tag: String,
 }
 
 /// How to collect a run's output files.
@@ -163,6 +171,9 @@ pub struct CollectedFile {
     pub sha256: String,
     /// Where the helper put the bytes (in the outbox).
     pub path: PathBuf,
+    /// The `tag` of the input staged under this name, which the run changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<String>,
 }
 
 /// Something in the working directory that was not collected, and why: `symlink`,
@@ -199,6 +210,10 @@ pub struct RunResult {
     pub skipped: Vec<SkippedFile>,
     #[serde(default)]
     pub skipped_total: usize,
+    /// The `tag`s of the inputs to report as they were, in staging order: the ones the
+    /// run left unchanged, and every read-only one.
+    #[serde(default)]
+    pub inherited: Vec<String>,
 }
 
 /// A message from the helper to the server.

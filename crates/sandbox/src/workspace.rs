@@ -28,10 +28,26 @@ fn hex(digest: &[u8]) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// One staged input, as collection needs it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Staged {
+    pub name: String,
+    /// SHA-256 of the content as staged.
+    pub sha256: String,
+    pub read_only: bool,
+    /// The server's label, echoed back.
+    pub tag: String,
+}
+
+/// The inputs that are reported as they were whatever the run did: the read-only ones.
+pub(crate) fn read_only_tags(staged: &[Staged]) -> Vec<String> {
+    staged.iter().filter(|s| s.read_only).map(|s| s.tag.clone()).collect()
+}
+
 /// Copies the inputs into the (still empty) workspace, owned by the sandbox user.
-/// Returns each staged name with the SHA-256 of its content.
-pub(crate) fn stage(work: &Path, inputs: &[InputFile], uid: u32, gid: u32) -> Result<HashMap<String, String>, String> {
-    let mut staged = HashMap::new();
+/// Returns each staged input with the SHA-256 of its content, in order.
+pub(crate) fn stage(work: &Path, inputs: &[InputFile], uid: u32, gid: u32) -> Result<Vec<Staged>, String> {
+    let mut staged = Vec::with_capacity(inputs.len());
     for input in inputs {
         let dest = work.join(&input.name);
         // The server checked the name; check again that it stays below `work`.
@@ -67,7 +83,12 @@ pub(crate) fn stage(work: &Path, inputs: &[InputFile], uid: u32, gid: u32) -> Re
                 .map_err(|e| format!("stage {}: {e}", input.name))?;
         }
         chown(&dest, Some(uid), Some(gid)).map_err(|e| format!("stage {}: {e}", input.name))?;
-        staged.insert(input.name.clone(), hex(&hasher.finalize()));
+        staged.push(Staged {
+            name: input.name.clone(),
+            sha256: hex(&hasher.finalize()),
+            read_only: input.read_only,
+            tag: input.tag.clone(),
+        });
     }
     Ok(staged)
 }
@@ -84,6 +105,8 @@ pub(crate) struct Collected {
     pub files: Vec<CollectedFile>,
     pub skipped: Vec<SkippedFile>,
     pub skipped_total: usize,
+    /// Tags of the inputs to report as they were (see `RunResult.inherited`).
+    pub inherited: Vec<String>,
 }
 
 impl Collected {
@@ -100,7 +123,9 @@ impl Collected {
 
 struct Walk<'a> {
     opts: &'a Collect,
-    inputs: &'a HashMap<String, String>,
+    inputs: HashMap<&'a str, &'a Staged>,
+    /// Names of the inputs found as they were staged.
+    unchanged: HashSet<String>,
     seen_inodes: HashSet<(u64, u64)>,
     out: Collected,
     next: usize,
@@ -108,8 +133,9 @@ struct Walk<'a> {
     total: u64,
 }
 
-/// Collects every regular file the run created or changed into `opts.outbox`.
-pub(crate) fn collect(work: &Path, opts: &Collect, inputs: &HashMap<String, String>) -> Result<Collected, String> {
+/// Collects every regular file the run created or changed into `opts.outbox`, except
+/// read-only inputs; lists the inputs to report as they were.
+pub(crate) fn collect(work: &Path, opts: &Collect, staged: &[Staged]) -> Result<Collected, String> {
     let root = openat(
         None,
         work,
@@ -121,14 +147,21 @@ pub(crate) fn collect(work: &Path, opts: &Collect, inputs: &HashMap<String, Stri
     let root = unsafe { OwnedFd::from_raw_fd(root) };
     let mut walk = Walk {
         opts,
-        inputs,
+        inputs: staged.iter().map(|s| (s.name.as_str(), s)).collect(),
+        unchanged: HashSet::new(),
         seen_inodes: HashSet::new(),
         out: Collected::default(),
         next: 0,
         total: 0,
     };
     walk.dir(root, "", 0);
-    Ok(walk.out)
+    let mut out = walk.out;
+    out.inherited = staged
+        .iter()
+        .filter(|s| s.read_only || walk.unchanged.contains(&s.name))
+        .map(|s| s.tag.clone())
+        .collect();
+    Ok(out)
 }
 
 /// A name fit for the API: valid UTF-8 without control characters.
@@ -187,6 +220,12 @@ impl Walk<'_> {
     }
 
     fn file(&mut self, dirfd: RawFd, raw: &[u8], rel: &str, size: u64) {
+        let input = self.inputs.get(rel).copied();
+        // A read-only input is the caller's infrastructure: never an output, whatever
+        // the run did to it, and not listed as skipped either.
+        if input.is_some_and(|i| i.read_only) {
+            return;
+        }
         if size > self.opts.max_file_bytes {
             return self.out.skip(rel, "too_large");
         }
@@ -215,8 +254,7 @@ impl Walk<'_> {
         // The copy writes a sparse file's holes as real bytes, so the total is counted in
         // apparent size, before anything is read. An input may still turn out unchanged
         // (and cost nothing), so it is copied and judged after.
-        let staged = self.inputs.contains_key(rel);
-        if !staged && self.over_total(st.st_size as u64) {
+        if input.is_none() && self.over_total(st.st_size as u64) {
             return self.out.skip(rel, "over_workspace_limit");
         }
         // The outbox is made for the first file: most runs have none.
@@ -230,9 +268,11 @@ impl Walk<'_> {
         let dest = self.opts.outbox.join(self.next.to_string());
         match copy_hashed(&mut file, &dest, self.opts.max_file_bytes) {
             Ok((size, sha256)) => {
-                if self.inputs.get(rel) == Some(&sha256) {
-                    // An input the run did not change is not an output.
+                if input.is_some_and(|i| i.sha256 == sha256) {
+                    // An input the run did not change is not a new output: it is
+                    // reported as inherited.
                     let _ = fs::remove_file(&dest);
+                    self.unchanged.insert(rel.to_owned());
                     return;
                 }
                 if self.over_total(size) {
@@ -247,6 +287,7 @@ impl Walk<'_> {
                     size,
                     sha256,
                     path: dest,
+                    input: input.map(|i| i.tag.clone()),
                 });
             }
             Err(e) => {
@@ -303,7 +344,12 @@ mod tests {
                 .unwrap();
         }
         fs::write(work.join("t_input"), b"unchanged").unwrap();
-        let inputs = HashMap::from([("t_input".to_owned(), hex(&Sha256::digest(b"unchanged")))]);
+        let inputs = [Staged {
+            name: "t_input".into(),
+            sha256: hex(&Sha256::digest(b"unchanged")),
+            read_only: false,
+            tag: "T".into(),
+        }];
         let opts = Collect {
             outbox: dir.join("outbox"),
             max_files: 100,
@@ -328,6 +374,52 @@ mod tests {
             .map(|e| e.unwrap().metadata().unwrap().len())
             .sum();
         assert_eq!(copied, 3 << 20, "nothing past the bound is left in the outbox");
+        assert_eq!(found.inherited, ["T"]);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn inputs_come_back_inherited_changed_or_never_when_read_only() {
+        let dir = std::env::temp_dir().join(format!("sandcall-inherit-test-{}", std::process::id()));
+        let work = dir.join("work");
+        fs::create_dir_all(work.join("skill/scripts")).unwrap();
+        let staged = |name: &str, content: &[u8], read_only: bool| Staged {
+            name: name.into(),
+            sha256: hex(&Sha256::digest(content)),
+            read_only,
+            tag: format!("tag:{name}"),
+        };
+        let inputs = [
+            staged("same.txt", b"same", false),
+            staged("changed.txt", b"before", false),
+            staged("skill/scripts/run.py", b"print(1)", true),
+            staged("gone.txt", b"gone", false),
+            staged("ro_gone.txt", b"x", true),
+        ];
+        fs::write(work.join("same.txt"), b"same").unwrap();
+        fs::write(work.join("changed.txt"), b"after").unwrap();
+        // A read-only input the run rewrote is still not an output.
+        fs::write(work.join("skill/scripts/run.py"), b"print(2)").unwrap();
+        fs::write(work.join("new.txt"), b"new").unwrap();
+        let opts = Collect {
+            outbox: dir.join("outbox"),
+            max_files: 100,
+            max_file_bytes: 1 << 20,
+            max_total_bytes: 1 << 20,
+        };
+        let found = collect(&work, &opts, &inputs).unwrap();
+        let got: Vec<(&str, Option<&str>)> = found
+            .files
+            .iter()
+            .map(|f| (f.name.as_str(), f.input.as_deref()))
+            .collect();
+        assert_eq!(got, [("changed.txt", Some("tag:changed.txt")), ("new.txt", None)]);
+        assert!(found.skipped.is_empty(), "{:?}", found.skipped);
+        assert_eq!(
+            found.inherited,
+            ["tag:same.txt", "tag:skill/scripts/run.py", "tag:ro_gone.txt"]
+        );
+        assert_eq!(read_only_tags(&inputs), ["tag:skill/scripts/run.py", "tag:ro_gone.txt"]);
         fs::remove_dir_all(&dir).unwrap();
     }
 }

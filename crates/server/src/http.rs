@@ -239,6 +239,12 @@ pub fn router(state: AppState) -> Router {
                 &state.config,
             ))),
         )
+        .route(
+            "/v1/upload/batch",
+            post(files::routes::upload_batch).layer(axum::extract::DefaultBodyLimit::max(
+                files::routes::batch_upload_limit(&state.config),
+            )),
+        )
         .route("/v1/download/{session_id}/{file_id}", get(files::routes::download))
         .route("/v1/files/{session_id}", get(files::routes::list))
         .route("/v1/files/{session_id}/{file_id}", delete(files::routes::remove))

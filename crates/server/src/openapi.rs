@@ -5,8 +5,8 @@
 use crate::files::routes as file_routes;
 use crate::http;
 use sandcall_api::{
-    ErrorBody, ExecRequest, ExecResponse, FileEntry, Health, ObjectInfo, ProgrammaticRequest, ProgrammaticResponse,
-    UploadResponse,
+    BatchUploadResponse, DeleteFileResponse, ErrorBody, ExecRequest, ExecResponse, FileFull, FileNormalized,
+    FileSummary, Health, ObjectInfo, ProgrammaticRequest, ProgrammaticResponse, UploadResponse,
 };
 use serde_json::{json, Value};
 use utoipa::openapi::path::Operation;
@@ -29,6 +29,7 @@ use utoipa::{Modify, OpenApi, ToSchema};
         http::cancel_route,
         http::session_route,
         file_routes::upload,
+        file_routes::upload_batch,
         file_routes::download,
         file_routes::list,
         file_routes::object,
@@ -43,9 +44,14 @@ use utoipa::{Modify, OpenApi, ToSchema};
         ProgrammaticRequest,
         ProgrammaticResponse,
         UploadResponse,
-        FileEntry,
+        BatchUploadResponse,
+        FileSummary,
+        FileFull,
+        FileNormalized,
+        DeleteFileResponse,
         ObjectInfo,
         UploadForm,
+        BatchUploadForm,
     )),
     modifiers(&Common),
 )]
@@ -55,9 +61,35 @@ struct ApiDoc;
 #[derive(ToSchema)]
 #[allow(dead_code)] // Only its schema is used: the handler reads the parts as a stream.
 pub struct UploadForm {
-    /// A file. Up to 100 parts named `file` or `files` may be sent in one request.
+    /// A file. Up to 100 parts named `file` or `files` may be sent in one request. The
+    /// part's filename may be a relative path (`skill/scripts/run.py`), kept as it is.
     #[schema(value_type = String, format = Binary)]
     file: Vec<u8>,
+    /// Stored with every file of the request (`user`, `skill`, ...).
+    kind: Option<String>,
+    /// The entity the files belong to, stored with every file (`entity_id` is read too).
+    id: Option<String>,
+    version: Option<String>,
+    /// `true` (or `1`): the files are staged but never returned as outputs of a run.
+    /// `false`, `0` or empty: the default. Any other value is refused.
+    #[schema(value_type = Option<String>, pattern = "^(true|false|1|0)?$")]
+    read_only: Option<String>,
+}
+
+/// The multipart body of POST /v1/upload/batch.
+#[derive(ToSchema)]
+#[allow(dead_code)] // Only its schema is used: the handler reads the parts as a stream.
+pub struct BatchUploadForm {
+    /// A file. Up to 200 parts named `file` or `files`; each is stored or refused on its
+    /// own. The filename may be a relative path, kept as it is.
+    #[schema(value_type = String, format = Binary)]
+    file: Vec<u8>,
+    kind: Option<String>,
+    id: Option<String>,
+    version: Option<String>,
+    /// As on /v1/upload.
+    #[schema(value_type = Option<String>, pattern = "^(true|false|1|0)?$")]
+    read_only: Option<String>,
 }
 
 /// What every operation shares: the API key schemes, 401 when keys are configured and the
@@ -209,12 +241,36 @@ fn add_links(doc: &mut Value) {
     });
 }
 
+/// The answers whose body is one of several shapes, which the route annotations cannot
+/// say: the list route's four detail levels, and the batch upload's 400 (the batch body
+/// when every file failed, the error body otherwise). `anyOf`, since `[]` fits them all.
+fn add_alternatives(doc: &mut Value) {
+    let schema = |name: &str| json!({"$ref": format!("#/components/schemas/{name}")});
+    let list = |items: Value| json!({"type": "array", "items": items});
+    let paths = &mut doc["paths"];
+    paths["/v1/files/{session_id}"]["get"]["responses"]["200"]["content"]["application/json"]["schema"] = json!({
+        "anyOf": [
+            list(json!({"type": "string", "description": "`{session_id}/{file_id}` plus the file's extension, if any."})),
+            list(schema("FileSummary")),
+            list(schema("FileFull")),
+            list(schema("FileNormalized")),
+        ]
+    });
+    paths["/v1/upload/batch"]["post"]["responses"]["400"]["content"]["application/json"]["schema"] =
+        json!({"anyOf": [schema("BatchUploadResponse"), schema("ErrorBody")]});
+    // Only the session: the first file of a partial success may be one that failed.
+    paths["/v1/upload/batch"]["post"]["responses"]["200"]["links"] = json!({
+        "ListFiles": {"operationId": "list_files", "parameters": {"session_id": "$response.body#/storage_session_id"}},
+    });
+}
+
 /// The document, as served and checked in: pretty JSON with a final newline.
 pub fn document() -> String {
     let mut doc = ApiDoc::openapi();
     doc.info.version = env!("CARGO_PKG_VERSION").to_owned();
     let mut value = serde_json::to_value(&doc).unwrap_or_default();
     add_links(&mut value);
+    add_alternatives(&mut value);
     let mut text = serde_json::to_string_pretty(&value).unwrap_or_default();
     text.push('\n');
     text
@@ -248,6 +304,7 @@ mod tests {
             ("/v1/exec/programmatic/cancel", "post"),
             ("/v1/exec/programmatic/{session_id}", "get"),
             ("/v1/upload", "post"),
+            ("/v1/upload/batch", "post"),
             ("/v1/download/{session_id}/{file_id}", "get"),
             ("/v1/files/{session_id}", "get"),
             ("/v1/files/{session_id}/{file_id}", "delete"),
@@ -258,6 +315,6 @@ mod tests {
             assert!(op.is_object(), "{method} {path} is missing");
             assert!(op["responses"]["401"].is_object(), "{method} {path} lacks 401");
         }
-        assert_eq!(paths.len(), 11, "a route in the document that the test does not know");
+        assert_eq!(paths.len(), 12, "a route in the document that the test does not know");
     }
 }

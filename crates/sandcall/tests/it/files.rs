@@ -223,6 +223,16 @@ impl Client {
         )
     }
 
+    /// POST /v1/upload/batch with these parts.
+    pub fn upload_batch(&self, parts: &[Part]) -> Reply {
+        self.send(
+            "POST",
+            "/v1/upload/batch",
+            Some(&multipart_content_type()),
+            Some(&multipart(parts)),
+        )
+    }
+
     /// Uploads one file; must answer 200 with exactly that file.
     pub fn upload(&self, filename: &str, content_type: &str, data: &[u8]) -> Uploaded {
         let reply = self.upload_parts(&[file_part(filename, content_type, data)]);
@@ -258,9 +268,14 @@ impl Client {
         self.get(&format!("/v1/download/{session_id}/{file_id}"))
     }
 
-    /// GET /v1/files/{session_id}, which must answer 200 with a list.
+    /// GET /v1/files/{session_id}?detail=normalized, which must answer 200 with a list.
     pub fn list(&self, session_id: &str) -> Vec<Value> {
-        let reply = self.get(&format!("/v1/files/{session_id}"));
+        self.list_detail(session_id, "detail=normalized")
+    }
+
+    /// GET /v1/files/{session_id}?{query}, which must answer 200 with a list.
+    pub fn list_detail(&self, session_id: &str, query: &str) -> Vec<Value> {
+        let reply = self.get(&format!("/v1/files/{session_id}?{query}"));
         assert_eq!(reply.status, 200, "list {session_id}: {reply}");
         match reply.json() {
             Value::Array(items) => items,
@@ -335,18 +350,31 @@ fn session_of(r: &Value) -> String {
         .to_owned()
 }
 
-/// The names of a run's output files, in the order listed.
+/// The names of a run's new output files (not the inputs it returned as inherited), in
+/// the order listed.
 pub(crate) fn output_names(r: &Value) -> Vec<String> {
     r["files"]
         .as_array()
         .unwrap_or_else(|| panic!("no files: {r}"))
         .iter()
+        .filter(|f| f["inherited"] != true)
         .map(|f| {
             f["name"]
                 .as_str()
                 .unwrap_or_else(|| panic!("file without a name: {r}"))
                 .to_owned()
         })
+        .collect()
+}
+
+/// The names of the inputs a run returned as inherited, in the order listed.
+pub(crate) fn inherited_names(r: &Value) -> Vec<String> {
+    r["files"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no files: {r}"))
+        .iter()
+        .filter(|f| f["inherited"] == true)
+        .map(|f| f["name"].as_str().unwrap_or_else(|| panic!("no name: {r}")).to_owned())
         .collect()
 }
 
@@ -414,6 +442,10 @@ fn assert_outputs_shape(r: &Value) {
     let session = session_of(r);
     for f in r["files"].as_array().unwrap_or_else(|| panic!("no files: {r}")) {
         assert_nanoid(&f["id"], r);
+        if f["inherited"] == true {
+            // An input returned as it was keeps its own storage session.
+            continue;
+        }
         assert_eq!(f["storage_session_id"], session.as_str(), "{r}");
         assert!(f["size"].is_u64(), "{r}");
         assert!(f["name"].is_string(), "{r}");
@@ -717,6 +749,7 @@ fn list_objects_and_delete() {
     }));
     assert_eq!(r["status"], "ok", "{r}");
     assert_eq!(output_names(&r), strings(&["copy.md", "data.bin"]), "{r}");
+    assert_eq!(inherited_names(&r), strings(&["notes.md"]), "{r}");
     let run = session_of(&r);
 
     // Listing a session.
@@ -760,10 +793,14 @@ fn list_objects_and_delete() {
     assert_eq!(reply.json()["size"], 8, "{reply}");
     assert_error(&c.object(&run, NO_SUCH_ID), 404, "file_not_found");
 
-    // Delete: 204, then gone from every route.
+    // Delete: 200 with what was deleted, then gone from every route.
     let copy_id = output(&r, "copy.md")["id"].as_str().unwrap().to_owned();
     let reply = c.delete_file(&run, &copy_id);
-    assert_eq!(reply.status, 204, "{reply}");
+    assert_eq!(reply.status, 200, "{reply}");
+    assert_eq!(
+        reply.json(),
+        json!({"message": "File deleted successfully", "session_id": run, "fileId": copy_id})
+    );
     assert_error(&c.download(&run, &copy_id), 404, "file_not_found");
     assert_error(&c.object(&run, &copy_id), 404, "file_not_found");
     let listed = c.list(&run);
@@ -776,7 +813,7 @@ fn list_objects_and_delete() {
     assert_eq!(c.download(&up.session_id, &up.id).body, b"# notes\n");
     // A deleted input cannot be staged any more.
     let reply = c.delete_file(&up.session_id, &up.id);
-    assert_eq!(reply.status, 204, "{reply}");
+    assert_eq!(reply.status, 200, "{reply}");
     let reply = c.post_json(
         "/v1/exec",
         &json!({"code": "print(1)", "files": [up.input("notes.md")]}),
@@ -816,7 +853,7 @@ fn bash_outputs_in_sub_folders() {
 }
 
 #[test]
-fn unchanged_inputs_are_not_listed_and_changed_ones_are() {
+fn unchanged_inputs_come_back_inherited_and_changed_ones_as_new_files() {
     let s = Server::start();
     let c = Client::anonymous(&s);
     let keep = c.upload("keep.txt", "text/plain", b"keep me\n");
@@ -835,6 +872,19 @@ fn unchanged_inputs_are_not_listed_and_changed_ones_are() {
     let out = output(&r, "grow.txt");
     assert_eq!(out["storage_session_id"], r["session_id"], "{r}");
     assert_ne!(out["id"], grow.id.as_str(), "a changed input is a new file: {r}");
+    assert_eq!(
+        out["modified_from"],
+        json!({"id": grow.id, "storage_session_id": grow.session_id}),
+        "{r}"
+    );
+    assert!(out.get("inherited").is_none(), "{r}");
+    // The unchanged input comes back as it was: its own id and storage session.
+    assert_eq!(inherited_names(&r), strings(&["keep.txt"]), "{r}");
+    assert_eq!(
+        output(&r, "keep.txt"),
+        &json!({"id": keep.id, "name": "keep.txt", "storage_session_id": keep.session_id, "size": 8, "inherited": true}),
+        "{r}"
+    );
     assert_eq!(download_output(&c, &r, "grow.txt"), b"line 1\nline 2\n");
     // What the sandbox wrote never reaches the stored original.
     assert_eq!(c.download(&grow.session_id, &grow.id).body, b"line 1\n");
@@ -848,6 +898,8 @@ fn unchanged_inputs_are_not_listed_and_changed_ones_are() {
     }));
     assert_eq!(r["stdout"], "line 1\n", "{r}");
     assert_eq!(output_names(&r), strings(&["grow.txt"]), "{r}");
+    // A deleted input is not inherited.
+    assert!(inherited_names(&r).is_empty(), "{r}");
     assert_eq!(download_output(&c, &r, "grow.txt"), b"changed\n");
     assert_eq!(c.download(&grow.session_id, &grow.id).body, b"line 1\n");
     assert_eq!(c.download(&keep.session_id, &keep.id).body, b"keep me\n");
@@ -870,7 +922,12 @@ fn inputs_in_sub_folders_and_the_session_id_alias() {
     }));
     assert_eq!(r["status"], "ok", "{r}");
     assert_eq!(r["stdout"], "1,2\nwhy\n1,2\n", "{r}");
-    assert_eq!(r["files"], json!([]), "unchanged inputs are not outputs: {r}");
+    assert!(output_names(&r).is_empty(), "unchanged inputs are not new outputs: {r}");
+    assert_eq!(
+        inherited_names(&r),
+        strings(&["data/x.csv", "a/b/c/why.txt", "top.txt"]),
+        "{r}"
+    );
 }
 
 #[test]
@@ -1036,7 +1093,8 @@ fn programmatic_runs_take_inputs_and_return_outputs() {
                 "print('done')",
             ]),
             "tools": [tool],
-            "files": [up.input("input/prices.txt")],
+            "files": [{"id": up.id, "storage_session_id": up.session_id, "name": "input/prices.txt",
+                "kind": "user", "entity_id": "agent_7"}],
         }),
     );
     assert_eq!(reply.status, 200, "{reply}");
@@ -1059,6 +1117,367 @@ fn programmatic_runs_take_inputs_and_return_outputs() {
     assert_eq!(output_names(&done), strings(&["result.txt"]), "{done}");
     assert_outputs_shape(&done);
     assert_eq!(download_output(&c, &done, "result.txt"), b"30 -> 27.6\n");
+    // The input comes back inherited, with the entity_id the request gave it.
+    assert_eq!(
+        output(&done, "input/prices.txt"),
+        &json!({"id": up.id, "name": "input/prices.txt", "storage_session_id": up.session_id, "size": 6,
+            "inherited": true, "entity_id": "agent_7"}),
+        "{done}"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Files as LibreChat uses them: nested names, batches, detail levels, read-only
+// inputs, inherited and modified outputs
+// ---------------------------------------------------------------------------
+
+/// A batch answer's `files` as (status, filename, has an error) triples.
+fn batch_outcomes(v: &Value) -> Vec<(String, String, bool)> {
+    v["files"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no files: {v}"))
+        .iter()
+        .map(|f| {
+            (
+                f["status"].as_str().unwrap_or_default().to_owned(),
+                f["filename"].as_str().unwrap_or_default().to_owned(),
+                f["error"].as_str().is_some_and(|e| !e.is_empty()),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn nested_upload_names_are_staged_at_their_path_and_outputs_keep_their_folders() {
+    let s = Server::start();
+    let c = Client::anonymous(&s);
+    let script =
+        b"import os\nos.makedirs('skill/out', exist_ok=True)\nopen('skill/out/result.txt', 'w').write('ran\\n')\n";
+    let reply = c.upload_parts(&[
+        field_part("kind", "skill"),
+        field_part("id", "skill_42"),
+        field_part("version", "3"),
+        file_part("skill/scripts/run.py", "text/x-python", script),
+    ]);
+    assert_eq!(reply.status, 200, "{reply}");
+    let v = reply.json();
+    assert_eq!(v["files"][0]["name"], "skill/scripts/run.py", "{v}");
+    assert_eq!(v["files"][0]["filename"], "skill/scripts/run.py", "{v}");
+    let sid = v["storage_session_id"].as_str().unwrap().to_owned();
+    let fid = v["files"][0]["fileId"].as_str().unwrap().to_owned();
+    let r = c.exec(json!({
+        "lang": "py",
+        "code": "import runpy; runpy.run_path('skill/scripts/run.py'); print(open('skill/out/result.txt').read(), end='')",
+        "files": [{"id": fid, "resource_id": "r1", "name": "skill/scripts/run.py", "storage_session_id": sid, "kind": "skill"}],
+    }));
+    assert_eq!(r["status"], "ok", "{r}");
+    assert_eq!(r["stdout"], "ran\n", "{r}");
+    assert_eq!(output_names(&r), strings(&["skill/out/result.txt"]), "{r}");
+    assert_eq!(inherited_names(&r), strings(&["skill/scripts/run.py"]), "{r}");
+    assert_eq!(download_output(&c, &r, "skill/out/result.txt"), b"ran\n");
+    // Bad names stay refused, nothing stored.
+    let before = stored_count(&s);
+    for bad in [
+        "../x.py",
+        "/etc/x.py",
+        "a//b.py",
+        "a/./b.py",
+        "skill/../../x.py",
+        "dir/",
+    ] {
+        let reply = c.upload_parts(&[file_part(bad, "text/plain", b"x")]);
+        assert_error(&reply, 400, "invalid_request");
+    }
+    assert_eq!(stored_count(&s), before);
+}
+
+#[test]
+fn list_detail_levels_and_filters() {
+    let s = Server::start();
+    let c = Client::anonymous(&s);
+    let reply = c.upload_parts(&[
+        field_part("kind", "user"),
+        field_part("id", "user_1"),
+        field_part("read_only", "true"),
+        file_part("docs/a.txt", "text/plain", b"hello"),
+        file_part("notes", "text/plain", b"all:\n"),
+    ]);
+    assert_eq!(reply.status, 200, "{reply}");
+    let v = reply.json();
+    let sid = v["storage_session_id"].as_str().unwrap().to_owned();
+    let a = v["files"][0]["id"].as_str().unwrap().to_owned();
+    let m = v["files"][1]["id"].as_str().unwrap().to_owned();
+    let a_name = format!("{sid}/{a}.txt");
+    let m_name = format!("{sid}/{m}");
+
+    // simple, the default: object names, with the extension if any.
+    let simple = c.list_detail(&sid, "");
+    assert_eq!(simple, vec![json!(a_name), json!(m_name)]);
+    assert_eq!(c.list_detail(&sid, "detail=simple"), simple);
+
+    let etag = format!("\"{}\"", sha256_hex(b"hello"));
+    let summary = c.list_detail(&sid, "detail=summary");
+    assert_eq!(summary.len(), 2);
+    let modified = summary[0]["lastModified"].clone();
+    assert!(modified.is_string(), "{summary:?}");
+    assert_eq!(
+        summary[0],
+        json!({"name": a_name, "size": 5, "lastModified": modified, "etag": etag})
+    );
+
+    let full = c.list_detail(&sid, "detail=full");
+    assert_eq!(
+        full[0],
+        json!({"name": a_name, "size": 5, "lastModified": modified, "etag": etag,
+            "metadata": {"content-type": "text/plain", "original-filename": "docs/a.txt",
+                "original-filename-encoded": "none"},
+            "contentType": "text/plain"})
+    );
+    assert_eq!(full[1]["metadata"]["original-filename"], "notes");
+
+    let normalized = c.list_detail(&sid, "detail=normalized");
+    assert_eq!(
+        normalized[0],
+        json!({"id": a, "name": "docs/a.txt", "storage_session_id": sid, "size": 5,
+            "contentType": "text/plain", "lastModified": modified, "read_only": true})
+    );
+
+    // The client's own query: kind and id of the uploader.
+    assert_eq!(c.list_detail(&sid, "detail=full&kind=user&id=user_1").len(), 2);
+    assert!(c.list_detail(&sid, "detail=full&kind=skill").is_empty());
+    assert!(c.list_detail(&sid, "detail=full&kind=user&id=user_2").is_empty());
+    // An unknown detail is refused; unknown sessions are empty at every level.
+    assert_error(
+        &c.get(&format!("/v1/files/{sid}?detail=everything")),
+        400,
+        "invalid_request",
+    );
+    assert!(c.list_detail(NO_SUCH_ID, "detail=summary").is_empty());
+
+    // The object name from the list reaches the file on the other routes too.
+    let got = c.get(&format!("/v1/download/{a_name}"));
+    assert_eq!(got.status, 200, "{got}");
+    assert_eq!(got.body, b"hello");
+    assert_eq!(c.object(&sid, &format!("{a}.txt")).json()["size"], 5);
+    let reply = c.delete(&format!("/v1/files/{a_name}"));
+    assert_eq!(reply.status, 200, "{reply}");
+    assert_eq!(
+        reply.json(),
+        json!({"message": "File deleted successfully", "session_id": sid, "fileId": a})
+    );
+    assert_eq!(c.list_detail(&sid, ""), vec![json!(m_name)]);
+}
+
+#[test]
+fn batch_upload_stores_each_file_on_its_own() {
+    let s = Server::start();
+    let c = Client::anonymous(&s);
+    let reply = c.upload_batch(&[
+        field_part("kind", "skill"),
+        field_part("id", "skill_9"),
+        file_part("skill/SKILL.md", "text/markdown", b"# skill\n"),
+        file_part("../escape.txt", "text/plain", b"no"),
+        file_part("skill/scripts/run.sh", "text/x-sh", b"echo hi\n"),
+        file_part("/abs.txt", "text/plain", b"no"),
+        field_part("read_only", "true"),
+    ]);
+    assert_eq!(reply.status, 200, "{reply}");
+    let v = reply.json();
+    assert_eq!(v["message"], "partial_success", "{v}");
+    assert_eq!(
+        (v["succeeded"].as_u64(), v["failed"].as_u64()),
+        (Some(2), Some(2)),
+        "{v}"
+    );
+    assert_eq!(
+        batch_outcomes(&v),
+        vec![
+            ("success".into(), "skill/SKILL.md".into(), false),
+            ("error".into(), "../escape.txt".into(), true),
+            ("success".into(), "skill/scripts/run.sh".into(), false),
+            ("error".into(), "/abs.txt".into(), true),
+        ]
+    );
+    let sid = v["storage_session_id"].as_str().unwrap().to_owned();
+    assert_nanoid(&v["storage_session_id"], &v);
+    let skill_md = v["files"][0]["fileId"].as_str().unwrap().to_owned();
+    assert_nanoid(&v["files"][0]["fileId"], &v);
+    assert_eq!(c.download(&sid, &skill_md).body, b"# skill\n");
+    // The fields apply to every file, even when sent after them.
+    let listed = c.list(&sid);
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    assert!(listed.iter().all(|f| f["read_only"] == true), "{listed:?}");
+    assert_eq!(c.list_detail(&sid, "kind=skill&id=skill_9").len(), 2);
+
+    // Everything good: success.
+    let reply = c.upload_batch(&[
+        file_part("a.txt", "text/plain", b"a"),
+        file_part("b/c.txt", "text/plain", b"c"),
+    ]);
+    assert_eq!(reply.status, 200, "{reply}");
+    let v = reply.json();
+    assert_eq!(v["message"], "success", "{v}");
+    assert_eq!(
+        (v["succeeded"].as_u64(), v["failed"].as_u64()),
+        (Some(2), Some(0)),
+        "{v}"
+    );
+    assert!(v["files"][0].get("error").is_none(), "{v}");
+
+    // Every file failed: 400, the batch body with the error shape's fields too.
+    let before = stored_count(&s);
+    let reply = c.upload_batch(&[
+        file_part("../a", "text/plain", b"a"),
+        file_part("x//y", "text/plain", b"b"),
+    ]);
+    assert_eq!(reply.status, 400, "{reply}");
+    let v = reply.json();
+    assert_eq!(v["message"], "error", "{v}");
+    assert_eq!(v["error_type"], "invalid_request", "{v}");
+    assert!(v["error"].as_str().is_some_and(|e| !e.is_empty()), "{v}");
+    assert_eq!(
+        (v["succeeded"].as_u64(), v["failed"].as_u64()),
+        (Some(0), Some(2)),
+        "{v}"
+    );
+    assert_eq!(stored_count(&s), before);
+    // No file part, or a bad field: the plain error, nothing stored.
+    assert_error(&c.upload_batch(&[field_part("kind", "user")]), 400, "invalid_request");
+    let reply = c.upload_batch(&[field_part("read_only", "maybe"), file_part("a.txt", "text/plain", b"a")]);
+    assert_error(&reply, 400, "invalid_request");
+    assert_eq!(stored_count(&s), before);
+}
+
+#[test]
+fn batch_upload_takes_200_files_and_refuses_201() {
+    let s = Server::start();
+    let c = Client::anonymous(&s);
+    let names: Vec<String> = (0..201).map(|i| format!("dir{}/f{i}.txt", i % 7)).collect();
+    let parts: Vec<Part> = names.iter().map(|n| file_part(n, "text/plain", n.as_bytes())).collect();
+    let before = stored_count(&s);
+    assert_error(&c.upload_batch(&parts), 400, "invalid_request");
+    assert_eq!(stored_count(&s), before, "a refused batch stores nothing");
+    let reply = c.upload_batch(&parts[..200]);
+    assert_eq!(reply.status, 200, "{reply}");
+    let v = reply.json();
+    assert_eq!(v["message"], "success", "{v}");
+    assert_eq!(v["succeeded"], 200, "{v}");
+    let sid = v["storage_session_id"].as_str().unwrap();
+    assert_eq!(c.list_detail(sid, "").len(), 200);
+    let f = &v["files"][123];
+    assert_eq!(f["filename"], names[123].as_str(), "{v}");
+    assert_eq!(
+        c.download(sid, f["fileId"].as_str().unwrap()).body,
+        names[123].as_bytes()
+    );
+}
+
+#[test]
+fn the_quota_holds_per_file_across_a_batch() {
+    let s = Server::start_with(
+        &[
+            ("SANDCALL_MAX_STORED_FILES_PER_PRINCIPAL", "3"),
+            ("SANDCALL_MAX_FILE_BYTES", "1000"),
+        ],
+        "",
+    );
+    let c = Client::anonymous(&s);
+    let before = stored_count(&s);
+    let big = vec![b'x'; 1001];
+    let reply = c.upload_batch(&[
+        file_part("1.txt", "text/plain", b"1"),
+        file_part("big.bin", "application/octet-stream", &big),
+        file_part("2.txt", "text/plain", b"2"),
+        file_part("3.txt", "text/plain", b"3"),
+        file_part("4.txt", "text/plain", b"4"),
+    ]);
+    assert_eq!(reply.status, 200, "{reply}");
+    let v = reply.json();
+    assert_eq!(v["message"], "partial_success", "{v}");
+    let outcomes: Vec<(String, String)> = batch_outcomes(&v).into_iter().map(|(st, n, _)| (st, n)).collect();
+    assert_eq!(
+        outcomes,
+        pairs(&[
+            ("success", "1.txt"),
+            ("error", "big.bin"),
+            ("success", "2.txt"),
+            ("success", "3.txt"),
+            ("error", "4.txt")
+        ])
+    );
+    assert!(
+        v["files"][1]["error"].as_str().unwrap().contains("max_file_bytes"),
+        "{v}"
+    );
+    assert!(
+        v["files"][4]["error"]
+            .as_str()
+            .unwrap()
+            .contains("max_stored_files_per_principal"),
+        "{v}"
+    );
+    // At the quota, a whole batch fails: 400, and still nothing more is stored.
+    let reply = c.upload_batch(&[file_part("5.txt", "text/plain", b"5")]);
+    assert_eq!(reply.status, 400, "{reply}");
+    assert_eq!(reply.json()["failed"], 1, "{reply}");
+    assert_eq!(stored_count(&s), before + 3);
+}
+
+#[test]
+fn read_only_inputs_are_never_returned_as_new_outputs() {
+    let s = Server::start();
+    let c = Client::anonymous(&s);
+    let reply = c.upload_batch(&[
+        field_part("read_only", "true"),
+        file_part("skill/tool.py", "text/x-python", b"X = 1\n"),
+        file_part("skill/data.txt", "text/plain", b"data\n"),
+    ]);
+    assert_eq!(reply.status, 200, "{reply}");
+    let v = reply.json();
+    let sid = v["storage_session_id"].as_str().unwrap().to_owned();
+    let tool = v["files"][0]["fileId"].as_str().unwrap().to_owned();
+    let data = v["files"][1]["fileId"].as_str().unwrap().to_owned();
+    let user = c.upload("notes.txt", "text/plain", b"n\n");
+    let r = c.exec(json!({
+        "language": "bash",
+        "code": "echo 'X = 2' > skill/tool.py; rm skill/data.txt; echo more >> notes.txt; echo new > new.txt",
+        "files": [
+            {"id": tool, "storage_session_id": sid, "name": "skill/tool.py", "entity_id": "skill_1"},
+            {"id": data, "storage_session_id": sid, "name": "skill/data.txt"},
+            user.input("notes.txt"),
+        ],
+    }));
+    assert_eq!(r["status"], "ok", "{r}");
+    // Changed or deleted, a read-only input comes back as it was; the writable one that
+    // changed is a new file.
+    assert_eq!(output_names(&r), strings(&["new.txt", "notes.txt"]), "{r}");
+    assert_eq!(
+        inherited_names(&r),
+        strings(&["skill/tool.py", "skill/data.txt"]),
+        "{r}"
+    );
+    assert_eq!(
+        output(&r, "skill/tool.py"),
+        &json!({"id": tool, "name": "skill/tool.py", "storage_session_id": sid, "size": 6,
+            "inherited": true, "entity_id": "skill_1"}),
+        "{r}"
+    );
+    assert!(output(&r, "skill/data.txt").get("entity_id").is_none(), "{r}");
+    assert_eq!(
+        output(&r, "notes.txt")["modified_from"],
+        json!({"id": user.id, "storage_session_id": user.session_id}),
+        "{r}"
+    );
+    assert!(r["files_skipped"].as_array().unwrap().is_empty(), "{r}");
+    assert_eq!(c.download(&sid, &tool).body, b"X = 1\n");
+    // A run that leaves nothing at all still returns its read-only inputs.
+    let r = c.exec(json!({
+        "language": "bash",
+        "code": "rm -rf skill",
+        "files": [{"id": tool, "storage_session_id": sid, "name": "skill/tool.py"}],
+    }));
+    assert_eq!(inherited_names(&r), strings(&["skill/tool.py"]), "{r}");
+    assert!(output_names(&r).is_empty(), "{r}");
 }
 
 // ---------------------------------------------------------------------------
@@ -1768,4 +2187,58 @@ fn folders_nested_too_deep_are_not_walked() {
     let skipped = r["files_skipped"].as_array().unwrap();
     assert!(skipped.iter().any(|e| e["reason"] == "too_deep"), "{r}");
     s.assert_healthy();
+}
+
+/// The file answers match their schemas in docs/openapi.json: every required field is
+/// answered, every answered field is documented.
+#[test]
+fn file_answers_have_the_documented_fields() {
+    let doc: Value = serde_json::from_str(include_str!("../../../../docs/openapi.json")).unwrap();
+    let schemas = &doc["components"]["schemas"];
+    let check = |name: &str, answer: &Value| {
+        let schema = &schemas[name];
+        for field in schema["required"].as_array().unwrap_or_else(|| panic!("{name}")) {
+            let field = field.as_str().unwrap();
+            assert!(
+                answer.get(field).is_some(),
+                "{name}.{field} is documented but missing: {answer}"
+            );
+        }
+        for key in answer.as_object().unwrap_or_else(|| panic!("{name}: {answer}")).keys() {
+            assert!(
+                schema["properties"].get(key).is_some(),
+                "{name}.{key} is answered but not documented"
+            );
+        }
+    };
+    let s = Server::start();
+    let c = Client::anonymous(&s);
+    let reply = c.upload_batch(&[
+        field_part("read_only", "true"),
+        file_part("a/b.txt", "text/plain", b"b"),
+        file_part("../x", "text/plain", b"x"),
+    ]);
+    let batch = reply.json();
+    check("BatchUploadResponse", &batch);
+    check("BatchFileResult", &batch["files"][0]);
+    check("BatchFileResult", &batch["files"][1]);
+    let sid = batch["storage_session_id"].as_str().unwrap();
+    let fid = batch["files"][0]["fileId"].as_str().unwrap();
+    let failed = c.upload_batch(&[file_part("../x", "text/plain", b"x")]).json();
+    check("BatchUploadResponse", &failed);
+    check("FileSummary", &c.list_detail(sid, "detail=summary")[0]);
+    let full = c.list_detail(sid, "detail=full");
+    check("FileFull", &full[0]);
+    check("FileObjectMetadata", &full[0]["metadata"]);
+    check("FileNormalized", &c.list_detail(sid, "detail=normalized")[0]);
+    let up = c.upload("in.txt", "text/plain", b"in");
+    let r = c.exec(json!({
+        "code": "open('in.txt', 'a').write('!'); open('new.txt', 'w').write('n')",
+        "files": [up.input("in.txt"), {"id": fid, "storage_session_id": sid, "name": "a/b.txt", "entity_id": "e"}],
+    }));
+    for f in r["files"].as_array().unwrap() {
+        check("OutputFile", f);
+    }
+    check("FileOrigin", &output(&r, "in.txt")["modified_from"]);
+    check("DeleteFileResponse", &c.delete_file(sid, fid).json());
 }

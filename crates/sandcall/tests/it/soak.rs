@@ -899,7 +899,14 @@ impl<'a> Client<'a> {
         let r = self.exec(&json!({"code": code, "files": [input]}))?;
         let mut want: Vec<u8> = data.iter().rev().copied().collect();
         want.extend_from_slice(format!("|{tag}").as_bytes());
-        let outputs = r["files"].as_array().cloned().unwrap_or_default();
+        // The input comes back too, inherited (unchanged): only new files count here.
+        let outputs: Vec<Value> = r["files"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|f| f["inherited"] != true)
+            .collect();
         ensure!(
             r["status"] == "ok"
                 && r["stdout"] == format!("{}\n", data.len()).as_str()

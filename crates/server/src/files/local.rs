@@ -300,6 +300,10 @@ mod tests {
             sha256: String::new(),
             created_ms: 1,
             expires_ms,
+            kind: None,
+            entity_id: None,
+            version: None,
+            read_only: false,
         }
     }
 

@@ -32,6 +32,19 @@ pub struct FileMeta {
     /// Milliseconds since the Unix epoch.
     pub created_ms: u64,
     pub expires_ms: u64,
+    /// The upload's `kind` field (`user`, `skill`, ...), if it had one. Records of a data
+    /// dir from before these fields read as none (`serde(default)`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// The upload's `id` field: the entity the file belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entity_id: Option<String>,
+    /// The upload's `version` field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// Uploaded with `read_only=true`: staged, but never returned as an output.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_only: bool,
 }
 
 /// How much one principal may have stored at once.
@@ -170,10 +183,23 @@ pub fn check_input_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// An uploaded file's name: one path component (directories are dropped).
+/// An uploaded file's name: a relative path (`skill/scripts/run.py`) that keeps its
+/// folders, with `\\` read as `/`; it must pass `check_input_name`.
 pub fn upload_name(raw: &str) -> Result<String, String> {
-    let base = raw.rsplit(['/', '\\']).next().unwrap_or("").trim();
-    check_input_name(base).map(|()| base.to_owned())
+    let name = raw.trim().replace('\\', "/");
+    check_input_name(&name).map(|()| name)
+}
+
+/// The object name of a stored file, as the list route's `simple`, `summary` and `full`
+/// levels give it: `{session_id}/{file_id}` plus the extension of its name, if any.
+pub fn object_name(meta: &FileMeta) -> String {
+    let base = meta.name.rsplit('/').next().unwrap_or("");
+    match base.rsplit_once('.') {
+        Some((stem, ext)) if !stem.is_empty() && !ext.is_empty() => {
+            format!("{}/{}.{ext}", meta.session_id, meta.id)
+        }
+        _ => format!("{}/{}", meta.session_id, meta.id),
+    }
 }
 
 #[cfg(test)]
@@ -201,10 +227,68 @@ mod tests {
     }
 
     #[test]
-    fn upload_names_lose_their_directories() {
-        assert_eq!(upload_name("C:\\\\Users\\\\me\\\\report.pdf").unwrap(), "report.pdf");
-        assert_eq!(upload_name("../../etc/passwd").unwrap(), "passwd");
-        assert!(upload_name("..").is_err());
-        assert!(upload_name("dir/").is_err());
+    fn upload_names_keep_their_folders_and_stay_relative() {
+        assert_eq!(upload_name("skill/scripts/run.py").unwrap(), "skill/scripts/run.py");
+        assert_eq!(upload_name("docs\\a.txt").unwrap(), "docs/a.txt");
+        assert_eq!(upload_name(" report.pdf ").unwrap(), "report.pdf");
+        for bad in [
+            "..",
+            "../../etc/passwd",
+            "/etc/passwd",
+            "dir/",
+            "a//b",
+            "a/./b",
+            "\\\\x",
+            "",
+        ] {
+            assert!(upload_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn records_from_before_the_upload_fields_still_read() {
+        let old = r#"{"principal":"p","session_id":"S","id":"F","name":"a.txt","size":1,
+            "content_type":"text/plain","sha256":"00","created_ms":1,"expires_ms":2}"#;
+        let m: FileMeta = serde_json::from_str(old).unwrap();
+        assert_eq!((m.kind, m.entity_id, m.version, m.read_only), (None, None, None, false));
+        // And a record with them round-trips.
+        let new = FileMeta {
+            kind: Some("skill".into()),
+            entity_id: Some("e".into()),
+            version: Some("2".into()),
+            read_only: true,
+            ..serde_json::from_str(old).unwrap()
+        };
+        let back: FileMeta = serde_json::from_slice(&serde_json::to_vec(&new).unwrap()).unwrap();
+        assert_eq!(back, new);
+    }
+
+    #[test]
+    fn object_names_keep_the_extension_only() {
+        let mut m = FileMeta {
+            principal: "p".into(),
+            session_id: "S".into(),
+            id: "F".into(),
+            name: "skill/scripts/run.py".into(),
+            size: 0,
+            content_type: String::new(),
+            sha256: String::new(),
+            created_ms: 0,
+            expires_ms: 0,
+            kind: None,
+            entity_id: None,
+            version: None,
+            read_only: false,
+        };
+        assert_eq!(object_name(&m), "S/F.py");
+        for (name, want) in [
+            ("Makefile", "S/F"),
+            (".bashrc", "S/F"),
+            ("a.tar.gz", "S/F.gz"),
+            ("v1.0/x", "S/F"),
+        ] {
+            m.name = name.into();
+            assert_eq!(object_name(&m), want, "{name}");
+        }
     }
 }

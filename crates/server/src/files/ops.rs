@@ -5,7 +5,7 @@ use super::{check_input_name, guess_type, now_ms, FileMeta, FileStore, Quota, St
 use crate::config::Config;
 use crate::error::ApiError;
 use axum::http::StatusCode;
-use sandcall_api::{error_type, FileRef, OutputFile, SkippedFile};
+use sandcall_api::{error_type, FileOrigin, FileRef, OutputFile, SkippedFile};
 use sandcall_sandbox::protocol::{InputFile, RunResult};
 use std::collections::HashSet;
 use std::path::Path;
@@ -66,9 +66,18 @@ pub async fn resolve_inputs(
         // tmpfs counts whole pages.
         total += meta.size.div_ceil(4096) * 4096 + 4096;
         let source = store.local_path(&meta).await.map_err(storage_error)?;
+        let tag = InputTag {
+            id: meta.id.clone(),
+            storage_session_id: meta.session_id.clone(),
+            name: r.name.clone(),
+            size: meta.size,
+            entity_id: r.entity_id.clone(),
+        };
         inputs.push(InputFile {
             source,
             name: r.name.clone(),
+            read_only: meta.read_only,
+            tag: serde_json::to_string(&tag).unwrap_or_default(),
         });
     }
     if total > workspace_bytes {
@@ -77,6 +86,24 @@ pub async fn resolve_inputs(
         )));
     }
     Ok(inputs)
+}
+
+/// What the server tells itself about an input, through the helper (`InputFile.tag`,
+/// echoed back untouched): enough to list it as inherited, or to name it as the origin
+/// of a changed copy.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct InputTag {
+    id: String,
+    storage_session_id: String,
+    /// The name it was staged under.
+    name: String,
+    size: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    entity_id: Option<String>,
+}
+
+fn read_tag(tag: &str) -> Option<InputTag> {
+    serde_json::from_str(tag).ok()
 }
 
 /// Moves what the helper collected into the store under the run's session, and lists
@@ -102,6 +129,21 @@ pub async fn ingest_outputs(
     let mut skipped_total = result.skipped_total;
     let created = now_ms();
     let quota = Quota::of(config);
+    // The inputs the run left as they were (and the read-only ones) come back under
+    // their own id and storage session: nothing new is stored for them.
+    for tag in result.inherited.drain(..) {
+        if let Some(t) = read_tag(&tag) {
+            files.push(OutputFile {
+                id: t.id,
+                name: t.name,
+                storage_session_id: t.storage_session_id,
+                size: t.size,
+                inherited: Some(true),
+                entity_id: t.entity_id,
+                modified_from: None,
+            });
+        }
+    }
     for out in result.outputs.drain(..) {
         let meta = FileMeta {
             principal: principal.to_owned(),
@@ -113,12 +155,23 @@ pub async fn ingest_outputs(
             sha256: out.sha256,
             created_ms: created,
             expires_ms: created + config.file_ttl_s * 1000,
+            kind: None,
+            entity_id: None,
+            version: None,
+            read_only: false,
         };
         let entry = OutputFile {
             id: meta.id.clone(),
             name: meta.name.clone(),
             storage_session_id: session_id.to_owned(),
             size: meta.size,
+            inherited: None,
+            entity_id: None,
+            // A changed input is a new file that names the one it was staged from.
+            modified_from: out.input.as_deref().and_then(read_tag).map(|t| FileOrigin {
+                id: t.id,
+                storage_session_id: t.storage_session_id,
+            }),
         };
         let name = meta.name.clone();
         match store.insert(meta, &out.path, quota).await {
