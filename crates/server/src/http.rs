@@ -380,7 +380,7 @@ pub(crate) async fn programmatic_route(
 ) -> Result<Response, ApiError> {
     let json = match req.continuation_token.as_deref() {
         Some(token) => {
-            let results = req.tool_results.as_deref().unwrap_or_default();
+            let results = req.tool_results.unwrap_or_default();
             state
                 .sessions
                 .resume(&principal, token, req.session_id.as_deref(), results)

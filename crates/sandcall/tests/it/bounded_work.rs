@@ -247,19 +247,21 @@ fn the_largest_request_of_each_route_costs_a_bounded_amount() {
         &mut failures,
     );
 
-    // The resume: results filling the body.
+    // The resume: results filling the route's body (3 × max_tool_result_bytes + 1 MiB):
+    // three of about 5 MiB each, and a small one.
     let results: Vec<Value> = paused["tool_calls"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|call| json!({"call_id": call["id"], "result": vec![0; 360_000]}))
+        .enumerate()
+        .map(|(i, call)| json!({"call_id": call["id"], "result": vec![0; if i < 3 { 2_600_000 } else { 1 }]}))
         .collect();
     let body = json!({"continuation_token": paused["continuation_token"], "tool_results": results});
     let (reply, cost) = measure(&s, || c.post_json(ROUTE, &body));
     let done = ok(&reply);
-    assert_eq!(done["stdout"], "1440000\n", "{}", shown(&done));
+    assert_eq!(done["stdout"], "7800001\n", "{}", shown(&done));
     check(
-        "POST /v1/exec/programmatic resume (3 MiB of results)",
+        "POST /v1/exec/programmatic resume (15 MiB of results)",
         &cost,
         &mut failures,
     );

@@ -398,7 +398,7 @@ impl Sessions {
         principal: &Principal,
         token: &str,
         session_id: Option<&str>,
-        results: &[ToolResult],
+        results: Vec<ToolResult>,
     ) -> Result<Bytes, ApiError> {
         let (id, pause) = self.inner.key.verify(token).ok_or_else(|| {
             ApiError::new(
@@ -413,8 +413,12 @@ impl Sessions {
             ));
         }
         let session = self.get(&id, principal)?;
-        check_result_sizes(results, self.inner.config.max_tool_result_bytes)?;
-        let digest = results_digest(results);
+        check_result_sizes(&results, self.inner.config.max_tool_result_bytes)?;
+        // Hashing megabytes of results takes milliseconds: off the async workers.
+        let (digest, results) = tokio::task::spawn_blocking(move || (results_digest(&results), results))
+            .await
+            .map_err(|e| ApiError::internal(error_type::INTERNAL, &format!("hashing results: {e}")))?;
+        let results = results.as_slice();
         loop {
             // Checked here, before waiting for a run slot, so that a stale token or
             // results that do not fit are answered at once; the phase is checked again
