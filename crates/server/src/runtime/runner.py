@@ -39,7 +39,10 @@ def _tools_api():
             self.send_lock = threading.Lock()
             self.read_lock = threading.Lock()
             self.cond = threading.Condition()
-            self.buf = b""
+            # Replies may be megabytes: a bytearray grows in place, and the newline
+            # search resumes where the last one stopped.
+            self.buf = bytearray()
+            self.scanned = 0
             self.next_id = 0
             self.replies = {}
             self.futures = {}
@@ -60,9 +63,16 @@ def _tools_api():
 
         def _take_lines(self):
             lines = []
-            while b"\n" in self.buf:
-                line, self.buf = self.buf.split(b"\n", 1)
-                lines.append(json.loads(line))
+            start = 0
+            while True:
+                end = self.buf.find(b"\n", max(start, self.scanned))
+                if end < 0:
+                    break
+                lines.append(json.loads(self.buf[start:end]))
+                start = end + 1
+            if start:
+                del self.buf[:start]
+            self.scanned = len(self.buf)
             return lines
 
         def _deliver(self, reply):
