@@ -361,7 +361,7 @@ pub(crate) async fn exec_route(
     tag = "programmatic",
     request_body = ProgrammaticRequest,
     params(("X-LibreChat-Code-Request-ID" = Option<String>, Header,
-        description = "First call: an id (at most 256 visible ASCII characters) by which `POST /v1/exec/programmatic/cancel` can name this session as `request_id`.")),
+        description = "An id (1 to 256 visible ASCII characters) by which `POST /v1/exec/programmatic/cancel` can name this session as `request_id`: the latest one sent with a first call or a resume of the session.")),
     responses(
         (status = 200, description = "The program paused on tool calls, completed, or ended in an error.", body = ProgrammaticResponse),
         (status = 400, description = "`invalid_json`, `invalid_request`, `unsupported_language`, `invalid_tool_schema` or `invalid_tool_results`.", body = ErrorBody),
@@ -378,12 +378,13 @@ pub(crate) async fn programmatic_route(
     headers: axum::http::HeaderMap,
     JsonBody(req): JsonBody<ProgrammaticRequest>,
 ) -> Result<Response, ApiError> {
+    let request_id = programmatic::request_id(&headers)?;
     let json = match req.continuation_token.as_deref() {
         Some(token) => {
             let results = req.tool_results.unwrap_or_default();
             state
                 .sessions
-                .resume(&principal, token, req.session_id.as_deref(), results)
+                .resume(&principal, token, req.session_id.as_deref(), results, request_id)
                 .await?
         }
         None => {
@@ -391,7 +392,6 @@ pub(crate) async fn programmatic_route(
             // (programmatic::tools), together they are still milliseconds of work, done
             // off the async workers.
             let config = state.config.clone();
-            let request_id = programmatic::request_id(&headers)?;
             let mut cmd = tokio::task::spawn_blocking(move || programmatic::parse_start(req, &config))
                 .await
                 .map_err(|e| ApiError::internal(error_type::INTERNAL, &format!("declaring tools: {e}")))??;
@@ -413,7 +413,7 @@ pub(crate) async fn programmatic_route(
     responses(
         (status = 200, description = "The session's outcome: `error` / `cancelled`, or how it had already ended.", body = ProgrammaticResponse),
         (status = 400, description = "`invalid_json` or `invalid_request` (neither `session_id` nor `request_id`).", body = ErrorBody),
-        (status = 404, description = "`session_not_found`: no such session, or no session started with this `request_id`, for this caller.", body = ErrorBody),
+        (status = 404, description = "`session_not_found`: no such session, or no session started or resumed with this `request_id`, for this caller.", body = ErrorBody),
     ),
 )]
 pub(crate) async fn cancel_route(

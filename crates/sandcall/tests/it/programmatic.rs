@@ -1688,6 +1688,30 @@ fn cancel_by_request_id() {
     assert_eq!(v["error_type"], "cancelled", "{v}");
     assert_eq!(v["session_id"], first["session_id"]);
 
+    // The client sends a fresh id with each request: a resume's id names the session
+    // from then on, in place of the start's.
+    let body = json!({"language": "python", "code": "for i in range(2): get_exchange_rate(base='USD', quote='EUR')", "tools": [rate_tool()]});
+    let (code, first) = post_with(&s, ROUTE, &body, &[alice, ("X-LibreChat-Code-Request-ID", "start-1")]);
+    assert_eq!(code, 200, "{first}");
+    let resume_body = json!({
+        "continuation_token": first["continuation_token"],
+        "tool_results": [ok_result(&first["tool_calls"][0]["id"], json!(1))],
+    });
+    let (code, second) = post_with(
+        &s,
+        ROUTE,
+        &resume_body,
+        &[alice, ("X-LibreChat-Code-Request-ID", "resume-1")],
+    );
+    assert_eq!(code, 200, "{second}");
+    assert_paused_shape(&second);
+    let (code, v) = post_with(&s, &cancel, &json!({"request_id": "start-1"}), &[alice]);
+    assert_api_error(code, &v, 404, "session_not_found");
+    let (code, v) = post_with(&s, &cancel, &json!({"request_id": "resume-1"}), &[alice]);
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["error_type"], "cancelled", "{v}");
+    assert_eq!(v["session_id"], first["session_id"]);
+
     // A request id that is too long is refused at the start.
     let long = "x".repeat(257);
     let (code, v) = post_with(&s, ROUTE, &body, &[alice, ("X-LibreChat-Code-Request-ID", &long)]);

@@ -83,8 +83,10 @@ pub struct Session {
     id: String,
     /// Only this principal may see or touch the session.
     principal: String,
-    /// The `X-LibreChat-Code-Request-ID` of the start, by which cancel may name it.
-    request_id: Option<String>,
+    /// The latest `X-LibreChat-Code-Request-ID` of a request about the session (its start
+    /// or a resume), by which cancel may name it. One per session: the registry holds
+    /// no more request ids than sessions.
+    request_id: Mutex<Option<String>>,
     shared: Mutex<Shared>,
     /// Bumped every time `response` changes to a pause or an end.
     version: watch::Sender<u64>,
@@ -333,7 +335,7 @@ impl Sessions {
         let session = Arc::new(Session {
             id: id.clone(),
             principal: principal.0.clone(),
-            request_id: cmd.request_id.clone(),
+            request_id: Mutex::new(None),
             shared: Mutex::new(Shared {
                 phase: Phase::Running,
                 response: ProgrammaticResponse::Running { session_id: id.clone() }.into(),
@@ -343,10 +345,8 @@ impl Sessions {
             commands,
         });
         self.map().insert(id.clone(), session.clone());
-        if let Some(request_id) = &cmd.request_id {
-            // A later start with the same id takes it over.
-            self.requests()
-                .insert((principal.0.clone(), request_id.clone()), id.clone());
+        if let Some(request_id) = cmd.request_id {
+            self.name_by_request_id(&session, request_id);
         }
         let driver = Driver {
             sessions: self.clone(),
@@ -399,6 +399,7 @@ impl Sessions {
         token: &str,
         session_id: Option<&str>,
         results: Vec<ToolResult>,
+        request_id: Option<String>,
     ) -> Result<Bytes, ApiError> {
         let (id, pause) = self.inner.key.verify(token).ok_or_else(|| {
             ApiError::new(
@@ -413,6 +414,11 @@ impl Sessions {
             ));
         }
         let session = self.get(&id, principal)?;
+        // LibreChat's client sends a fresh request id with each request, and cancels by
+        // the one of the request it abandons.
+        if let Some(request_id) = request_id {
+            self.name_by_request_id(&session, request_id);
+        }
         check_result_sizes(&results, self.inner.config.max_tool_result_bytes)?;
         // Hashing megabytes of results takes milliseconds: off the async workers.
         let (digest, results) = tokio::task::spawn_blocking(move || (results_digest(&results), results))
@@ -475,7 +481,22 @@ impl Sessions {
         }
     }
 
-    /// The session a start with `X-LibreChat-Code-Request-ID: request_id` made, if it
+    /// Lets cancel name `session` by `request_id` from now, in place of the id an earlier
+    /// request named it by. A later request with the same id takes it over.
+    pub fn name_by_request_id(&self, session: &Session, request_id: String) {
+        let mut current = session.request_id.lock().unwrap_or_else(|p| p.into_inner());
+        let mut requests = self.requests();
+        if let Some(old) = current.take() {
+            let key = (session.principal.clone(), old);
+            if requests.get(&key) == Some(&session.id) {
+                requests.remove(&key);
+            }
+        }
+        requests.insert((session.principal.clone(), request_id.clone()), session.id.clone());
+        *current = Some(request_id);
+    }
+
+    /// The session a request with `X-LibreChat-Code-Request-ID: request_id` was about, if it
     /// is this principal's and still known; else 404.
     pub fn by_request_id(&self, principal: &Principal, request_id: &str) -> Result<String, ApiError> {
         self.requests()
@@ -485,7 +506,7 @@ impl Sessions {
                 ApiError::new(
                     StatusCode::NOT_FOUND,
                     error_type::SESSION_NOT_FOUND,
-                    "no session was started with this request_id (it may have ended or expired)",
+                    "no session of this caller was started or resumed with this request_id (it may have ended or expired)",
                 )
             })
     }
@@ -522,9 +543,10 @@ impl Sessions {
             map.remove(&session.id);
         }
         drop(map);
-        if let Some(request_id) = &session.request_id {
+        let request_id = session.request_id.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(request_id) = request_id {
             let mut requests = self.requests();
-            let key = (session.principal.clone(), request_id.clone());
+            let key = (session.principal.clone(), request_id);
             if requests.get(&key) == Some(&session.id) {
                 requests.remove(&key);
             }
