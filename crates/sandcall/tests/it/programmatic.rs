@@ -1788,17 +1788,17 @@ fn timeout_stops_while_paused() {
             "import time",
             "for i in range(3):",
             "    slow_tool(i=i)",
-            "    end = time.monotonic() + 1",
+            "    end = time.monotonic() + 1.5",
             "    while time.monotonic() < end: pass",
             "print('never')",
         ]),
         "tools": [tool("slow_tool", json!({"i": {"type": "integer"}}), &["i"])],
-        "timeout": 2500,
+        "timeout": 3750,
     });
-    let out = drive(&s, &body, slow(Duration::from_millis(100)));
+    let out = drive(&s, &body, slow(Duration::from_millis(500)));
     assert_eq!(out.last["status"], "error", "{}", out.last);
     assert_eq!(out.last["error_type"], "timeout", "{}", out.last);
-    assert_eq!(out.rounds, 3, "three runs of 1 s pass 2.5 s in the third: {}", out.last);
+    assert_eq!(out.rounds, 3, "spins of 1.5 s pass 3.75 s in the third: {}", out.last);
 }
 
 #[test]
