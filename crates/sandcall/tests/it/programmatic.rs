@@ -1433,8 +1433,9 @@ fn python_programs_start_with_asyncio_json_os_sys() {
     let body = json!({
         "lang": "py",
         "code": src(&[
-            "results = await asyncio.gather(lookup(q='a'), lookup(q='b'))",
+            "results: List[Any] = await asyncio.gather(lookup(q='a'), lookup(q='b'))",
             "print(json.dumps(results), os.getcwd(), sys.argv[0].endswith('main.py'))",
+            "assert ToolExecutionError is ToolError and Optional[Dict[str, Union[int, str]]]",
         ]),
         "tools": [tool("lookup", json!({"q": {"type": "string"}}), &["q"])],
         "timeout": 15000,

@@ -309,6 +309,7 @@ def _warm_up():
     # Programs that call tools start with asyncio imported: importing it here, while
     # the sandbox waits, takes its cost off the run.
     import asyncio  # noqa: F401
+    import typing  # noqa: F401
 
 
 def main():
@@ -340,12 +341,18 @@ def main():
     module.__builtins__ = builtins
     if with_tools:
         module.ToolError = ToolError
+        # The Code Interpreter API's name for the same error.
+        module.ToolExecutionError = ToolError
         # As in the Code Interpreter API, a program that calls tools starts with these
-        # modules imported (LibreChat's tool description counts on `asyncio`).
+        # modules and typing names imported (LibreChat's tool description counts on
+        # `asyncio`).
         import asyncio
+        import typing
 
         for name, value in (("asyncio", asyncio), ("json", json), ("os", os), ("sys", sys)):
             setattr(module, name, value)
+        for name in ("Any", "Dict", "List", "Optional", "Union"):
+            setattr(module, name, getattr(typing, name))
         for tool in tools:
             names = tool["python"]
             function = _tool(tool["name"], names[0], tool.get("params", []), tool.get("required", 0))
