@@ -1832,3 +1832,59 @@ fn loop_timeout_and_the_loop_scope_count_the_waits() {
     assert_eq!(out.last["error_type"], "timeout", "{}", out.last);
     assert!(out.rounds >= 2 && out.rounds <= 3, "{}", out.rounds);
 }
+
+#[test]
+fn concurrent_retries_with_the_same_results_get_the_same_answer() {
+    let s = Server::start();
+    for round in 0..3 {
+        let first = start(
+            &s,
+            &json!({"language": "python", "code": "print(get_exchange_rate(base='USD', quote='EUR'))", "tools": [rate_tool()]}),
+        );
+        let call = first["tool_calls"][0]["id"].clone();
+        let answers: Vec<(u16, Value)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..3)
+                .map(|_| {
+                    let (s, first, call) = (&s, &first, &call);
+                    scope.spawn(move || resume(s, first, json!([ok_result(call, json!(0.5))])))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (code, v) in &answers {
+            assert_eq!(*code, 200, "round {round}: {answers:?}");
+            assert_eq!(*v, answers[0].1, "round {round}: every retry gets the one answer");
+        }
+        assert_eq!(answers[0].1["status"], "completed", "{}", answers[0].1);
+        assert_eq!(answers[0].1["stdout"], "0.5\n", "{}", answers[0].1);
+    }
+}
+
+#[test]
+fn bash_background_calls_may_be_answered_in_parts() {
+    let s = Server::start();
+    let body = json!({
+        "language": "bash",
+        "code": src(&[
+            "get_rate base=USD > /tmp/a & get_rate base=GBP > /tmp/b & wait",
+            "cat /tmp/a /tmp/b",
+        ]),
+        "tools": [tool("get-rate", json!({"base": {"type": "string"}}), &["base"])],
+    });
+    let first = start(&s, &body);
+    assert_paused_shape(&first);
+    let calls = first["tool_calls"].as_array().unwrap().clone();
+    assert_eq!(calls.len(), 2, "{first}");
+    let usd = calls.iter().find(|c| c["arguments"]["base"] == "USD").unwrap();
+    let gbp = calls.iter().find(|c| c["arguments"]["base"] == "GBP").unwrap();
+    let (code, second) = resume(&s, &first, json!([ok_result(&usd["id"], json!("rate-USD"))]));
+    assert_eq!(code, 200, "{second}");
+    assert_paused_shape(&second);
+    assert_eq!(second["tool_calls"].as_array().unwrap().len(), 1, "{second}");
+    assert_eq!(second["tool_calls"][0]["id"], gbp["id"], "{second}");
+    assert_eq!(second["tool_calls"][0]["name"], "get-rate", "{second}");
+    let (code, done) = resume(&s, &second, json!([ok_result(&gbp["id"], json!("rate-GBP"))]));
+    assert_eq!(code, 200, "{done}");
+    assert_completed_shape(&done);
+    assert_eq!(done["stdout"], "rate-USD\nrate-GBP\n", "{done}");
+}
