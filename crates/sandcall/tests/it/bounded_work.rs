@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 /// The most a request may add to the server's peak RSS, in MiB. The largest measured is
 /// the programmatic start with a full pause, 43 to 77 MiB (its tool calls are parsed and
 /// checked on blocking threads, and where glibc's per-thread arenas put them moves the
-/// peak); everything else is under 6 MiB.
+/// peak), then the resume with three results of 5 MiB, about 50 MiB (the body, the
+/// results as text, and their replies on their way to the helper); everything else is
+/// under 6 MiB.
 const MAX_GROWTH_MIB: u64 = 96;
 /// The longest `GET /v1/health` may take while a request is under way.
 const MAX_HEALTH_MS: u128 = 100;
