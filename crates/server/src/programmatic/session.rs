@@ -85,8 +85,9 @@ pub struct Session {
     principal: String,
     /// The latest `X-LibreChat-Code-Request-ID` of a request about the session (its start
     /// or a resume), by which cancel may name it. One per session: the registry holds
-    /// no more request ids than sessions.
-    request_id: Mutex<Option<String>>,
+    /// no more request ids than sessions. `Err(())` once the session left the registry,
+    /// so that a request racing its removal cannot leave an entry behind.
+    request_id: Mutex<Result<Option<String>, ()>>,
     shared: Mutex<Shared>,
     /// Bumped every time `response` changes to a pause or an end.
     version: watch::Sender<u64>,
@@ -335,7 +336,7 @@ impl Sessions {
         let session = Arc::new(Session {
             id: id.clone(),
             principal: principal.0.clone(),
-            request_id: Mutex::new(None),
+            request_id: Mutex::new(Ok(None)),
             shared: Mutex::new(Shared {
                 phase: Phase::Running,
                 response: ProgrammaticResponse::Running { session_id: id.clone() }.into(),
@@ -485,6 +486,9 @@ impl Sessions {
     /// request named it by. A later request with the same id takes it over.
     pub fn name_by_request_id(&self, session: &Session, request_id: String) {
         let mut current = session.request_id.lock().unwrap_or_else(|p| p.into_inner());
+        let Ok(current) = current.as_mut() else {
+            return;
+        };
         let mut requests = self.requests();
         if let Some(old) = current.take() {
             let key = (session.principal.clone(), old);
@@ -543,8 +547,8 @@ impl Sessions {
             map.remove(&session.id);
         }
         drop(map);
-        let request_id = session.request_id.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(request_id) = request_id {
+        let mut named = session.request_id.lock().unwrap_or_else(|p| p.into_inner());
+        if let Ok(Some(request_id)) = std::mem::replace(&mut *named, Err(())) {
             let mut requests = self.requests();
             let key = (session.principal.clone(), request_id);
             if requests.get(&key) == Some(&session.id) {
