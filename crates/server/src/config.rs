@@ -587,6 +587,31 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail closure signature
+    fn programmatic_timeout_scope_and_result_size() {
+        let c = Config::default();
+        assert_eq!(c.programmatic_timeout_scope, TimeoutScope::Run);
+        assert_eq!(c.max_tool_result_bytes, 5 << 20);
+        // Three results of 5 MiB and room for the rest.
+        assert_eq!(c.max_programmatic_body_bytes(), 16 << 20);
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("SANDCALL_PROGRAMMATIC_TIMEOUT_SCOPE", "loop");
+            jail.set_env("SANDCALL_MAX_TOOL_RESULT_BYTES", "1024");
+            let c = Config::load(None, &Overrides::default()).map_err(|e| e.to_string())?;
+            assert_eq!(c.programmatic_timeout_scope, TimeoutScope::Loop);
+            // Never below the other JSON routes' limit.
+            assert_eq!(c.max_programmatic_body_bytes(), c.max_body_bytes());
+            jail.set_env("SANDCALL_PROGRAMMATIC_TIMEOUT_SCOPE", "forever");
+            assert!(Config::load(None, &Overrides::default()).is_err());
+            jail.set_env("SANDCALL_PROGRAMMATIC_TIMEOUT_SCOPE", "run");
+            jail.set_env("SANDCALL_MAX_TOOL_RESULT_BYTES", "0");
+            let err = Config::load(None, &Overrides::default()).unwrap_err().to_string();
+            assert!(err.contains("max_tool_result_bytes"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
     fn unknown_keys_in_the_file_are_refused() {
         let dir = std::env::temp_dir().join(format!("sandcall-config-typo-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
