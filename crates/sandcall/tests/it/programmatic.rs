@@ -1816,8 +1816,10 @@ fn loop_timeout_and_the_loop_scope_count_the_waits() {
         }
         b
     };
-    // `loop_timeout` on the request.
+    // `loop_timeout` on the request; 0 is refused.
     let s = Server::start();
+    let (code, v) = s.post(ROUTE, &body(json!({"loop_timeout": 0})));
+    assert_api_error(code, &v, 400, "invalid_request");
     let t = Instant::now();
     let out = drive(&s, &body(json!({"loop_timeout": 3000})), slow(Duration::from_secs(2)));
     assert_eq!(out.last["status"], "error", "{}", out.last);
