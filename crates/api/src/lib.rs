@@ -162,17 +162,21 @@ enum LanguageName {
 struct Arg(String);
 
 /// A tool the program may call.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, ToSchema)]
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
 pub struct ToolDecl {
-    /// 1 to 64 letters, digits, `_`, `-`, `.` or spaces, with a letter or digit.
-    #[schema(min_length = 1, max_length = 64)]
+    /// 1 to 128 characters, no control characters. The program calls the tool by a
+    /// normalised name (docs/api.md, "Tools inside the program"); `tool_calls[].name`
+    /// carries this one.
+    #[schema(min_length = 1, max_length = 128)]
     pub name: String,
     #[serde(default)]
     pub description: Option<String>,
-    /// A JSON Schema for the arguments object; absent means any object.
+    /// A JSON Schema for the arguments object; absent means any object. Kept as the
+    /// text the caller sent: the order of its `properties` is the order of Python's
+    /// positional arguments.
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
-    pub parameters: Option<serde_json::Value>,
+    pub parameters: Option<Box<serde_json::value::RawValue>>,
 }
 
 /// The caller's answer to one tool call.
@@ -206,9 +210,15 @@ pub struct ProgrammaticRequest {
     pub files: Option<Vec<FileRef>>,
     /// First call: the tools the program may call (at most 100).
     pub tools: Option<Vec<ToolDecl>>,
-    /// First call: the budget of the whole session in milliseconds, pauses included.
+    /// First call: the program's own wall-clock budget in milliseconds: the time it
+    /// runs, not the time it waits paused for the caller (unless the server's
+    /// `programmatic_timeout_scope` is `loop`).
     #[schema(minimum = 1)]
     pub timeout: Option<u64>,
+    /// First call (extension): a budget in milliseconds for the whole loop, the waits
+    /// for the caller included.
+    #[schema(minimum = 1)]
+    pub loop_timeout: Option<u64>,
     /// Accepted as on /v1/exec; `timeout` wins.
     #[schema(minimum = 1)]
     pub run_timeout: Option<u64>,
@@ -219,15 +229,23 @@ pub struct ProgrammaticRequest {
     pub session_id: Option<String>,
     /// Resume: the token of the pause being answered.
     pub continuation_token: Option<String>,
-    /// Resume: one result for each pending call.
+    /// Resume: results for some or all of the pending calls; the calls left
+    /// unanswered come back in the next pause.
     pub tool_results: Option<Vec<ToolResult>>,
 }
 
-/// POST /v1/exec/programmatic/cancel.
-#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+/// POST /v1/exec/programmatic/cancel: names the session by its id, or by the
+/// `X-LibreChat-Code-Request-ID` header of the request that started it.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
 pub struct CancelRequest {
-    pub session_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
 }
+
+/// The header whose value names a programmatic start for `cancel` (`request_id`).
+pub const REQUEST_ID_HEADER: &str = "x-librechat-code-request-id";
 
 /// A call the program made, as the caller receives it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]

@@ -524,7 +524,14 @@ impl Sandbox {
         let mut ended_by_program = false;
 
         let start = Instant::now();
-        let deadline = start + Duration::from_millis(run.timeout_ms);
+        // In a run with tools, `timeout_ms` bounds the time the program runs, not the
+        // time it waits for its caller: the clock stops when the helper reports the
+        // program blocked on its calls (`Blocked`) and starts again with the next reply,
+        // and the deadline moves by the time it stood. Threads that go on working while
+        // the calls are out are bounded by the CPU budget, and the wait itself by the
+        // server's tool_call_timeout and session expiry.
+        let mut deadline = start + Duration::from_millis(run.timeout_ms);
+        let mut clock_stopped: Option<Instant> = None;
         let cpu_budget = self.limits.cpu_time_ms;
         let mut out = Streams::new(self.limits.max_output_bytes as usize);
         let mut result = RunResult::default();
@@ -557,7 +564,13 @@ impl Sandbox {
                 break;
             }
             // Decide what to wait for, and for how long.
-            let mut wake = settled.map_or(deadline, |t| t + DRAIN_GRACE);
+            let running_until = if clock_stopped.is_some() {
+                // No deadline while the clock stands: the CPU check still wakes us.
+                now + Duration::from_secs(3600)
+            } else {
+                deadline
+            };
+            let mut wake = settled.map_or(running_until, |t| t + DRAIN_GRACE);
             if settled.is_none() && cpu_budget > 0 {
                 wake = wake.min(next_cpu_check);
             }
@@ -706,10 +719,17 @@ impl Sandbox {
                         let _ = control.fill();
                         while let Some(line) = control.take_line() {
                             if let Some(hub) = self.tools.as_mut() {
+                                let reply = hub.command(&line);
+                                // A reply wakes the program: its clock runs again, and
+                                // the deadline moves by the time it stood.
+                                if let (true, Some(stopped)) = (reply, clock_stopped) {
+                                    deadline += stopped.elapsed();
+                                    clock_stopped = None;
+                                }
                                 // Calls made while the program was paused were announced
                                 // then, and held by the server; they are due at the next
                                 // pause, so the next wait must be reported again.
-                                if hub.command(&line) && hub.has_pending() {
+                                if reply && hub.has_pending() {
                                     hub.unannounced = true;
                                 }
                             }
@@ -773,6 +793,7 @@ impl Sandbox {
                         hub.unannounced = false;
                         hub.flush = false;
                         quiet_checks = 0;
+                        clock_stopped.get_or_insert_with(Instant::now);
                     } else if !hub.unannounced {
                         hub.flush = false;
                     }
@@ -786,7 +807,7 @@ impl Sandbox {
             }
             let now = Instant::now();
             if killed_at.is_none() && ended_at.is_none() {
-                if now >= deadline {
+                if clock_stopped.is_none() && now >= deadline {
                     result.timed_out = true;
                     self.kill_init();
                     killed_at = Some(now);

@@ -121,6 +121,14 @@ pub struct Config {
     /// Programmatic runs: bytes of tool-call arguments one session may hand out over
     /// its whole life. Default 33554432 (32 MiB).
     pub max_session_tool_bytes: u64,
+    /// Programmatic runs: the largest result of one tool call, as the JSON text the
+    /// caller sends, in bytes; a resume's body may hold three results this size (see
+    /// `max_programmatic_body_bytes`). Default 5242880 (5 MiB).
+    pub max_tool_result_bytes: u64,
+    /// Programmatic runs: what `timeout` bounds. `run` (the default): the program's own
+    /// running time, the clock stopped while it waits for its caller; `loop`: the whole
+    /// loop, the waits included.
+    pub programmatic_timeout_scope: TimeoutScope,
     /// Programmatic sessions one principal may hold at once, paused ones included;
     /// past it a new one gets 429 `principal_at_capacity`. Default: `max_sessions` / 4
     /// (at least 1) with credentials, `max_sessions` in local mode.
@@ -413,6 +421,8 @@ impl Default for Config {
             file_sweep_interval_s: 60,
             max_pause_bytes: 4 << 20,
             max_session_tool_bytes: 32 << 20,
+            max_tool_result_bytes: 5 << 20,
+            programmatic_timeout_scope: TimeoutScope::Run,
             max_sessions_per_principal: None,
             max_runs_per_principal: None,
             max_stored_bytes_per_principal: 2 << 30,
@@ -423,6 +433,16 @@ impl Default for Config {
             max_connections: 2048,
         }
     }
+}
+
+/// What a programmatic request's `timeout` bounds (`programmatic_timeout_scope`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TimeoutScope {
+    /// The program's own running time: the clock stops while it waits for its caller.
+    Run,
+    /// The whole loop, the waits for the caller included.
+    Loop,
 }
 
 /// Values given as command-line flags, which win over everything else.
@@ -522,6 +542,7 @@ impl Config {
             ("max_sessions", self.max_sessions as u64),
             ("max_pause_bytes", self.max_pause_bytes),
             ("max_session_tool_bytes", self.max_session_tool_bytes),
+            ("max_tool_result_bytes", self.max_tool_result_bytes),
             ("max_stored_bytes_per_principal", self.max_stored_bytes_per_principal),
             ("max_stored_files_per_principal", self.max_stored_files_per_principal),
             ("header_read_timeout_ms", self.header_read_timeout_ms),
@@ -643,6 +664,15 @@ impl Config {
     pub fn max_body_bytes(&self) -> usize {
         (self.max_code_bytes + self.max_stdin_bytes + (1 << 20)) as usize
     }
+
+    /// The body limit of `POST /v1/exec/programmatic`: a resume may carry three results
+    /// of `max_tool_result_bytes` (more at once go in parts: a resume may answer some
+    /// of the pending calls), and never less than any other JSON route.
+    pub fn max_programmatic_body_bytes(&self) -> usize {
+        let results = self.max_tool_result_bytes.saturating_mul(3).saturating_add(1 << 20);
+        self.max_body_bytes()
+            .max(usize::try_from(results).unwrap_or(usize::MAX))
+    }
 }
 
 #[cfg(test)]
@@ -718,6 +748,31 @@ mod tests {
             Ok(())
         });
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail closure signature
+    fn programmatic_timeout_scope_and_result_size() {
+        let c = Config::default();
+        assert_eq!(c.programmatic_timeout_scope, TimeoutScope::Run);
+        assert_eq!(c.max_tool_result_bytes, 5 << 20);
+        // Three results of 5 MiB and room for the rest.
+        assert_eq!(c.max_programmatic_body_bytes(), 16 << 20);
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("SANDCALL_PROGRAMMATIC_TIMEOUT_SCOPE", "loop");
+            jail.set_env("SANDCALL_MAX_TOOL_RESULT_BYTES", "1024");
+            let c = Config::load(None, &Overrides::default()).map_err(|e| e.to_string())?;
+            assert_eq!(c.programmatic_timeout_scope, TimeoutScope::Loop);
+            // Never below the other JSON routes' limit.
+            assert_eq!(c.max_programmatic_body_bytes(), c.max_body_bytes());
+            jail.set_env("SANDCALL_PROGRAMMATIC_TIMEOUT_SCOPE", "forever");
+            assert!(Config::load(None, &Overrides::default()).is_err());
+            jail.set_env("SANDCALL_PROGRAMMATIC_TIMEOUT_SCOPE", "run");
+            jail.set_env("SANDCALL_MAX_TOOL_RESULT_BYTES", "0");
+            let err = Config::load(None, &Overrides::default()).unwrap_err().to_string();
+            assert!(err.contains("max_tool_result_bytes"), "{err}");
+            Ok(())
+        });
     }
 
     #[test]

@@ -60,7 +60,13 @@ impl<T: DeserializeOwned + Send + 'static> FromRequest<AppState> for JsonBody<T>
             }
             None => {}
         }
-        let bytes = read_body(req.into_body(), state.config.max_body_bytes()).await?;
+        // A resume carries tool results of up to max_tool_result_bytes each.
+        let limit = if req.uri().path() == "/v1/exec/programmatic" {
+            state.config.max_programmatic_body_bytes()
+        } else {
+            state.config.max_body_bytes()
+        };
+        let bytes = read_body(req.into_body(), limit).await?;
         crate::json::parse(bytes).await.map(JsonBody).map_err(|e| {
             use serde_json::error::Category;
             match e.classify() {
@@ -230,7 +236,12 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/health", get(health))
         .route("/openapi.json", get(openapi_route))
         .route("/v1/exec", post(exec_route))
-        .route("/v1/exec/programmatic", post(programmatic_route))
+        .route(
+            "/v1/exec/programmatic",
+            post(programmatic_route).layer(axum::extract::DefaultBodyLimit::max(
+                state.config.max_programmatic_body_bytes(),
+            )),
+        )
         .route("/v1/exec/programmatic/cancel", post(cancel_route))
         .route("/v1/exec/programmatic/{session_id}", get(session_route))
         .route(
@@ -355,11 +366,13 @@ pub(crate) async fn exec_route(
     operation_id = "exec_programmatic",
     tag = "programmatic",
     request_body = ProgrammaticRequest,
+    params(("X-LibreChat-Code-Request-ID" = Option<String>, Header,
+        description = "An id (1 to 256 visible ASCII characters) by which `POST /v1/exec/programmatic/cancel` can name this session as `request_id`: the latest one sent with a first call or a resume of the session.")),
     responses(
         (status = 200, description = "The program paused on tool calls, completed, or ended in an error.", body = ProgrammaticResponse),
         (status = 400, description = "`invalid_json`, `invalid_request`, `unsupported_language`, `invalid_tool_schema` or `invalid_tool_results`.", body = ErrorBody),
         (status = 404, description = "`session_not_found` or `file_not_found`.", body = ErrorBody),
-        (status = 409, description = "`continuation_token_used`: the token's pause is no longer open.", body = ErrorBody),
+        (status = 409, description = "`continuation_token_used`: the token's pause is no longer open, and this is not a retry of its resume with the same results (a retry answers what the first use answered; a session that ended answers its ending).", body = ErrorBody),
         (status = 413, description = "`payload_too_large`: the body, `code` or the input files.", body = ErrorBody),
         (status = 503, description = "`at_capacity`: too many sessions hold a sandbox.", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Seconds to wait."))),
@@ -368,14 +381,16 @@ pub(crate) async fn exec_route(
 pub(crate) async fn programmatic_route(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
+    headers: axum::http::HeaderMap,
     JsonBody(req): JsonBody<ProgrammaticRequest>,
 ) -> Result<Response, ApiError> {
+    let request_id = programmatic::request_id(&headers)?;
     let json = match req.continuation_token.as_deref() {
         Some(token) => {
-            let results = req.tool_results.as_deref().unwrap_or_default();
+            let results = req.tool_results.unwrap_or_default();
             state
                 .sessions
-                .resume(&principal, token, req.session_id.as_deref(), results)
+                .resume(&principal, token, req.session_id.as_deref(), results, request_id)
                 .await?
         }
         None => {
@@ -383,9 +398,10 @@ pub(crate) async fn programmatic_route(
             // (programmatic::tools), together they are still milliseconds of work, done
             // off the async workers.
             let config = state.config.clone();
-            let cmd = tokio::task::spawn_blocking(move || programmatic::parse_start(req, &config))
+            let mut cmd = tokio::task::spawn_blocking(move || programmatic::parse_start(req, &config))
                 .await
                 .map_err(|e| ApiError::internal(error_type::INTERNAL, &format!("declaring tools: {e}")))??;
+            cmd.request_id = request_id;
             state.sessions.start(&principal, cmd).await?
         }
     };
@@ -402,8 +418,8 @@ pub(crate) async fn programmatic_route(
     request_body = CancelRequest,
     responses(
         (status = 200, description = "The session's outcome: `error` / `cancelled`, or how it had already ended.", body = ProgrammaticResponse),
-        (status = 400, description = "`invalid_json` or `invalid_request`.", body = ErrorBody),
-        (status = 404, description = "`session_not_found`.", body = ErrorBody),
+        (status = 400, description = "`invalid_json` or `invalid_request` (neither `session_id` nor `request_id`).", body = ErrorBody),
+        (status = 404, description = "`session_not_found`: no such session, or no session started or resumed with this `request_id`, for this caller.", body = ErrorBody),
     ),
 )]
 pub(crate) async fn cancel_route(
@@ -411,7 +427,12 @@ pub(crate) async fn cancel_route(
     Extension(principal): Extension<Principal>,
     JsonBody(req): JsonBody<CancelRequest>,
 ) -> Result<Json<ProgrammaticResponse>, ApiError> {
-    Ok(Json(state.sessions.cancel(&principal, &req.session_id).await?))
+    let id = match (req.session_id, req.request_id) {
+        (Some(id), _) => id,
+        (None, Some(request_id)) => state.sessions.by_request_id(&principal, &request_id)?,
+        (None, None) => return Err(ApiError::bad_request("`session_id` or `request_id` is required")),
+    };
+    Ok(Json(state.sessions.cancel(&principal, &id).await?))
 }
 
 /// A session's state: paused, running, or how it ended.

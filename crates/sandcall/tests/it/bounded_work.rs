@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 /// The most a request may add to the server's peak RSS, in MiB. The largest measured is
 /// the programmatic start with a full pause, 43 to 77 MiB (its tool calls are parsed and
 /// checked on blocking threads, and where glibc's per-thread arenas put them moves the
-/// peak); everything else is under 6 MiB.
+/// peak), then the resume with three results of 5 MiB, about 50 MiB (the body, the
+/// results as text, and their replies on their way to the helper); everything else is
+/// under 6 MiB.
 const MAX_GROWTH_MIB: u64 = 96;
 /// The longest `GET /v1/health` may take while a request is under way.
 const MAX_HEALTH_MS: u128 = 100;
@@ -274,19 +276,21 @@ fn the_largest_request_of_each_route_costs_a_bounded_amount() {
         &mut failures,
     );
 
-    // The resume: results filling the body.
+    // The resume: results filling the route's body (3 × max_tool_result_bytes + 1 MiB):
+    // three of about 5 MiB each, and a small one.
     let results: Vec<Value> = paused["tool_calls"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|call| json!({"call_id": call["id"], "result": vec![0; 360_000]}))
+        .enumerate()
+        .map(|(i, call)| json!({"call_id": call["id"], "result": vec![0; if i < 3 { 2_600_000 } else { 1 }]}))
         .collect();
     let body = json!({"continuation_token": paused["continuation_token"], "tool_results": results});
     let (reply, cost) = measure(&s, || c.post_json(ROUTE, &body));
     let done = ok(&reply);
-    assert_eq!(done["stdout"], "1440000\n", "{}", shown(&done));
+    assert_eq!(done["stdout"], "7800001\n", "{}", shown(&done));
     check(
-        "POST /v1/exec/programmatic resume (3 MiB of results)",
+        "POST /v1/exec/programmatic resume (15 MiB of results)",
         &cost,
         &mut failures,
     );

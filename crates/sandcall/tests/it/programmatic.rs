@@ -790,7 +790,8 @@ fn tokens() {
     assert_eq!(call["arguments"], json!({"a": 1, "b": 2}), "{first}");
     let token1 = first["continuation_token"].as_str().unwrap().to_owned();
 
-    // Results that do not answer exactly the pending calls: 400, token kept.
+    // Results that answer no pending call, or one twice, or one that is not pending:
+    // 400, token kept.
     let bogus_id = json!("AAAAAAAAAAAAAAAAAAAAA");
     assert_ne!(bogus_id, call["id"]);
     for results in [
@@ -828,8 +829,12 @@ fn tokens() {
         "{second}"
     );
 
-    // Second use of a used token: 409, and the session stays where it is.
-    let (code, v) = resume_with(&s, &first, &token1, json!([ok_result(&call["id"], json!(3))]));
+    // Second use of a used token with the same results is a retry: it answers what the
+    // first use answered. With other results: 409, and the session stays where it is.
+    let (code, again) = resume_with(&s, &first, &token1, json!([ok_result(&call["id"], json!(3))]));
+    assert_eq!(code, 200, "{again}");
+    assert_eq!(again, second, "a retry answers what the first use answered");
+    let (code, v) = resume_with(&s, &first, &token1, json!([ok_result(&call["id"], json!(4))]));
     assert_api_error(code, &v, 409, "continuation_token_used");
     let (code, v) = resume_with(
         &s,
@@ -847,13 +852,19 @@ fn tokens() {
     assert_eq!(out.last["stdout"], "3 13\n", "{}", out.last);
     assert_eq!(out.last["tool_calls_made"], 2, "{}", out.last);
 
-    // The last token is used up too.
+    // The last token is used up too: a retry of its resume answers the ending, and
+    // so does any resume of the ended session (never 409, which LibreChat shows as
+    // "temporarily unavailable").
     let (code, v) = resume(
         &s,
         &second,
         json!([ok_result(&second["tool_calls"][0]["id"], json!(13))]),
     );
-    assert_api_error(code, &v, 409, "continuation_token_used");
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v, out.last);
+    let (code, v) = resume_with(&s, &first, &token1, json!([ok_result(&call["id"], json!(5))]));
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v, out.last);
 }
 
 #[test]
@@ -966,22 +977,25 @@ fn tool_call_timeout_raises_timeout_error() {
     assert_completed_shape(&r);
     assert_eq!(r["stdout"], "timed out\ndone\n", "{r}");
     assert_eq!(r["exit_code"], 0, "{r}");
-    // The token of the timed-out pause is stale.
+    // The token of the timed-out pause is stale, and the session has ended: a late
+    // resume gets the ending (200), not 409.
     let (code, v) = resume(
         &s,
         &first,
         json!([ok_result(&first["tool_calls"][0]["id"], json!("late"))]),
     );
-    assert_eq!(code, 409, "{v}");
-    assert!(v["error_type"].is_string() && v["error"].is_string(), "{v}");
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v, r);
 }
 
 #[test]
 fn whole_loop_timeout() {
     let s = Server::start();
 
-    // Paused and never resumed: the budget includes time spent waiting for the caller.
+    // Paused and never resumed: `loop_timeout` includes time spent waiting for the
+    // caller (`timeout` does not; see ptc_librechat::timeout_stops_while_paused).
     let body = json!({
+        "loop_timeout": 1500,
         "language": "python",
         "code": src(&[
             "print(\"started\", flush=True)",
@@ -989,7 +1003,6 @@ fn whole_loop_timeout() {
             "print(\"never\")",
         ]),
         "tools": [rate_tool()],
-        "timeout": 1500,
     });
     let t = Instant::now();
     let first = start(&s, &body);
@@ -1178,11 +1191,9 @@ fn cancel_kills_the_program() {
         &first,
         json!([ok_result(&first["tool_calls"][0]["id"], json!(0.92))]),
     );
-    assert!(
-        code == 404 || code == 409,
-        "resuming a cancelled session answered {code}: {v}"
-    );
-    assert!(v["error_type"].is_string(), "{v}");
+    // An ended session answers its ending.
+    assert_eq!(code, 200, "resuming a cancelled session answered {code}: {v}");
+    assert_eq!(v, st);
     s.assert_healthy();
 }
 
@@ -1395,4 +1406,495 @@ fn a_call_made_while_paused_is_handed_out_at_the_next_pause() {
         |_, args| ok(json!(args["x"].as_i64().unwrap() * 2)),
     );
     assert_eq!(out.last["stdout"], "2\n4\n", "{}", out.last);
+}
+
+// ---------------------------------------------------------------------------
+// Programmatic calls as LibreChat's client makes them (issue 11, item 4)
+// ---------------------------------------------------------------------------
+
+/// POST with extra headers (credentials, `X-LibreChat-Code-Request-ID`).
+fn post_with(s: &Server, path: &str, body: &Value, headers: &[(&str, &str)]) -> (u16, Value) {
+    let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(120)).build();
+    let mut req = agent.post(&s.url(path)).set("Content-Type", "application/json");
+    for (name, value) in headers {
+        req = req.set(name, value);
+    }
+    let resp = match req.send_string(&body.to_string()) {
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("POST {path}: {e}"),
+    };
+    let status = resp.status();
+    let text = resp.into_string().unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+}
+
+/// The answer every call of these tests gets: the call's own arguments, echoed.
+fn echo_args(_: &str, args: &Value) -> Answer {
+    ok(args.clone())
+}
+
+#[test]
+fn python_programs_start_with_asyncio_json_os_sys() {
+    // Written as LibreChat's tool description teaches: no import at all.
+    let s = Server::start();
+    let body = json!({
+        "lang": "py",
+        "code": src(&[
+            "results: List[Any] = await asyncio.gather(lookup(q='a'), lookup(q='b'))",
+            "print(json.dumps(results), os.getcwd(), sys.argv[0].endswith('main.py'))",
+            "assert ToolExecutionError is ToolError and Optional[Dict[str, Union[int, str]]]",
+        ]),
+        "tools": [tool("lookup", json!({"q": {"type": "string"}}), &["q"])],
+        "timeout": 15000,
+    });
+    let out = drive(&s, &body, |_, args| {
+        ok(json!(format!("hit-{}", args["q"].as_str().unwrap())))
+    });
+    assert_eq!(out.rounds, 1, "the gathered calls arrive together: {:?}", out.pauses);
+    assert_completed_shape(&out.last);
+    assert_eq!(
+        out.last["stdout"], "[\"hit-a\", \"hit-b\"] /mnt/data True\n",
+        "{}",
+        out.last
+    );
+}
+
+#[test]
+fn tool_names_follow_the_code_interpreter_rules_and_keep_their_old_names() {
+    let s = Server::start();
+    // Python: `-` becomes `_`, `.` is dropped; sandcall's earlier name (`.` as `_`)
+    // still calls the tool. A keyword gets `_tool`.
+    let body = json!({
+        "language": "python",
+        "code": src(&[
+            "a = files_read_v2(path='x')",
+            "b = filesread_v2(path='y')",
+            "c = import_tool(path='z')",
+            "print(a['path'], b['path'], c['path'])",
+        ]),
+        "tools": [
+            tool("files.read-v2", json!({"path": {"type": "string"}}), &["path"]),
+            tool("import", json!({"path": {"type": "string"}}), &["path"]),
+        ],
+    });
+    let out = drive(&s, &body, echo_args);
+    assert_completed_shape(&out.last);
+    assert_eq!(out.last["stdout"], "x y z\n", "{}", out.last);
+    let names: Vec<&str> = out.calls.iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        vec!["files.read-v2", "files.read-v2", "import"],
+        "declared names"
+    );
+
+    // Bash: `-` and `.` become `_`; the earlier name (with `-` and `.`) still works; a
+    // builtin's name gets `_tool`, and the builtin itself is untouched.
+    let body = json!({
+        "language": "bash",
+        "code": src(&[
+            "get_rate_v2 base=USD",
+            "get-rate.v2 base=EUR",
+            "echo_tool text=hi",
+            "echo plain-echo",
+            "_ptc_x_tool n=1",
+        ]),
+        "tools": [
+            tool("get-rate.v2", json!({"base": {"type": "string"}}), &["base"]),
+            tool("echo", json!({"text": {"type": "string"}}), &["text"]),
+            tool("_ptc_x", json!({"n": {"type": "integer"}}), &["n"]),
+        ],
+    });
+    let out = drive(&s, &body, |name, args| ok(json!(format!("{name}:{args}"))));
+    assert_completed_shape(&out.last);
+    assert_eq!(
+        out.last["stdout"],
+        "get-rate.v2:{\"base\":\"USD\"}\nget-rate.v2:{\"base\":\"EUR\"}\necho:{\"text\":\"hi\"}\nplain-echo\n_ptc_x:{\"n\":1}\n",
+        "{}",
+        out.last
+    );
+
+    // Two tools that normalise to one name: 400, nothing started.
+    for pair in [["get-rate", "get_rate"], ["a.b", "a-b"], ["x y", "x_y"]] {
+        let (code, v) = s.post(
+            ROUTE,
+            &json!({"code": "pass", "tools": [tool(pair[0], json!({}), &[]), tool(pair[1], json!({}), &[])]}),
+        );
+        assert_api_error(code, &v, 400, "invalid_tool_schema");
+        assert!(v["error"].as_str().unwrap().contains("same name"), "{v}");
+    }
+}
+
+#[test]
+fn python_stubs_take_positional_arguments() {
+    let s = Server::start();
+    // The schema lists optional `limit` before required `query`: positional order is
+    // required first (schema order), then optional. The order is the text's, so the
+    // body is sent as written (serde_json's maps would sort the keys).
+    let search = r#"{"name": "search", "parameters": {"type": "object",
+        "properties": {"limit": {"type": "integer"}, "query": {"type": "string"}, "lang": {"type": "string"}},
+        "required": ["query"]}}"#;
+    let code = src(&[
+        "print(search('q1'))",
+        "print(search('q2', 5))",
+        "print(search('q3', None, 'de'))",
+        "print(search(query='q4', limit=None))",
+        "print(search({'query': 'q5', 'limit': 1}))",
+        "print(search('q6', lang='fr'))",
+        "try:",
+        "    search('a', 1, 'b', 'extra')",
+        "except TypeError as e:",
+        "    print('TypeError', 'at most 3' in str(e))",
+        "try:",
+        "    search('a', query='b')",
+        "except TypeError as e:",
+        "    print('TypeError', 'multiple values' in str(e))",
+    ]);
+    let raw = format!(
+        r#"{{"language": "python", "code": {}, "tools": [{search}]}}"#,
+        json!(code)
+    );
+    let (status, _, first) = s.request("POST", ROUTE, Some("application/json"), Some(&raw));
+    assert_eq!(status, 200, "{first}");
+    let out = drive_from(&s, first, |_, args| ok(json!(args.to_string())));
+    assert_completed_shape(&out.last);
+    let args: Vec<Value> = out.calls.iter().map(|c| c["arguments"].clone()).collect();
+    assert_eq!(
+        args,
+        vec![
+            json!({"query": "q1"}),
+            json!({"query": "q2", "limit": 5}),
+            json!({"query": "q3", "lang": "de"}),
+            json!({"query": "q4"}),
+            json!({"query": "q5", "limit": 1}),
+            json!({"query": "q6", "lang": "fr"}),
+        ]
+    );
+    let stdout = out.last["stdout"].as_str().unwrap();
+    assert!(stdout.ends_with("TypeError True\nTypeError True\n"), "{stdout}");
+}
+
+#[test]
+fn schemas_as_librechat_writes_them_are_accepted() {
+    let s = Server::start();
+    let body = json!({
+        "language": "python",
+        "code": src(&[
+            "print(convert(amount=1.5, times=2))",
+            "try:",
+            "    convert(amount='lots', times=2)",
+            "except ToolError as e:",
+            "    print('refused', 'do not match' in str(e))",
+        ]),
+        "tools": [tool("convert", json!({"amount": {"type": "float"}, "times": {"type": "int"}}), &["amount"])],
+    });
+    let out = drive(&s, &body, |_, args| ok(json!(args["amount"].as_f64().unwrap() * 2.0)));
+    assert_completed_shape(&out.last);
+    assert_eq!(out.last["stdout"], "3.0\nrefused True\n", "{}", out.last);
+    assert_eq!(out.calls.len(), 1, "the refused call never reaches the caller");
+}
+
+#[test]
+fn a_resume_may_answer_some_of_the_pending_calls() {
+    let s = Server::start();
+    let body = json!({
+        "language": "python",
+        "code": src(&[
+            "r = await asyncio.gather(t(n=1), t(n=2), t(n=3))",
+            "print(r)",
+        ]),
+        "tools": [tool("t", json!({"n": {"type": "integer"}}), &["n"])],
+    });
+    let first = start(&s, &body);
+    assert_paused_shape(&first);
+    let calls = first["tool_calls"].as_array().unwrap().clone();
+    assert_eq!(calls.len(), 3, "{first}");
+    let by_n = |n: i64| calls.iter().find(|c| c["arguments"]["n"] == n).unwrap().clone();
+
+    // Answer only n=2: the next pause lists the other two, under their ids, with a new
+    // token.
+    let (code, second) = resume(&s, &first, json!([ok_result(&by_n(2)["id"], json!(20))]));
+    assert_eq!(code, 200, "{second}");
+    assert_paused_shape(&second);
+    assert_ne!(second["continuation_token"], first["continuation_token"]);
+    let mut left: Vec<String> = second["tool_calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_str().unwrap().to_owned())
+        .collect();
+    left.sort();
+    let mut want = vec![
+        by_n(1)["id"].as_str().unwrap().to_owned(),
+        by_n(3)["id"].as_str().unwrap().to_owned(),
+    ];
+    want.sort();
+    assert_eq!(left, want, "{second}");
+
+    // A retry of the partial resume answers the same pause again.
+    let (code, again) = resume(&s, &first, json!([ok_result(&by_n(2)["id"], json!(20))]));
+    assert_eq!(code, 200, "{again}");
+    assert_eq!(again, second);
+
+    // The answered call cannot be answered again; the others can.
+    let (code, v) = resume(&s, &second, json!([ok_result(&by_n(2)["id"], json!(0))]));
+    assert_api_error(code, &v, 400, "invalid_tool_results");
+    let (code, third) = resume(&s, &second, json!([ok_result(&by_n(3)["id"], json!(30))]));
+    assert_eq!(code, 200, "{third}");
+    assert_paused_shape(&third);
+    assert_eq!(third["tool_calls"].as_array().unwrap().len(), 1, "{third}");
+    assert_eq!(third["tool_calls"][0]["id"], by_n(1)["id"]);
+    let (code, done) = resume(&s, &third, json!([ok_result(&by_n(1)["id"], json!(10))]));
+    assert_eq!(code, 200, "{done}");
+    assert_completed_shape(&done);
+    assert_eq!(done["stdout"], "[10, 20, 30]\n", "{done}");
+    assert_eq!(done["tool_calls_made"], 3, "{done}");
+}
+
+#[test]
+fn an_ended_session_answers_its_ending() {
+    let s = Server::start();
+    let body = json!({"language": "python", "code": "print(get_exchange_rate(base='USD', quote='EUR'))", "tools": [rate_tool()]});
+    let first = start(&s, &body);
+    assert_paused_shape(&first);
+    let (code, cancelled) = s.post(&format!("{ROUTE}/cancel"), &json!({"session_id": first["session_id"]}));
+    assert_eq!(code, 200, "{cancelled}");
+    assert_eq!(cancelled["error_type"], "cancelled", "{cancelled}");
+    // The client's resume after that (and its retry) gets the ending, 200, not 409.
+    for _ in 0..2 {
+        let (code, v) = resume(&s, &first, json!([ok_result(&first["tool_calls"][0]["id"], json!(1))]));
+        assert_eq!(code, 200, "{v}");
+        assert_eq!(v["status"], "error", "{v}");
+        assert_eq!(v["error_type"], "cancelled", "{v}");
+        assert_eq!(v, cancelled);
+    }
+}
+
+#[test]
+fn cancel_by_request_id() {
+    let keys = "alice:key-a-0123456789abcdef,bob:key-b-0123456789abcdef";
+    let s = Server::start_with(&[("SANDCALL_API_KEYS", keys)], "");
+    let alice = ("X-API-Key", "key-a-0123456789abcdef");
+    let bob = ("X-API-Key", "key-b-0123456789abcdef");
+    let cancel = format!("{ROUTE}/cancel");
+    let body = json!({"language": "python", "code": "print(get_exchange_rate(base='USD', quote='EUR'))", "tools": [rate_tool()], "timeout": 15000});
+    let (code, first) = post_with(&s, ROUTE, &body, &[alice, ("X-LibreChat-Code-Request-ID", "req-42")]);
+    assert_eq!(code, 200, "{first}");
+    assert_paused_shape(&first);
+
+    // Another principal's request id, an unknown one: 404; neither field: 400.
+    let (code, v) = post_with(&s, &cancel, &json!({"request_id": "req-42"}), &[bob]);
+    assert_api_error(code, &v, 404, "session_not_found");
+    let (code, v) = post_with(&s, &cancel, &json!({"request_id": "req-43"}), &[alice]);
+    assert_api_error(code, &v, 404, "session_not_found");
+    let (code, v) = post_with(&s, &cancel, &json!({}), &[alice]);
+    assert_api_error(code, &v, 400, "invalid_request");
+
+    // LibreChat's abort: only the request id.
+    let (code, v) = post_with(&s, &cancel, &json!({"request_id": "req-42"}), &[alice]);
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["status"], "error", "{v}");
+    assert_eq!(v["error_type"], "cancelled", "{v}");
+    assert_eq!(v["session_id"], first["session_id"]);
+
+    // The client sends a fresh id with each request: a resume's id names the session
+    // from then on, in place of the start's.
+    let body = json!({"language": "python", "code": "for i in range(2): get_exchange_rate(base='USD', quote='EUR')", "tools": [rate_tool()]});
+    let (code, first) = post_with(&s, ROUTE, &body, &[alice, ("X-LibreChat-Code-Request-ID", "start-1")]);
+    assert_eq!(code, 200, "{first}");
+    let resume_body = json!({
+        "continuation_token": first["continuation_token"],
+        "tool_results": [ok_result(&first["tool_calls"][0]["id"], json!(1))],
+    });
+    let (code, second) = post_with(
+        &s,
+        ROUTE,
+        &resume_body,
+        &[alice, ("X-LibreChat-Code-Request-ID", "resume-1")],
+    );
+    assert_eq!(code, 200, "{second}");
+    assert_paused_shape(&second);
+    let (code, v) = post_with(&s, &cancel, &json!({"request_id": "start-1"}), &[alice]);
+    assert_api_error(code, &v, 404, "session_not_found");
+    let (code, v) = post_with(&s, &cancel, &json!({"request_id": "resume-1"}), &[alice]);
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["error_type"], "cancelled", "{v}");
+    assert_eq!(v["session_id"], first["session_id"]);
+
+    // A request id that is too long is refused at the start.
+    let long = "x".repeat(257);
+    let (code, v) = post_with(&s, ROUTE, &body, &[alice, ("X-LibreChat-Code-Request-ID", &long)]);
+    assert_api_error(code, &v, 400, "invalid_request");
+}
+
+#[test]
+fn results_up_to_5_mib_reach_the_program() {
+    let s = Server::start();
+    let body = json!({
+        "language": "python",
+        "code": "r = fetch(); print(len(r), r[:3])\n",
+        "tools": [tool("fetch", json!({}), &[])],
+    });
+    let first = start(&s, &body);
+    assert_paused_shape(&first);
+    let call = &first["tool_calls"][0]["id"];
+    // Over 5 MiB: 413, and the token stays good.
+    let too_big = "y".repeat(5 * 1024 * 1024);
+    let (code, v) = resume(&s, &first, json!([ok_result(call, json!(too_big))]));
+    assert_api_error(code, &v, 413, "payload_too_large");
+    assert!(v["error"].as_str().unwrap().contains("max_tool_result_bytes"), "{v}");
+    // 5 MiB of JSON text, the quotes included.
+    let big = "x".repeat(5 * 1024 * 1024 - 2);
+    let (code, done) = resume(&s, &first, json!([ok_result(call, json!(big))]));
+    assert_eq!(code, 200, "{done}");
+    assert_completed_shape(&done);
+    assert_eq!(done["stdout"], format!("{} xxx\n", 5 * 1024 * 1024 - 2), "{done}");
+}
+
+/// Answers each call after `delay`, as a slow tool would.
+fn slow(delay: Duration) -> impl FnMut(&str, &Value) -> Answer {
+    move |_, args| {
+        std::thread::sleep(delay);
+        ok(args.clone())
+    }
+}
+
+#[test]
+fn timeout_stops_while_paused() {
+    // LibreChat's case: three 2-second tools in sequence, `timeout: 5000`.
+    let s = Server::start();
+    let body = json!({
+        "language": "python",
+        "code": src(&[
+            "for i in range(3):",
+            "    print(slow_tool(i=i)['i'])",
+        ]),
+        "tools": [tool("slow_tool", json!({"i": {"type": "integer"}}), &["i"])],
+        "timeout": 5000,
+    });
+    let t = Instant::now();
+    let out = drive(&s, &body, slow(Duration::from_secs(2)));
+    assert!(t.elapsed() >= Duration::from_secs(6), "{:?}", t.elapsed());
+    assert_completed_shape(&out.last);
+    assert_eq!(out.last["stdout"], "0\n1\n2\n", "{}", out.last);
+    assert_eq!(out.rounds, 3);
+
+    // The same with Bash tools and background jobs.
+    let body = json!({
+        "language": "bash",
+        "code": src(&["slow_tool i=0", "slow_tool i=1 & slow_tool i=2 & wait", "slow_tool i=3"]),
+        "tools": [tool("slow_tool", json!({"i": {"type": "integer"}}), &["i"])],
+        "timeout": 3000,
+    });
+    let out = drive(&s, &body, slow(Duration::from_millis(2000)));
+    assert_completed_shape(&out.last);
+    assert_eq!(out.last["tool_calls_made"], 4, "{}", out.last);
+
+    // The program's own running time still counts: spinning between calls is cut.
+    let body = json!({
+        "language": "python",
+        "code": src(&[
+            "import time",
+            "for i in range(3):",
+            "    slow_tool(i=i)",
+            "    end = time.monotonic() + 1.5",
+            "    while time.monotonic() < end: pass",
+            "print('never')",
+        ]),
+        "tools": [tool("slow_tool", json!({"i": {"type": "integer"}}), &["i"])],
+        "timeout": 3750,
+    });
+    let out = drive(&s, &body, slow(Duration::from_millis(500)));
+    assert_eq!(out.last["status"], "error", "{}", out.last);
+    assert_eq!(out.last["error_type"], "timeout", "{}", out.last);
+    assert_eq!(out.rounds, 3, "spins of 1.5 s pass 3.75 s in the third: {}", out.last);
+}
+
+#[test]
+fn loop_timeout_and_the_loop_scope_count_the_waits() {
+    let body = |extra: Value| {
+        let mut b = json!({
+            "language": "python",
+            "code": src(&["for i in range(3):", "    slow_tool(i=i)", "print('done')"]),
+            "tools": [tool("slow_tool", json!({"i": {"type": "integer"}}), &["i"])],
+            "timeout": 5000,
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    // `loop_timeout` on the request; 0 is refused.
+    let s = Server::start();
+    let (code, v) = s.post(ROUTE, &body(json!({"loop_timeout": 0})));
+    assert_api_error(code, &v, 400, "invalid_request");
+    let t = Instant::now();
+    let out = drive(&s, &body(json!({"loop_timeout": 3000})), slow(Duration::from_secs(2)));
+    assert_eq!(out.last["status"], "error", "{}", out.last);
+    assert_eq!(out.last["error_type"], "timeout", "{}", out.last);
+    assert!(t.elapsed() < Duration::from_secs(6), "{:?}", t.elapsed());
+    drop(s);
+
+    // The server's setting: `timeout` is the whole loop's.
+    let s = Server::start_with(&[("SANDCALL_PROGRAMMATIC_TIMEOUT_SCOPE", "loop")], "");
+    let out = drive(&s, &body(json!({})), slow(Duration::from_secs(2)));
+    assert_eq!(out.last["status"], "error", "{}", out.last);
+    assert_eq!(out.last["error_type"], "timeout", "{}", out.last);
+    assert!(out.rounds >= 2 && out.rounds <= 3, "{}", out.rounds);
+}
+
+#[test]
+fn concurrent_retries_with_the_same_results_get_the_same_answer() {
+    let s = Server::start();
+    for round in 0..3 {
+        let first = start(
+            &s,
+            &json!({"language": "python", "code": "print(get_exchange_rate(base='USD', quote='EUR'))", "tools": [rate_tool()]}),
+        );
+        let call = first["tool_calls"][0]["id"].clone();
+        let answers: Vec<(u16, Value)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..3)
+                .map(|_| {
+                    let (s, first, call) = (&s, &first, &call);
+                    scope.spawn(move || resume(s, first, json!([ok_result(call, json!(0.5))])))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (code, v) in &answers {
+            assert_eq!(*code, 200, "round {round}: {answers:?}");
+            assert_eq!(*v, answers[0].1, "round {round}: every retry gets the one answer");
+        }
+        assert_eq!(answers[0].1["status"], "completed", "{}", answers[0].1);
+        assert_eq!(answers[0].1["stdout"], "0.5\n", "{}", answers[0].1);
+    }
+}
+
+#[test]
+fn bash_background_calls_may_be_answered_in_parts() {
+    let s = Server::start();
+    let body = json!({
+        "language": "bash",
+        "code": src(&[
+            "get_rate base=USD > /tmp/a & get_rate base=GBP > /tmp/b & wait",
+            "cat /tmp/a /tmp/b",
+        ]),
+        "tools": [tool("get-rate", json!({"base": {"type": "string"}}), &["base"])],
+    });
+    let first = start(&s, &body);
+    assert_paused_shape(&first);
+    let calls = first["tool_calls"].as_array().unwrap().clone();
+    assert_eq!(calls.len(), 2, "{first}");
+    let usd = calls.iter().find(|c| c["arguments"]["base"] == "USD").unwrap();
+    let gbp = calls.iter().find(|c| c["arguments"]["base"] == "GBP").unwrap();
+    let (code, second) = resume(&s, &first, json!([ok_result(&usd["id"], json!("rate-USD"))]));
+    assert_eq!(code, 200, "{second}");
+    assert_paused_shape(&second);
+    assert_eq!(second["tool_calls"].as_array().unwrap().len(), 1, "{second}");
+    assert_eq!(second["tool_calls"][0]["id"], gbp["id"], "{second}");
+    assert_eq!(second["tool_calls"][0]["name"], "get-rate", "{second}");
+    let (code, done) = resume(&s, &second, json!([ok_result(&gbp["id"], json!("rate-GBP"))]));
+    assert_eq!(code, 200, "{done}");
+    assert_completed_shape(&done);
+    assert_eq!(done["stdout"], "rate-USD\nrate-GBP\n", "{done}");
 }

@@ -783,8 +783,9 @@ impl<'a> Client<'a> {
                 "GET after cancel answered {status}: {}",
                 shown(&st)
             );
+            // A resume of an ended session answers its ending.
             ensure!(
-                resumed == 409 && v["error_type"] == "continuation_token_used",
+                resumed == 200 && is_cancelled(&v),
                 "resume after cancel answered {resumed}: {}",
                 shown(&v)
             );

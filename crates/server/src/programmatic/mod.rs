@@ -8,7 +8,7 @@ pub mod session;
 pub mod token;
 pub mod tools;
 
-use crate::config::Config;
+use crate::config::{Config, TimeoutScope};
 use crate::error::ApiError;
 use crate::exec;
 use crate::ids;
@@ -31,6 +31,15 @@ pub fn parse_start(req: ProgrammaticRequest, config: &Config) -> Result<StartCom
     let tools = ToolSet::declare(req.tools.as_deref().unwrap_or_default())
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, error_type::INVALID_TOOL_SCHEMA, e.0))?;
     let timeout_ms = exec::timeout(req.timeout, req.run_timeout, config)?;
+    if req.loop_timeout == Some(0) {
+        return Err(ApiError::bad_request("`loop_timeout` must be at least 1 ms"));
+    }
+    // The helper's clock (`timeout_ms`) stops while the program waits for its caller;
+    // the loop's bound, when there is one, is the driver's own timer.
+    let loop_timeout_ms = match config.programmatic_timeout_scope {
+        TimeoutScope::Run => req.loop_timeout,
+        TimeoutScope::Loop => Some(req.loop_timeout.map_or(timeout_ms, |l| l.min(timeout_ms))),
+    };
     let limits = exec::resolve_limits(config, req.limits.as_ref())?;
     let max_tool_calls = req
         .max_tool_calls
@@ -56,7 +65,29 @@ pub fn parse_start(req: ProgrammaticRequest, config: &Config) -> Result<StartCom
         language,
         args,
         custom_limits,
+        loop_timeout_ms,
+        request_id: None,
     })
+}
+
+/// The longest `X-LibreChat-Code-Request-ID` kept, in bytes.
+pub const MAX_REQUEST_ID_BYTES: usize = 256;
+
+/// The start's `X-LibreChat-Code-Request-ID`, by which a cancel may name the session.
+pub fn request_id(headers: &axum::http::HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(value) = headers.get(sandcall_api::REQUEST_ID_HEADER) else {
+        return Ok(None);
+    };
+    let id = value
+        .to_str()
+        .ok()
+        .filter(|v| (1..=MAX_REQUEST_ID_BYTES).contains(&v.len()) && v.bytes().all(|b| b.is_ascii_graphic()))
+        .ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "the X-LibreChat-Code-Request-ID header must be 1 to {MAX_REQUEST_ID_BYTES} visible ASCII characters"
+            ))
+        })?;
+    Ok(Some(id.to_owned()))
 }
 
 /// The tool channel every programmatic (and warm) sandbox gets.
@@ -71,9 +102,11 @@ pub fn tool_channel(config: &Config) -> ToolChannel {
         // time on its one connection; Bash jobs past four wait their turn).
         max_input_bytes: max_message_bytes.saturating_mul(4),
         // All the replies of one resume arrive together, and a resume body is at most
-        // max_body_bytes; re-encoding can make a result somewhat longer (`-0` becomes
+        // max_programmatic_body_bytes; re-encoding can make a result somewhat longer (`-0` becomes
         // `-0.0`), hence twice that, and never less than 16 MiB.
-        max_queued_reply_bytes: (config.max_body_bytes() as u64).saturating_mul(2).max(16 << 20),
+        max_queued_reply_bytes: (config.max_programmatic_body_bytes() as u64)
+            .saturating_mul(2)
+            .max(16 << 20),
         max_calls: config.max_tool_calls,
     }
 }

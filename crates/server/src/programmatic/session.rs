@@ -49,6 +49,20 @@ struct Shared {
     phase: Phase,
     /// What GET answers now; also what a waiting request receives.
     response: Published,
+    /// The last resume accepted, so that a retry of it (same token, same results)
+    /// answers what it answered. One per session: only the latest token can be retried.
+    last_resume: Option<LastResume>,
+}
+
+/// An accepted resume: the pause it answered, a digest of its results, and its answer
+/// once published (the next pause or the end). The answer shares the published
+/// response's arguments, so keeping it costs no copy of them.
+struct LastResume {
+    pause: u64,
+    digest: [u8; 32],
+    /// The answer, and the version it was published as: while it is still the current
+    /// response, a retry answers the current response's JSON (serialized once).
+    answer: Option<(u64, Published)>,
 }
 
 /// A response as published, and its JSON once a GET asked for it: every later GET
@@ -69,6 +83,11 @@ pub struct Session {
     id: String,
     /// Only this principal may see or touch the session.
     principal: String,
+    /// The latest `X-LibreChat-Code-Request-ID` of a request about the session (its start
+    /// or a resume), by which cancel may name it. One per session: the registry holds
+    /// no more request ids than sessions. `Err(())` once the session left the registry,
+    /// so that a request racing its removal cannot leave an entry behind.
+    request_id: Mutex<Result<Option<String>, ()>>,
     shared: Mutex<Shared>,
     /// Bumped every time `response` changes to a pause or an end.
     version: watch::Sender<u64>,
@@ -94,6 +113,16 @@ impl Session {
     fn publish_json(&self, phase: Phase, response: ProgrammaticResponse, json: Option<Bytes>) {
         let mut shared = self.lock();
         shared.phase = phase;
+        if let Some(last) = shared.last_resume.as_mut().filter(|l| l.answer.is_none()) {
+            let version = *self.version.borrow() + 1;
+            last.answer = Some((
+                version,
+                Published {
+                    response: response.clone(),
+                    json: json.clone(),
+                },
+            ));
+        }
         shared.response = Published { response, json };
         self.version.send_modify(|v| *v += 1);
     }
@@ -157,6 +186,11 @@ pub struct StartCommand {
     pub language: sandcall_api::Language,
     pub args: Vec<String>,
     pub custom_limits: bool,
+    /// The bound on the whole loop, waits included, if any (`loop_timeout`, or
+    /// `timeout` under `programmatic_timeout_scope = "loop"`).
+    pub loop_timeout_ms: Option<u64>,
+    /// The start's `X-LibreChat-Code-Request-ID`.
+    pub request_id: Option<String>,
 }
 
 #[derive(Clone)]
@@ -166,6 +200,9 @@ pub struct Sessions {
 
 struct Inner {
     map: Mutex<HashMap<String, Arc<Session>>>,
+    /// (principal, request id) → session id, for cancel by `request_id`. An entry
+    /// lives as long as its session is in `map`.
+    requests: Mutex<HashMap<(String, String), String>>,
     key: TokenKey,
     runner: Runner,
     config: Arc<Config>,
@@ -218,6 +255,7 @@ impl Sessions {
         Sessions {
             inner: Arc::new(Inner {
                 map: Mutex::new(HashMap::new()),
+                requests: Mutex::new(HashMap::new()),
                 key,
                 runner,
                 config,
@@ -276,7 +314,7 @@ impl Sessions {
             max_total_bytes: spec.limits.workspace_bytes,
         });
         let id = spec.run_id.clone();
-        let deadline = Instant::now() + Duration::from_millis(spec.timeout_ms);
+        let loop_deadline = cmd.loop_timeout_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
         let started = match warm {
             Some(helper) => {
                 let names = cmd.tools.names();
@@ -298,21 +336,26 @@ impl Sessions {
         let session = Arc::new(Session {
             id: id.clone(),
             principal: principal.0.clone(),
+            request_id: Mutex::new(Ok(None)),
             shared: Mutex::new(Shared {
                 phase: Phase::Running,
                 response: ProgrammaticResponse::Running { session_id: id.clone() }.into(),
+                last_resume: None,
             }),
             version: watch::channel(0).0,
             commands,
         });
-        self.map().insert(id, session.clone());
+        self.map().insert(id.clone(), session.clone());
+        if let Some(request_id) = cmd.request_id {
+            self.name_by_request_id(&session, request_id);
+        }
         let driver = Driver {
             sessions: self.clone(),
             session: session.clone(),
             tools: cmd.tools,
             max_tool_calls: cmd.max_tool_calls,
             outbox,
-            deadline,
+            loop_deadline,
         };
         tokio::spawn(driver.run(helper, rx, slot, run_slot));
         session.next_outcome_json(0).await
@@ -346,12 +389,18 @@ impl Sessions {
     }
 
     /// Hands the caller's results to the paused program and answers with what comes next.
+    ///
+    /// The results may answer some of the pending calls; the rest come back in the next
+    /// pause. A retry of the last accepted resume (its token, the same results) answers
+    /// what that resume answered; a resume of a session that has ended answers its
+    /// ending; any other use of a used token is 409.
     pub async fn resume(
         &self,
         principal: &Principal,
         token: &str,
         session_id: Option<&str>,
-        results: &[ToolResult],
+        results: Vec<ToolResult>,
+        request_id: Option<String>,
     ) -> Result<Bytes, ApiError> {
         let (id, pause) = self.inner.key.verify(token).ok_or_else(|| {
             ApiError::new(
@@ -366,40 +415,108 @@ impl Sessions {
             ));
         }
         let session = self.get(&id, principal)?;
-        // Checked here, before waiting for a run slot, so that a stale token or results
-        // that do not fit are answered at once; the phase is checked again below, under
-        // the lock, where it counts (the same pause has the same calls, so the replies
-        // made here still fit then).
-        let replies = {
-            let shared = session.lock();
-            let Phase::Paused { pause: current, calls } = &shared.phase else {
-                return Err(token_used());
+        // LibreChat's client sends a fresh request id with each request, and cancels by
+        // the one of the request it abandons.
+        if let Some(request_id) = request_id {
+            self.name_by_request_id(&session, request_id);
+        }
+        check_result_sizes(&results, self.inner.config.max_tool_result_bytes)?;
+        // Hashing megabytes of results takes milliseconds: off the async workers.
+        let (digest, results) = tokio::task::spawn_blocking(move || (results_digest(&results), results))
+            .await
+            .map_err(|e| ApiError::internal(error_type::INTERNAL, &format!("hashing results: {e}")))?;
+        let results = results.as_slice();
+        loop {
+            // Checked here, before waiting for a run slot, so that a stale token or
+            // results that do not fit are answered at once; the phase is checked again
+            // below, under the lock, where it counts (the same pause has the same calls,
+            // so the replies made here still fit then).
+            let step = {
+                let mut shared = session.lock();
+                let open = matches!(&shared.phase, Phase::Paused { pause: current, .. } if *current == pause);
+                match &shared.phase {
+                    Phase::Paused { calls, .. } if open => Step::Go(match_results(calls, results)?),
+                    _ => match answer_again(&mut shared, *session.version.borrow(), pause, &digest) {
+                        Again::Answer(json) => return json,
+                        // Read under the lock that publishing takes: no answer can slip
+                        // in between.
+                        Again::Wait => Step::Wait(*session.version.borrow()),
+                        Again::Used => return Err(token_used()),
+                    },
+                }
             };
-            if *current != pause {
-                return Err(token_used());
-            }
-            match_results(calls, results)?
+            let replies = match step {
+                Step::Go(replies) => replies,
+                Step::Wait(seen) => {
+                    session.wait_past(seen).await;
+                    continue;
+                }
+            };
+            // The program runs again from here: it waits for a run slot like a new run.
+            // A refusal here leaves the pause, and the token, as they were.
+            let run_slot = self.inner.admission.admit(principal.0.as_str()).await?;
+            let seen = {
+                let mut shared = session.lock();
+                if !matches!(shared.phase, Phase::Paused { pause: current, .. } if current == pause) {
+                    // Another use of the token got there first: this one is its retry,
+                    // or 409, as above.
+                    continue;
+                }
+                if session
+                    .commands
+                    .send(DriverCommand::Results(replies, run_slot))
+                    .is_err()
+                {
+                    return Err(not_found());
+                }
+                shared.phase = Phase::Running;
+                shared.response = ProgrammaticResponse::Running { session_id: id.clone() }.into();
+                shared.last_resume = Some(LastResume {
+                    pause,
+                    digest,
+                    answer: None,
+                });
+                *session.version.borrow()
+            };
+            return session.next_outcome_json(seen).await;
+        }
+    }
+
+    /// Lets cancel name `session` by `request_id` from now, in place of the id an earlier
+    /// request named it by. A later request with the same id takes it over.
+    pub fn name_by_request_id(&self, session: &Session, request_id: String) {
+        let mut current = session.request_id.lock().unwrap_or_else(|p| p.into_inner());
+        let Ok(current) = current.as_mut() else {
+            return;
         };
-        // The program runs again from here: it waits for a run slot like a new run. A
-        // refusal here leaves the pause, and the token, as they were.
-        let run_slot = self.inner.admission.admit(principal.0.as_str()).await?;
-        let seen = {
-            let mut shared = session.lock();
-            if !matches!(shared.phase, Phase::Paused { pause: current, .. } if current == pause) {
-                return Err(token_used());
+        let mut requests = self.requests();
+        if let Some(old) = current.take() {
+            let key = (session.principal.clone(), old);
+            if requests.get(&key) == Some(&session.id) {
+                requests.remove(&key);
             }
-            if session
-                .commands
-                .send(DriverCommand::Results(replies, run_slot))
-                .is_err()
-            {
-                return Err(not_found());
-            }
-            shared.phase = Phase::Running;
-            shared.response = ProgrammaticResponse::Running { session_id: id.clone() }.into();
-            *session.version.borrow()
-        };
-        session.next_outcome_json(seen).await
+        }
+        requests.insert((session.principal.clone(), request_id.clone()), session.id.clone());
+        *current = Some(request_id);
+    }
+
+    /// The session a request with `X-LibreChat-Code-Request-ID: request_id` was about, if it
+    /// is this principal's and still known; else 404.
+    pub fn by_request_id(&self, principal: &Principal, request_id: &str) -> Result<String, ApiError> {
+        self.requests()
+            .get(&(principal.0.clone(), request_id.to_owned()))
+            .cloned()
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    error_type::SESSION_NOT_FOUND,
+                    "no session of this caller was started or resumed with this request_id (it may have ended or expired)",
+                )
+            })
+    }
+
+    fn requests(&self) -> MutexGuard<'_, HashMap<(String, String), String>> {
+        self.inner.requests.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The session's state as the JSON of a `ProgrammaticResponse`. A paused session's
@@ -428,6 +545,15 @@ impl Sessions {
         let mut map = self.map();
         if map.get(&session.id).is_some_and(|s| Arc::ptr_eq(s, session)) {
             map.remove(&session.id);
+        }
+        drop(map);
+        let mut named = session.request_id.lock().unwrap_or_else(|p| p.into_inner());
+        if let Ok(Some(request_id)) = std::mem::replace(&mut *named, Err(())) {
+            let mut requests = self.requests();
+            let key = (session.principal.clone(), request_id);
+            if requests.get(&key) == Some(&session.id) {
+                requests.remove(&key);
+            }
         }
     }
 }
@@ -491,7 +617,95 @@ fn token_used() -> ApiError {
     )
 }
 
-/// The results must answer exactly the pending calls: each once, none unknown.
+/// What a resume does next.
+enum Step {
+    /// Hand these replies to the program.
+    Go(Vec<(u64, ToolReply)>),
+    /// Wait past this version, then look again.
+    Wait(u64),
+}
+
+/// What a use of a token whose pause is no longer open gets.
+enum Again {
+    /// The answer: the first use's, for a retry, or the session's ending.
+    Answer(Result<Bytes, ApiError>),
+    /// The retried resume has no answer yet: wait for the next version and look again.
+    Wait,
+    /// 409.
+    Used,
+}
+
+fn answer_again(shared: &mut Shared, version: u64, pause: u64, digest: &[u8; 32]) -> Again {
+    if let Some(last) = shared.last_resume.as_mut().filter(|l| l.pause == pause) {
+        if last.digest != *digest {
+            return Again::Used;
+        }
+        return match last.answer.as_mut() {
+            // Still the current response: its JSON is the one every request shares.
+            Some((at, _)) if *at == version => Again::Answer(published_json(&mut shared.response)),
+            Some((_, answer)) => Again::Answer(published_json(answer)),
+            // The first use is still on its way to the program; its answer comes
+            // with the next published version.
+            None => Again::Wait,
+        };
+    }
+    if matches!(shared.phase, Phase::Done) {
+        return Again::Answer(published_json(&mut shared.response));
+    }
+    Again::Used
+}
+
+/// A published response's JSON, serialized at most once.
+fn published_json(published: &mut Published) -> Result<Bytes, ApiError> {
+    if let Some(json) = &published.json {
+        return Ok(json.clone());
+    }
+    let json = Bytes::from(serde_json::to_vec(&published.response).map_err(serialize_failed)?);
+    published.json = Some(json.clone());
+    Ok(json)
+}
+
+/// A digest of a resume's results, the same whatever their order: a retry is told
+/// from a different answer by it.
+fn results_digest(results: &[ToolResult]) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    let mut sorted: Vec<&ToolResult> = results.iter().collect();
+    sorted.sort_by(|a, b| a.call_id.cmp(&b.call_id));
+    let mut hash = Sha256::new();
+    for r in sorted {
+        for part in [
+            r.call_id.as_str(),
+            if r.is_error { "1" } else { "0" },
+            r.error_message.as_deref().unwrap_or(""),
+            r.result.get(),
+        ] {
+            hash.update((part.len() as u64).to_le_bytes());
+            hash.update(part.as_bytes());
+        }
+    }
+    hash.finalize().into()
+}
+
+/// Each result's JSON text must fit `max_tool_result_bytes` (413, the token stays good).
+fn check_result_sizes(results: &[ToolResult], max: u64) -> Result<(), ApiError> {
+    for r in results {
+        let size = r.result.get().len() as u64 + r.error_message.as_ref().map_or(0, |m| m.len() as u64);
+        if size > max {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                error_type::PAYLOAD_TOO_LARGE,
+                format!(
+                    "the result for call_id {:?} is {size} bytes, over the limit of {max} (max_tool_result_bytes)",
+                    r.call_id
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The results answer some or all of the pending calls: each at most once, none
+/// unknown, at least one.
 fn match_results(calls: &[(String, u64)], results: &[ToolResult]) -> Result<Vec<(u64, ToolReply)>, ApiError> {
     let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, error_type::INVALID_TOOL_RESULTS, m);
     let mut replies = Vec::with_capacity(calls.len());
@@ -516,13 +730,12 @@ fn match_results(calls: &[(String, u64)], results: &[ToolResult]) -> Result<Vec<
         };
         replies.push((*key, reply));
     }
-    let missing: Vec<&str> = calls
-        .iter()
-        .filter(|(id, _)| !seen.contains(id.as_str()))
-        .map(|(id, _)| id.as_str())
-        .collect();
-    if !missing.is_empty() {
-        return Err(bad(format!("no result for pending call(s) {}", missing.join(", "))));
+    if replies.is_empty() {
+        let pending: Vec<&str> = calls.iter().map(|(id, _)| id.as_str()).collect();
+        return Err(bad(format!(
+            "tool_results is empty: answer one or more of the pending calls {}",
+            pending.join(", ")
+        )));
     }
     Ok(replies)
 }
@@ -545,8 +758,10 @@ struct Driver {
     tools: ToolSet,
     max_tool_calls: u64,
     outbox: PathBuf,
-    /// When the whole-loop timeout ends the run (the helper enforces it).
-    deadline: Instant,
+    /// When the whole loop must have ended, waits included (`loop_timeout`, or
+    /// `timeout` with `programmatic_timeout_scope = "loop"`). The program's own
+    /// running time is the helper's clock, which stops while it waits.
+    loop_deadline: Option<Instant>,
 }
 
 /// Appends `add`, keeping at most `cap` bytes (cut at a character boundary).
@@ -567,6 +782,8 @@ enum Ending {
     Normal,
     Cancelled,
     Expired,
+    /// The loop's deadline passed.
+    LoopTimeout,
 }
 
 impl Driver {
@@ -657,8 +874,10 @@ impl Driver {
         let mut session_bytes = 0u64;
         // A check that ran past its time budget and is still running (see `check`).
         let mut overrun: Option<JoinHandle<Result<Checked, String>>> = None;
-        // Calls handed out and not answered yet.
-        let mut outstanding: Vec<u64> = Vec::new();
+        // Calls handed out and not answered yet, listed again in the next pause when a
+        // resume answers only some of them.
+        let mut outstanding: Vec<(String, u64, String, ToolArguments)> = Vec::new();
+        let mut loop_deadline = self.loop_deadline;
         let mut accepted = 0u64;
         let mut delivered = 0u64;
         let mut pause = 0u64;
@@ -702,20 +921,29 @@ impl Driver {
                         let cap = config.max_output_bytes as usize;
                         push_capped(&mut carry.0, &partial_stdout, cap);
                         push_capped(&mut carry.1, &partial_stderr, cap);
-                        if pending.is_empty() || paused_at.is_some() || results_on_their_way || ending != Ending::Normal {
+                        if (pending.is_empty() && outstanding.is_empty())
+                            || paused_at.is_some()
+                            || results_on_their_way
+                            || ending != Ending::Normal
+                        {
                             continue;
                         }
                         pause += 1;
-                        let mut handed = Vec::with_capacity(pending.len());
-                        let mut calls = Vec::with_capacity(pending.len());
+                        let mut handed = Vec::with_capacity(outstanding.len() + pending.len());
+                        let mut calls = Vec::with_capacity(outstanding.len() + pending.len());
+                        // Calls a partial resume left unanswered come first, under their ids.
+                        for (call_id, key, name, arguments) in &outstanding {
+                            handed.push((call_id.clone(), *key));
+                            calls.push(ToolCall::new(call_id.clone(), name.clone(), arguments.clone()));
+                        }
                         for (key, name, arguments) in pending.drain(..) {
                             let call_id = ids::new_id();
                             handed.push((call_id.clone(), key));
-                            outstanding.push(key);
+                            outstanding.push((call_id.clone(), key, name.clone(), arguments.clone()));
                             calls.push(ToolCall::new(call_id, name, arguments));
                         }
                         pending_bytes = 0;
-                        delivered += calls.len() as u64;
+                        delivered = accepted;
                         let (partial_stdout, partial_stderr) = std::mem::take(&mut carry);
                         let response = ProgrammaticResponse::ToolCallRequired {
                             session_id: id.clone(),
@@ -724,9 +952,9 @@ impl Driver {
                             partial_stdout,
                             partial_stderr,
                             // The token is good until the first timer runs out.
-                            expires_at: rfc3339_in(
-                                tool_timeout.min(expiry).min(self.deadline.saturating_duration_since(Instant::now())),
-                            ),
+                            expires_at: rfc3339_in(tool_timeout.min(expiry).min(
+                                loop_deadline.map_or(Duration::MAX, |d| d.saturating_duration_since(Instant::now())),
+                            )),
                         };
                         let json = serialized(&response).await;
                         paused_at = Some(Instant::now());
@@ -746,8 +974,8 @@ impl Driver {
                         results_on_their_way = false;
                         run_slot = Some(slot);
                         paused_count.set(false);
-                        outstanding.clear();
                         for (key, reply) in replies {
+                            outstanding.retain(|(_, k, _, _)| *k != key);
                             let _ = helper.send(&Command::Reply { key, reply }).await;
                         }
                     }
@@ -771,7 +999,7 @@ impl Driver {
                     run_slot = Some(admission.admit_now(&self.session.principal));
                     paused_count.set(false);
                     let message = format!("no result within tool_call_timeout ({} ms)", config.tool_call_timeout_ms);
-                    for key in outstanding.drain(..) {
+                    for (_, key, _, _) in outstanding.drain(..) {
                         let _ = helper.send(&Command::Reply { key, reply: ToolReply::error("timeout", message.clone()) }).await;
                     }
                 },
@@ -785,6 +1013,15 @@ impl Driver {
                     // Gone for every later request from now, not once the sandbox is
                     // reclaimed; requests already waiting still get the ending.
                     self.sessions.remove(&self.session);
+                    helper.abort();
+                },
+                _ = until(loop_deadline) => {
+                    // The whole loop's budget is spent, waits included.
+                    loop_deadline = None;
+                    if ending == Ending::Normal {
+                        ending = Ending::LoopTimeout;
+                    }
+                    self.session.unpause();
                     helper.abort();
                 },
                 _ = async { let _ = shutdown.wait_for(|stop| *stop).await; }, if !helper.aborted() => helper.abort(),
@@ -863,6 +1100,12 @@ impl Driver {
                     "the session was not resumed within session_expiry".into(),
                 )
             }
+            Ending::LoopTimeout => {
+                return error(
+                    error_type::TIMEOUT,
+                    "the session did not finish within its loop timeout".into(),
+                )
+            }
             Ending::Normal => {}
         }
         if result.timed_out {
@@ -916,12 +1159,14 @@ mod tests {
     }
 
     #[test]
-    fn results_must_answer_exactly_the_pending_calls() {
+    fn results_answer_some_or_all_of_the_pending_calls() {
         let calls = vec![("a".to_string(), 1), ("b".to_string(), 2)];
         let ok = match_results(&calls, &[result("b", Value::from(2)), result("a", Value::from(1))]).unwrap();
         assert_eq!(ok.iter().map(|(k, _)| *k).collect::<Vec<_>>(), vec![2, 1]);
+        // Some of them: the rest wait for the next pause.
+        let some = match_results(&calls, &[result("b", Value::Null)]).unwrap();
+        assert_eq!(some.iter().map(|(k, _)| *k).collect::<Vec<_>>(), vec![2]);
         for bad in [
-            vec![result("a", Value::Null)],
             vec![
                 result("a", Value::Null),
                 result("b", Value::Null),
@@ -935,6 +1180,27 @@ mod tests {
                 "invalid_tool_results"
             );
         }
+    }
+
+    #[test]
+    fn a_retry_is_told_by_its_results_whatever_their_order() {
+        let one = [result("a", Value::from(1)), result("b", Value::from("x"))];
+        let same = [result("b", Value::from("x")), result("a", Value::from(1))];
+        let other = [result("a", Value::from(2)), result("b", Value::from("x"))];
+        assert_eq!(results_digest(&one), results_digest(&same));
+        assert_ne!(results_digest(&one), results_digest(&other));
+        let mut failed = result("a", Value::from(1));
+        failed.is_error = true;
+        assert_ne!(results_digest(&one[..1]), results_digest(&[failed]));
+    }
+
+    #[test]
+    fn results_over_max_tool_result_bytes_are_refused() {
+        let big = result("a", Value::from("x".repeat(100)));
+        assert!(check_result_sizes(std::slice::from_ref(&big), 102).is_ok());
+        let err = check_result_sizes(&[big], 101).unwrap_err();
+        assert_eq!(err.status, StatusCode::PAYLOAD_TOO_LARGE);
+        assert!(err.message.contains("max_tool_result_bytes"), "{}", err.message);
     }
 
     #[test]

@@ -113,12 +113,139 @@ pub struct Checked {
     pub size: u64,
 }
 
+/// The longest tool name, in characters.
+pub const MAX_NAME_CHARS: usize = 128;
+
 fn valid_name(name: &str) -> bool {
-    (1..=64).contains(&name.len())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ' '))
-        && name.chars().any(|c| c.is_ascii_alphanumeric())
+    (1..=MAX_NAME_CHARS).contains(&name.chars().count()) && !name.chars().any(char::is_control)
+}
+
+/// The JSON Schema type names; any other `type` is read leniently (see `lenient_types`).
+const JSON_TYPES: &[&str] = &["null", "boolean", "object", "array", "number", "string", "integer"];
+
+/// A `type` JSON Schema does not know, as the type it stands for: schemas written for
+/// LibreChat say `float`, and Python-minded ones `int`, `str`, `bool`, `dict`, `list`.
+/// Anything else unknown is read as `number`, as the Code Interpreter API does.
+fn json_type(name: &str) -> &'static str {
+    match name {
+        "int" | "long" | "int32" | "int64" => "integer",
+        "str" | "text" => "string",
+        "bool" => "boolean",
+        "dict" | "map" => "object",
+        "list" | "tuple" => "array",
+        "none" | "None" => "null",
+        _ => "number",
+    }
+}
+
+/// Keywords whose value is one subschema.
+const SCHEMA_ONE: &[&str] = &[
+    "items",
+    "additionalItems",
+    "additionalProperties",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+    "propertyNames",
+    "contains",
+    "not",
+    "if",
+    "then",
+    "else",
+];
+/// Keywords whose value is a list of subschemas.
+const SCHEMA_LIST: &[&str] = &["allOf", "anyOf", "oneOf", "prefixItems", "items"];
+/// Keywords whose value maps names to subschemas.
+const SCHEMA_MAP: &[&str] = &[
+    "properties",
+    "patternProperties",
+    "$defs",
+    "definitions",
+    "dependentSchemas",
+];
+
+/// Rewrites every unknown `type` name in `schema` (and its subschemas) to the JSON
+/// Schema type it stands for, in place. Only schema positions are visited: a property
+/// that happens to be called `type` is left alone. Bounded by the declaration's bounds
+/// (it runs after `check_schema`).
+pub fn lenient_types(schema: &mut Value) {
+    let Value::Object(map) = schema else { return };
+    match map.get_mut("type") {
+        Some(Value::String(t)) if !JSON_TYPES.contains(&t.as_str()) => *t = json_type(t).into(),
+        Some(Value::Array(types)) => {
+            for t in types.iter_mut() {
+                if let Value::String(name) = t {
+                    if !JSON_TYPES.contains(&name.as_str()) {
+                        *name = json_type(name).into();
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+    for (key, value) in map.iter_mut() {
+        let key = key.as_str();
+        if SCHEMA_MAP.contains(&key) {
+            if let Value::Object(subs) = value {
+                subs.values_mut().for_each(lenient_types);
+            }
+        } else if SCHEMA_LIST.contains(&key) && value.is_array() {
+            if let Value::Array(subs) = value {
+                subs.iter_mut().for_each(lenient_types);
+            }
+        } else if SCHEMA_ONE.contains(&key) {
+            lenient_types(value);
+        }
+    }
+}
+
+/// The names of the top-level `properties` of a schema text, in the order written
+/// (serde_json's maps sort their keys, so the order is read from the text itself).
+pub fn property_order(text: &str) -> Vec<String> {
+    struct Keys(Vec<String>);
+    impl<'de> serde::Deserialize<'de> for Keys {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Keys, D::Error> {
+            struct V;
+            impl<'de> serde::de::Visitor<'de> for V {
+                type Value = Keys;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("an object")
+                }
+                fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Keys, A::Error> {
+                    let mut keys = Vec::new();
+                    while let Some(key) = map.next_key::<String>()? {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                        if !keys.contains(&key) {
+                            keys.push(key);
+                        }
+                    }
+                    Ok(Keys(keys))
+                }
+            }
+            d.deserialize_map(V)
+        }
+    }
+    #[derive(serde::Deserialize)]
+    struct Top {
+        properties: Option<Keys>,
+    }
+    serde_json::from_str::<Top>(text)
+        .ok()
+        .and_then(|t| t.properties)
+        .map_or_else(Vec::new, |k| k.0)
+}
+
+/// Python's positional order: required properties first, in the schema's order, then
+/// the optional ones; and how many are required.
+fn positional(order: Vec<String>, schema: &Value) -> (Vec<String>, usize) {
+    let required: Vec<&str> = schema
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let (mut first, rest): (Vec<String>, Vec<String>) = order.into_iter().partition(|p| required.contains(&p.as_str()));
+    let count = first.len();
+    first.extend(rest);
+    (first, count)
 }
 
 impl ToolSet {
@@ -130,33 +257,37 @@ impl ToolSet {
                 decls.len()
             ));
         }
-        let mut tools: Vec<Tool> = Vec::with_capacity(decls.len());
         for decl in decls {
             if !valid_name(&decl.name) {
                 return err(format!(
-                    "tool name {:?} must be 1 to 64 characters of letters, digits, `_`, `-`, `.` and spaces",
+                    "tool name {:?} must be 1 to {MAX_NAME_CHARS} characters, none of them a control character",
                     decl.name
                 ));
             }
-            let names = ToolNames::new(&decl.name);
-            if let Some(other) = tools.iter().find(|t| {
-                t.names.declared == names.declared || t.names.python == names.python || t.names.bash == names.bash
-            }) {
-                return err(format!(
-                    "tools {:?} and {:?} have the same name in the program",
-                    other.names.declared, names.declared
-                ));
+        }
+        let declared: Vec<&str> = decls.iter().map(|d| d.name.as_str()).collect();
+        let all_names = ToolNames::for_tools(&declared).map_err(|(a, b)| {
+            DeclarationError(format!(
+                "tools {a:?} and {b:?} have the same name in the program ({:?} in Python, {:?} in Bash)",
+                crate::runtime::python_name(&b),
+                crate::runtime::bash_name(&b)
+            ))
+        })?;
+        let mut tools: Vec<Tool> = Vec::with_capacity(decls.len());
+        for (decl, mut names) in decls.iter().zip(all_names) {
+            let text = decl.parameters.as_ref().map(|p| p.get()).unwrap_or("null");
+            let mut parameters: Value = serde_json::from_str(text)
+                .map_err(|e| DeclarationError(format!("parameters of {:?}: {e}", decl.name)))?;
+            if parameters.is_null() {
+                parameters = serde_json::json!({"type": "object"});
             }
-            let parameters = decl
-                .parameters
-                .clone()
-                .unwrap_or_else(|| serde_json::json!({"type": "object"}));
             if !parameters.is_object() {
                 return err(format!("parameters of {:?} must be a JSON Schema object", decl.name));
             }
             // Before compiling: the bounds are what keep compilation (here, on an async
             // worker) and every later check cheap.
             check_schema(&parameters).map_err(|m| DeclarationError(format!("parameters of {:?}: {m}", decl.name)))?;
+            lenient_types(&mut parameters);
             // Compiled here only to refuse a schema that does not compile; each check
             // compiles it again (see `Tool`).
             jsonschema::validator_for(&parameters).map_err(|e| {
@@ -165,6 +296,7 @@ impl ToolSet {
                     decl.name
                 ))
             })?;
+            (names.params, names.required) = positional(property_order(text), &parameters);
             tools.push(Tool {
                 names,
                 schema: parameters.to_string().into(),
@@ -408,7 +540,7 @@ mod tests {
         sandcall_api::ToolDecl {
             name: name.into(),
             description: None,
-            parameters: Some(parameters),
+            parameters: Some(serde_json::value::to_raw_value(&parameters).unwrap()),
         }
     }
 
@@ -636,9 +768,85 @@ mod tests {
 
     #[test]
     fn names_must_be_distinct_in_the_program() {
-        assert!(ToolSet::declare(&[decl("a-b", json!({})), decl("a_b", json!({}))]).is_err());
-        assert!(ToolSet::declare(&[decl("bad;name", json!({}))]).is_err());
+        let err = ToolSet::declare(&[decl("a-b", json!({})), decl("a_b", json!({}))])
+            .err()
+            .unwrap();
+        assert!(err.0.contains("\"a-b\" and \"a_b\""), "{}", err.0);
+        // `.` is dropped in Python and `_` in Bash: these two are one name in Bash.
+        assert!(ToolSet::declare(&[decl("a.b", json!({})), decl("a-b", json!({}))]).is_err());
+        // Any characters but control characters, up to 128.
+        assert!(ToolSet::declare(&[decl("bad;name", json!({}))]).is_ok());
+        assert!(ToolSet::declare(&[decl("tab\tname", json!({}))]).is_err());
+        assert!(ToolSet::declare(&[decl("wide\u{3000}space é", json!({}))]).is_ok());
+        assert!(ToolSet::declare(&[decl("nl\nname", json!({}))]).is_err());
+        assert!(ToolSet::declare(&[decl(&"x".repeat(128), json!({}))]).is_ok());
+        assert!(ToolSet::declare(&[decl(&"x".repeat(129), json!({}))]).is_err());
+        assert!(ToolSet::declare(&[decl("", json!({}))]).is_err());
         let many: Vec<_> = (0..101).map(|i| decl(&format!("t{i}"), json!({}))).collect();
         assert!(ToolSet::declare(&many).is_err());
+    }
+
+    #[test]
+    fn unknown_types_are_read_leniently() {
+        let mut schema = json!({
+            "type": "object",
+            "properties": {
+                "price": {"type": "float"},
+                "count": {"type": "int"},
+                "label": {"type": "str"},
+                "flag": {"type": "bool"},
+                "either": {"type": ["float", "null"]},
+                "list": {"type": "array", "items": {"type": "double"}},
+                "nested": {"anyOf": [{"type": "decimal"}, {"type": "string"}]},
+                "type": {"type": "string", "description": "a property called type"},
+            },
+            "$defs": {"d": {"type": "float"}},
+        });
+        lenient_types(&mut schema);
+        let p = &schema["properties"];
+        assert_eq!(p["price"]["type"], "number");
+        assert_eq!(p["count"]["type"], "integer");
+        assert_eq!(p["label"]["type"], "string");
+        assert_eq!(p["flag"]["type"], "boolean");
+        assert_eq!(p["either"]["type"], json!(["number", "null"]));
+        assert_eq!(p["list"]["items"]["type"], "number");
+        assert_eq!(p["nested"]["anyOf"][0]["type"], "number");
+        assert_eq!(p["type"]["type"], "string");
+        assert_eq!(schema["$defs"]["d"]["type"], "number");
+        // Declared as LibreChat writes them: accepted, and checked as numbers.
+        let tools = ToolSet::declare(&[decl(
+            "price",
+            json!({"type": "object", "properties": {"amount": {"type": "float"}}, "required": ["amount"]}),
+        )])
+        .unwrap();
+        assert!(tools
+            .check("price", Some(json!({"amount": 1.5})), None, &budget(1000))
+            .is_ok());
+        assert!(tools
+            .check("price", Some(json!({"amount": "1.5"})), None, &budget(1000))
+            .is_err());
+        // Bash words take the lenient type too.
+        assert_eq!(
+            args(tools.check("price", None, Some(vec!["amount=2.5".into()]), &budget(1000))),
+            json!({"amount": 2.5})
+        );
+    }
+
+    #[test]
+    fn positional_order_is_required_first_in_the_schemas_order() {
+        let text =
+            r#"{"type":"object","properties":{"zeta":{},"alpha":{},"mid":{},"beta":{}},"required":["mid","zeta"]}"#;
+        assert_eq!(property_order(text), vec!["zeta", "alpha", "mid", "beta"]);
+        let tools = ToolSet::declare(&[sandcall_api::ToolDecl {
+            name: "t".into(),
+            description: None,
+            parameters: Some(serde_json::value::RawValue::from_string(text.into()).unwrap()),
+        }])
+        .unwrap();
+        let names = &tools.names()[0];
+        assert_eq!(names.params, vec!["zeta", "mid", "alpha", "beta"]);
+        assert_eq!(names.required, 2);
+        assert!(property_order("{}").is_empty());
+        assert!(property_order(r#"{"properties": 5}"#).is_empty());
     }
 }

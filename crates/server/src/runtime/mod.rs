@@ -20,13 +20,24 @@ pub struct Launch {
 /// The Python runner of programs that call tools (see runner.py).
 const PYTHON_RUNNER: &str = include_str!("runner.py");
 
-/// A declared tool as the program sees it: the declared name and the names it is
-/// called by in each language.
+/// A declared tool as the program sees it: the declared name, the names it is called
+/// by in each language (the Code Interpreter API's rules), the older names sandcall
+/// gave it where those differ (kept callable as aliases), and its parameters in the
+/// order Python's positional arguments take them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolNames {
     pub declared: String,
     pub python: String,
     pub bash: String,
+    /// Python names that also call the tool (sandcall's earlier rule); none that
+    /// would collide with another tool's name.
+    pub python_aliases: Vec<String>,
+    /// Bash names that also call the tool.
+    pub bash_aliases: Vec<String>,
+    /// Required properties first, in the schema's order, then the optional ones.
+    pub params: Vec<String>,
+    /// How many of `params` are required.
+    pub required: usize,
 }
 
 const PYTHON_KEYWORDS: &[&str] = &[
@@ -35,8 +46,67 @@ const PYTHON_KEYWORDS: &[&str] = &[
     "not", "or", "pass", "raise", "return", "try", "while", "with", "yield",
 ];
 
-/// `-`, spaces and dots become `_`, a leading digit gets `_`, a keyword gets `_tool`.
+/// Bash names a tool must not take: its keywords and the builtins a program relies on.
+const BASH_RESERVED: &[&str] = &[
+    "if", "then", "else", "elif", "fi", "case", "esac", "for", "select", "while", "until", "do", "done", "in",
+    "function", "time", "coproc", "return", "exit", "break", "continue", "shift", "export", "readonly", "local",
+    "declare", "typeset", "unset", "alias", "unalias", "source", "echo", "printf", "read", "cd", "pwd", "kill", "trap",
+    "wait", "eval", "exec", "jobs", "bg", "fg", "set", "let", "test", "true", "false",
+];
+
+/// The Code Interpreter API's rule for Python: `-` and whitespace become `_`, every
+/// other character outside `[A-Za-z0-9_]` is dropped, a leading digit gets `_` in
+/// front, a keyword gets `_tool` after it. (A name with nothing left is `tool`.)
 pub fn python_name(declared: &str) -> String {
+    let mut name: String = declared
+        .chars()
+        .filter_map(|c| match c {
+            '-' => Some('_'),
+            c if c.is_whitespace() => Some('_'),
+            c if c.is_ascii_alphanumeric() || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect();
+    if name.is_empty() {
+        name.push_str("tool");
+    }
+    if name.starts_with(|c: char| c.is_ascii_digit()) {
+        name.insert(0, '_');
+    }
+    if PYTHON_KEYWORDS.contains(&name.as_str()) {
+        name.push_str("_tool");
+    }
+    name
+}
+
+/// The Code Interpreter API's rule for Bash: `-`, whitespace and `.` become `_`, other
+/// characters outside `[A-Za-z0-9_]` are dropped, a leading digit gets `_`, a keyword,
+/// a builtin of `BASH_RESERVED` or a name starting `_ptc_` gets `_tool` after it, and
+/// an empty result is `tool`.
+pub fn bash_name(declared: &str) -> String {
+    let mut name: String = declared
+        .chars()
+        .filter_map(|c| match c {
+            '-' | '.' => Some('_'),
+            c if c.is_whitespace() => Some('_'),
+            c if c.is_ascii_alphanumeric() || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect();
+    if name.is_empty() {
+        return "tool".into();
+    }
+    if name.starts_with(|c: char| c.is_ascii_digit()) {
+        name.insert(0, '_');
+    }
+    if BASH_RESERVED.contains(&name.as_str()) || name.starts_with("_ptc_") {
+        name.push_str("_tool");
+    }
+    name
+}
+
+/// sandcall's earlier Python name: every character outside `[A-Za-z0-9_]` became `_`.
+fn legacy_python_name(declared: &str) -> String {
     let mut name: String = declared
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' })
@@ -50,8 +120,9 @@ pub fn python_name(declared: &str) -> String {
     name
 }
 
-/// A Bash function name: what is not a letter, digit, `_`, `-` or `.` becomes `_`.
-pub fn bash_name(declared: &str) -> String {
+/// sandcall's earlier Bash name: what is not a letter, digit, `_`, `-` or `.` became
+/// `_` (Bash function names may hold `-` and `.`).
+fn legacy_bash_name(declared: &str) -> String {
     declared
         .chars()
         .map(|c| {
@@ -70,9 +141,56 @@ impl ToolNames {
             declared: declared.to_owned(),
             python: python_name(declared),
             bash: bash_name(declared),
+            python_aliases: Vec::new(),
+            bash_aliases: Vec::new(),
+            params: Vec::new(),
+            required: 0,
         }
     }
+
+    /// The names of a set of tools, with the earlier names as aliases where they differ.
+    /// Two tools whose names (by the current rules) are one name in a language are an
+    /// error, naming both; an alias that would be a name of another tool, or of two
+    /// tools, or a name Bash reserves, is left out.
+    pub fn for_tools(declared: &[&str]) -> Result<Vec<ToolNames>, (String, String)> {
+        let mut all: Vec<ToolNames> = Vec::with_capacity(declared.len());
+        for name in declared {
+            let names = ToolNames::new(name);
+            if let Some(other) = all
+                .iter()
+                .find(|t| t.declared == names.declared || t.python == names.python || t.bash == names.bash)
+            {
+                return Err((other.declared.clone(), names.declared));
+            }
+            all.push(names);
+        }
+        let python: Vec<String> = declared.iter().map(|d| legacy_python_name(d)).collect();
+        let bash: Vec<String> = declared.iter().map(|d| legacy_bash_name(d)).collect();
+        let count = |list: &[String], name: &str| list.iter().filter(|n| *n == name).count();
+        let primaries_py: Vec<String> = all.iter().map(|t| t.python.clone()).collect();
+        let primaries_sh: Vec<String> = all.iter().map(|t| t.bash.clone()).collect();
+        for (i, t) in all.iter_mut().enumerate() {
+            let (py, sh) = (&python[i], &bash[i]);
+            if *py != t.python && !primaries_py.contains(py) && count(&python, py) == 1 {
+                t.python_aliases.push(py.clone());
+            }
+            let reserved = BASH_RESERVED.contains(&sh.as_str()) || sh.starts_with("_ptc_");
+            if *sh != t.bash && !reserved && !primaries_sh.contains(sh) && count(&bash, sh) == 1 {
+                t.bash_aliases.push(sh.clone());
+            }
+        }
+        Ok(all)
+    }
 }
+
+/// `s` as one single-quoted Bash word.
+fn bash_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+/// What every Python program that calls tools starts with (LibreChat's tool
+/// description teaches `await asyncio.gather(...)` with no import).
+pub const PYTHON_PRELUDE_MODULES: &[&str] = &["asyncio", "json", "os", "sys"];
 
 /// A warm sandbox's program: started before the code exists, it waits on fd 3 for its
 /// go line (see `warm_go`) and then runs `/run/sandcall/main.*` exactly as a cold run
@@ -131,7 +249,11 @@ pub fn launch_with_tools(language: Language, interpreter: &Path, args: &[String]
             launch.argv[1] = format!("{CODE_DIR}/runner.py");
             let list: Vec<serde_json::Value> = tools
                 .iter()
-                .map(|t| serde_json::json!({"name": t.declared, "python": t.python}))
+                .map(|t| {
+                    let mut names = vec![t.python.clone()];
+                    names.extend(t.python_aliases.iter().cloned());
+                    serde_json::json!({"name": t.declared, "python": names, "params": t.params, "required": t.required})
+                })
                 .collect();
             launch.support_files.push(("runner.py".into(), PYTHON_RUNNER.into()));
             launch
@@ -142,12 +264,12 @@ pub fn launch_with_tools(language: Language, interpreter: &Path, args: &[String]
             let mut script =
                 String::from("# The declared tools, as commands (defined by sandcall through BASH_ENV).\n");
             for t in tools {
-                // Declared names are limited to letters, digits and `_-. `, so single
-                // quotes need no escaping.
-                script.push_str(&format!(
-                    "{}() {{ {CODE_DIR}/bin/sandcall tool-call '{}' \"$@\"; }}\n",
-                    t.bash, t.declared
-                ));
+                let declared = bash_quote(&t.declared);
+                for name in std::iter::once(&t.bash).chain(&t.bash_aliases) {
+                    script.push_str(&format!(
+                        "{name}() {{ {CODE_DIR}/bin/sandcall tool-call {declared} \"$@\"; }}\n"
+                    ));
+                }
             }
             launch.support_files.push(("tools.sh".into(), script));
             launch.env.push(("BASH_ENV".into(), format!("{CODE_DIR}/tools.sh")));
@@ -205,31 +327,104 @@ mod tests {
     use super::*;
 
     #[test]
-    fn python_names_are_normalised() {
+    fn python_names_follow_the_code_interpreter_rules() {
+        // `-` and whitespace become `_`.
         assert_eq!(python_name("get-rate"), "get_rate");
-        assert_eq!(python_name("get rate"), "get_rate");
+        assert_eq!(python_name("get rate\tnow"), "get_rate_now");
+        // Every other character outside [A-Za-z0-9_] is dropped.
+        assert_eq!(python_name("files.read"), "filesread");
+        assert_eq!(python_name("a/b:c@d!é"), "abcd");
+        assert_eq!(python_name("keep_under_score"), "keep_under_score");
+        // A leading digit gets `_` in front.
         assert_eq!(python_name("3d_plot"), "_3d_plot");
+        assert_eq!(python_name(".9x"), "_9x");
+        // A keyword gets `_tool` after it.
         assert_eq!(python_name("import"), "import_tool");
+        assert_eq!(python_name("class"), "class_tool");
+        assert_eq!(python_name("None"), "None_tool");
         assert_eq!(python_name("lookup"), "lookup");
+        // Nothing left: `tool`.
+        assert_eq!(python_name("..."), "tool");
+    }
+
+    #[test]
+    fn bash_names_follow_the_code_interpreter_rules() {
+        // `-`, whitespace and `.` become `_`.
+        assert_eq!(bash_name("get-rate.v2"), "get_rate_v2");
         assert_eq!(bash_name("get rate"), "get_rate");
-        assert_eq!(bash_name("get-rate.v2"), "get-rate.v2");
+        // Other characters outside [A-Za-z0-9_] are dropped.
+        assert_eq!(bash_name("a/b:c@d!é"), "abcd");
+        // A leading digit gets `_`.
+        assert_eq!(bash_name("3d"), "_3d");
+        // Keywords and listed builtins get `_tool`.
+        for reserved in BASH_RESERVED {
+            assert_eq!(bash_name(reserved), format!("{reserved}_tool"));
+        }
+        assert_eq!(bash_name("echo"), "echo_tool");
+        assert_eq!(bash_name("time"), "time_tool");
+        assert_eq!(bash_name("cat"), "cat");
+        // Any name starting `_ptc_`.
+        assert_eq!(bash_name("_ptc_call"), "_ptc_call_tool");
+        assert_eq!(bash_name("_ptc-x"), "_ptc_x_tool");
+        // Empty: `tool`.
+        assert_eq!(bash_name("!!"), "tool");
+        assert_eq!(bash_name(""), "tool");
+    }
+
+    #[test]
+    fn earlier_names_stay_as_aliases_unless_they_collide() {
+        let names = ToolNames::for_tools(&["get-rate.v2", "files.read", "plain"]).unwrap();
+        assert_eq!(names[0].python, "get_ratev2");
+        assert_eq!(names[0].python_aliases, vec!["get_rate_v2"]);
+        assert_eq!(names[0].bash, "get_rate_v2");
+        assert_eq!(names[0].bash_aliases, vec!["get-rate.v2"]);
+        assert_eq!(names[1].python_aliases, vec!["files_read"]);
+        assert!(names[2].python_aliases.is_empty() && names[2].bash_aliases.is_empty());
+        // Names whose aliases would meet also meet by the current rules, in one
+        // language or the other: refused, naming both tools.
+        assert!(ToolNames::for_tools(&["a.b", "a_b"]).is_err(), "`a_b` in Bash");
+        let names = ToolNames::for_tools(&["p.q", "p;q"]).unwrap_err();
+        assert_eq!(names, ("p.q".to_string(), "p;q".to_string()));
+        // A Bash alias never shadows a reserved name.
+        let names = ToolNames::for_tools(&["echo"]).unwrap();
+        assert_eq!(names[0].bash, "echo_tool");
+        assert!(names[0].bash_aliases.is_empty());
+    }
+
+    #[test]
+    fn names_that_normalise_to_one_are_a_collision() {
+        assert!(ToolNames::for_tools(&["get-rate", "get_rate"]).is_err());
+        assert!(ToolNames::for_tools(&["get rate", "get-rate"]).is_err());
+        // `.` becomes `_` in Bash, and is dropped in Python: one language is enough.
+        assert!(ToolNames::for_tools(&["a.b", "a_b"]).is_err());
+        assert!(ToolNames::for_tools(&["a.b", "ab"]).is_err());
+        assert!(ToolNames::for_tools(&["a.b", "a-b"]).is_err());
+        assert!(ToolNames::for_tools(&["a.b", "b.a"]).is_ok());
+        assert!(ToolNames::for_tools(&["same", "same"]).is_err());
     }
 
     #[test]
     fn tools_do_not_touch_the_users_file() {
-        let tools = vec![ToolNames::new("get-rate")];
+        let tools = ToolNames::for_tools(&["get-rate.v2", "it's"]).unwrap();
         let l = launch_with_tools(Language::Python, Path::new("/usr/bin/python3"), &["x".into()], &tools);
         assert_eq!(l.argv, vec!["/usr/bin/python3", "/run/sandcall/runner.py", "x"]);
         assert_eq!(l.code_file, "main.py");
         let json = &l.support_files.iter().find(|(n, _)| n == "tools.json").unwrap().1;
-        assert_eq!(json, r#"[{"name":"get-rate","python":"get_rate"}]"#);
+        let json: serde_json::Value = serde_json::from_str(json).unwrap();
+        assert_eq!(
+            json[0],
+            serde_json::json!({"name": "get-rate.v2", "python": ["get_ratev2", "get_rate_v2"], "params": [], "required": 0})
+        );
         let l = launch_with_tools(Language::Bash, Path::new("/usr/bin/bash"), &[], &tools);
         assert_eq!(l.argv, vec!["/usr/bin/bash", "/run/sandcall/main.sh"]);
         let sh = &l.support_files[0].1;
-        assert!(
-            sh.contains("get-rate() { /run/sandcall/bin/sandcall tool-call 'get-rate' \"$@\"; }"),
-            "{sh}"
-        );
+        for line in [
+            "get_rate_v2() { /run/sandcall/bin/sandcall tool-call 'get-rate.v2' \"$@\"; }",
+            "get-rate.v2() { /run/sandcall/bin/sandcall tool-call 'get-rate.v2' \"$@\"; }",
+            "its() { /run/sandcall/bin/sandcall tool-call 'it'\\''s' \"$@\"; }",
+        ] {
+            assert!(sh.contains(line), "{sh}");
+        }
         assert!(l.env.contains(&("BASH_ENV".into(), "/run/sandcall/tools.sh".into())));
     }
 

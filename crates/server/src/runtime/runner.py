@@ -39,7 +39,10 @@ def _tools_api():
             self.send_lock = threading.Lock()
             self.read_lock = threading.Lock()
             self.cond = threading.Condition()
-            self.buf = b""
+            # Replies may be megabytes: a bytearray grows in place, and the newline
+            # search resumes where the last one stopped.
+            self.buf = bytearray()
+            self.scanned = 0
             self.next_id = 0
             self.replies = {}
             self.futures = {}
@@ -60,9 +63,16 @@ def _tools_api():
 
         def _take_lines(self):
             lines = []
-            while b"\n" in self.buf:
-                line, self.buf = self.buf.split(b"\n", 1)
-                lines.append(json.loads(line))
+            start = 0
+            while True:
+                end = self.buf.find(b"\n", max(start, self.scanned))
+                if end < 0:
+                    break
+                lines.append(json.loads(self.buf[start:end]))
+                start = end + 1
+            if start:
+                del self.buf[:start]
+            self.scanned = len(self.buf)
             return lines
 
         def _deliver(self, reply):
@@ -157,15 +167,32 @@ def _tools_api():
         _loop_factory = _Loop
 
 
-    def _call(name, args, kwargs):
-        if args and kwargs or len(args) > 1:
-            raise TypeError("%s() takes keyword arguments or one dict" % name)
-        if args:
-            if not isinstance(args[0], dict):
-                raise TypeError("%s() takes keyword arguments or one dict, not %s" % (name, type(args[0]).__name__))
-            arguments = args[0]
-        else:
-            arguments = kwargs
+    def _arguments(name, params, required, args, kwargs):
+        """The arguments object of a call: keyword arguments, one dict, or positional
+        arguments in the order of `params` (required ones first, then optional ones);
+        an optional argument left as None is not sent. One dict whose keys are all
+        parameters (or for a tool without declared parameters) is the arguments object
+        itself, as before positional arguments existed."""
+        if len(args) == 1 and not kwargs and isinstance(args[0], dict):
+            if not params or all(key in params for key in args[0]):
+                return dict(args[0])
+        if len(args) > len(params):
+            raise TypeError(
+                "%s() takes at most %d positional arguments (%s), %d given"
+                % (name, len(params), ", ".join(params) or "none", len(args))
+            )
+        arguments = {}
+        for index, value in enumerate(args):
+            param = params[index]
+            if param in kwargs:
+                raise TypeError("%s() got multiple values for argument %r" % (name, param))
+            arguments[param] = value
+        arguments.update(kwargs)
+        optional = set(params[required:])
+        return {k: v for k, v in arguments.items() if not (v is None and k in optional)}
+
+    def _call(name, params, required, args, kwargs):
+        arguments = _arguments(name, params, required, args, kwargs)
         channel = _get_channel()
         try:
             loop = asyncio.get_running_loop()
@@ -189,11 +216,13 @@ def _tools_api():
         return wait()
 
 
-    def _tool(declared):
+    def _tool(declared, python, params, required):
         def tool(*args, **kwargs):
-            return _call(declared, args, kwargs)
+            return _call(declared, params, required, args, kwargs)
 
-        tool.__name__ = declared
+        tool.__name__ = python
+        tool.__qualname__ = python
+        tool.__doc__ = "Calls the tool %r. Arguments: %s." % (declared, ", ".join(params) or "none")
         return tool
 
     return ToolError, _tool, _Policy
@@ -277,6 +306,11 @@ def _warm_up():
     exec(code, {"sink": sink, "__name__": "__warm_up__"})
     with open("/proc/self/stat", "rb") as f:
         f.read()
+    # Programs that call tools start with asyncio imported: importing it here, while
+    # the sandbox waits, takes its cost off the run. (A plain run in a warm sandbox then
+    # finds these modules in sys.modules, never in its globals.)
+    import asyncio  # noqa: F401
+    import typing  # noqa: F401
 
 
 def main():
@@ -308,8 +342,23 @@ def main():
     module.__builtins__ = builtins
     if with_tools:
         module.ToolError = ToolError
+        # The Code Interpreter API's name for the same error.
+        module.ToolExecutionError = ToolError
+        # As in the Code Interpreter API, a program that calls tools starts with these
+        # modules and typing names imported (LibreChat's tool description counts on
+        # `asyncio`).
+        import asyncio
+        import typing
+
+        for name, value in (("asyncio", asyncio), ("json", json), ("os", os), ("sys", sys)):
+            setattr(module, name, value)
+        for name in ("Any", "Dict", "List", "Optional", "Union"):
+            setattr(module, name, getattr(typing, name))
         for tool in tools:
-            setattr(module, tool["python"], _tool(tool["name"]))
+            names = tool["python"]
+            function = _tool(tool["name"], names[0], tool.get("params", []), tool.get("required", 0))
+            for python in names:
+                setattr(module, python, function)
     sys.modules["__main__"] = module
     sys.argv = [_MAIN] + args
     # As `python3 main.py` would: the script's directory first (then PYTHONPATH).
