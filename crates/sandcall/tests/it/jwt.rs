@@ -7,6 +7,7 @@
 
 use crate::common::Server;
 use crate::files::{assert_error, file_part, output, output_names, stored_count, Client, NO_SUCH_ID};
+use crate::principals::{resume_body, start_paused};
 use ed25519_dalek::pkcs8::spki::der::pem::LineEnding;
 use ed25519_dalek::pkcs8::{EncodePrivateKey, EncodePublicKey};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
@@ -86,32 +87,6 @@ fn server(lc: &LibreChat) -> Server {
         ],
         "",
     )
-}
-
-fn rate_tool() -> Value {
-    json!({
-        "name": "get_rate",
-        "description": "the exchange rate of a currency",
-        "parameters": {"type": "object", "properties": {"base": {"type": "string"}}, "required": ["base"]},
-    })
-}
-
-fn start_paused(c: &Client) -> Value {
-    let reply = c.post_json(
-        ROUTE,
-        &json!({"code": "print('rate', get_rate(base='USD'))", "tools": [rate_tool()], "timeout": 60000}),
-    );
-    assert_eq!(reply.status, 200, "{reply}");
-    let v = reply.json();
-    assert_eq!(v["status"], "tool_call_required", "{v}");
-    v
-}
-
-fn resume_body(paused: &Value) -> Value {
-    json!({
-        "continuation_token": paused["continuation_token"],
-        "tool_results": [{"call_id": paused["tool_calls"][0]["id"], "result": 0.92, "is_error": false}],
-    })
 }
 
 fn str_of<'a>(v: &'a Value, field: &str) -> &'a str {

@@ -30,7 +30,7 @@ fn keyed_server() -> Server {
     Server::start_with(&[("SANDCALL_API_KEYS", KEYS)], "")
 }
 
-fn rate_tool() -> Value {
+pub fn rate_tool() -> Value {
     json!({
         "name": "get_rate",
         "description": "the exchange rate of a currency",
@@ -39,7 +39,7 @@ fn rate_tool() -> Value {
 }
 
 /// Starts a programmatic session that pauses at its first tool call.
-fn start_paused(c: &Client) -> Value {
+pub fn start_paused(c: &Client) -> Value {
     let reply = c.post_json(
         ROUTE,
         &json!({"language": "python", "code": "print('rate', get_rate(base='USD'))", "tools": [rate_tool()]}),
@@ -51,7 +51,7 @@ fn start_paused(c: &Client) -> Value {
 }
 
 /// The resume request that answers `paused`'s call with 0.92.
-fn resume_body(paused: &Value) -> Value {
+pub fn resume_body(paused: &Value) -> Value {
     json!({
         "session_id": paused["session_id"],
         "continuation_token": paused["continuation_token"],
