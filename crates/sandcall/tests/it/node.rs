@@ -1,0 +1,184 @@
+//! JavaScript and TypeScript (Node) over HTTP: the same sandbox, limits, warm pool and
+//! files as Python, and programs that call tools. TypeScript needs the pinned transpiler
+//! installed by runtimes/node/install.sh (which .ci/run runs).
+
+use crate::common::Server;
+use crate::files::{download_output, Client};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+
+/// The sucrase install that runtimes/node/install.sh makes.
+pub fn transpiler() -> String {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/runtimes-node/node_modules/sucrase");
+    assert!(
+        dir.join("package.json").is_file(),
+        "{} is missing: run runtimes/node/install.sh first (.ci/run does)",
+        dir.display()
+    );
+    std::fs::canonicalize(dir).unwrap().to_string_lossy().into_owned()
+}
+
+/// A server that runs TypeScript; `warm` gives JavaScript and TypeScript warm sets of
+/// that size.
+pub fn node_server(warm: usize) -> Server {
+    let ts = transpiler();
+    Server::start_with(
+        &[
+            ("SANDCALL_TYPESCRIPT_TRANSPILER", &ts),
+            ("SANDCALL_WARM_POOL_SIZE", &warm.to_string()),
+            ("SANDCALL_WARM_LANGUAGES", r#"["javascript","typescript"]"#),
+        ],
+        "",
+    )
+}
+
+fn run(s: &Server, lang: &str, code: &str) -> Value {
+    s.exec(json!({"lang": lang, "code": code}))
+}
+
+#[test]
+fn javascript_and_typescript_hello_world_under_every_alias() {
+    let s = node_server(0);
+    for lang in ["js", "javascript", "node", "JS"] {
+        let r = run(&s, lang, "console.log('hello from', process.argv[1])");
+        assert_eq!(r["status"], "ok", "{lang}: {r}");
+        assert_eq!(r["stdout"], "hello from /run/sandcall/main.mjs\n", "{lang}: {r}");
+        assert_eq!(r["stderr"], "", "{r}");
+    }
+    for lang in ["ts", "typescript"] {
+        let r = run(
+            &s,
+            lang,
+            "const who: string = 'ts';\nconsole.log(`hello from ${who}`, process.argv[1])",
+        );
+        assert_eq!(r["status"], "ok", "{lang}: {r}");
+        assert_eq!(r["stdout"], "hello from ts /run/sandcall/main.ts\n", "{lang}: {r}");
+    }
+}
+
+#[test]
+fn exit_codes_stderr_stdin_and_args() {
+    let s = node_server(0);
+    for lang in ["js", "ts"] {
+        let r = run(&s, lang, "console.log('out');\nconsole.error('err');\nprocess.exit(3);");
+        assert_eq!(r["status"], "failed", "{r}");
+        assert_eq!(r["exit_code"], 3, "{r}");
+        assert_eq!(r["stdout"], "out\n", "{r}");
+        assert_eq!(r["stderr"], "err\n", "{r}");
+        let r = s.exec(json!({
+            "lang": lang,
+            "code": "const fs = require('fs');\nconst input = fs.readFileSync(0, 'utf8');\nconsole.log(input.toUpperCase().trim(), JSON.stringify(process.argv.slice(2)));",
+            "stdin": "line one\nline two\n",
+            "args": ["a", "b c", "--flag"],
+        }));
+        assert_eq!(r["status"], "ok", "{r}");
+        assert_eq!(r["stdout"], "LINE ONE\nLINE TWO [\"a\",\"b c\",\"--flag\"]\n", "{r}");
+    }
+}
+
+#[test]
+fn an_uncaught_error_points_at_the_users_line() {
+    let s = node_server(0);
+    let r = run(
+        &s,
+        "js",
+        "const a = 1;\n\nfunction f() {\n  throw new Error('boom ' + a);\n}\nf();\n",
+    );
+    assert_eq!(r["status"], "failed", "{r}");
+    assert_eq!(r["exit_code"], 1, "{r}");
+    let err = r["stderr"].as_str().unwrap();
+    assert!(err.starts_with("Error: boom 1\n"), "{err}");
+    assert!(err.contains("at f (file:///run/sandcall/main.mjs:4:9)"), "{err}");
+    assert!(err.contains("file:///run/sandcall/main.mjs:6:1"), "{err}");
+    assert!(
+        !err.contains("runner") && !err.contains("[eval1]"),
+        "the runner shows: {err}"
+    );
+    // TypeScript: the types and the interface take lines, which still count.
+    let code = "interface Point {\n  x: number;\n  y: number;\n}\nconst p: Point = { x: 1, y: 2 };\nif (p.x < p.y) {\n  throw new TypeError(`bad point ${p.x}`);\n}\n";
+    let r = run(&s, "ts", code);
+    assert_eq!(r["status"], "failed", "{r}");
+    let err = r["stderr"].as_str().unwrap();
+    assert!(err.starts_with("TypeError: bad point 1\n"), "{err}");
+    assert!(err.contains("/run/sandcall/main.ts:7:9"), "{err}");
+    // A syntax error says where.
+    let r = run(&s, "ts", "const ok = 1;\nlet x: = 3;\n");
+    assert_eq!(r["status"], "failed", "{r}");
+    assert!(
+        r["stderr"].as_str().unwrap().contains("/run/sandcall/main.ts:2:"),
+        "{r}"
+    );
+    let r = run(&s, "js", "const ok = 1;\nlet = = 3;\n");
+    assert_eq!(r["status"], "failed", "{r}");
+    assert!(r["stderr"].as_str().unwrap().contains("SyntaxError"), "{r}");
+    // A value that is not an Error, thrown later from a timer.
+    let r = run(&s, "js", "setTimeout(() => { throw 'late'; }, 5);");
+    assert_eq!(r["status"], "failed", "{r}");
+    assert_eq!(r["stderr"], "Uncaught 'late'\n", "{r}");
+}
+
+#[test]
+fn typescript_interfaces_types_and_imports() {
+    let s = node_server(0);
+    let code = "import path from 'node:path';\nimport { createHash } from 'crypto';\ninterface Row { name: string; n: number }\ntype Total = { [k: string]: number };\nenum Kind { A = 1, B }\nconst rows: Row[] = [{ name: 'a', n: 1 }, { name: 'a', n: 2 }];\nconst total: Total = {};\nfor (const r of rows) total[r.name] = (total[r.name] ?? 0) + r.n;\nfunction id<T>(x: T): T { return x; }\nconsole.log(JSON.stringify(total), Kind.B, id<string>(path.basename('/x/y.txt')), createHash('sha256').update('').digest('hex').slice(0, 8));\n";
+    let r = run(&s, "ts", code);
+    assert_eq!(r["status"], "ok", "{r}");
+    assert_eq!(r["stdout"], "{\"a\":3} 2 y.txt e3b0c442\n", "{r}");
+}
+
+#[test]
+fn top_level_await_and_require() {
+    let s = node_server(0);
+    let code = "const { setTimeout: sleep } = require('node:timers/promises');\nconst v = await sleep(20, 'waited');\nconst os = await import('node:os');\nconsole.log(v, typeof os.cpus);";
+    for lang in ["js", "ts"] {
+        let r = run(&s, lang, code);
+        assert_eq!(r["status"], "ok", "{lang}: {r}");
+        assert_eq!(r["stdout"], "waited function\n", "{lang}: {r}");
+    }
+}
+
+#[test]
+fn warm_and_cold_runs_are_the_same() {
+    let s = node_server(1);
+    let code = "const fs = require('fs');\nconsole.log(process.argv.slice(1).join(' '), process.cwd(), Object.keys(process.env).filter(k => k.startsWith('SANDCALL')).length, fs.readdirSync('/run/sandcall').filter(f => f.startsWith('main')).join());\nconsole.error('to stderr');\nprocess.exitCode = 4;";
+    for lang in ["js", "ts"] {
+        let file = if lang == "js" { "main.mjs" } else { "main.ts" };
+        let mut seen = Vec::new();
+        for custom in [false, true] {
+            s.wait_warm(2);
+            let mut body = json!({"lang": lang, "code": code, "args": ["x", "y z"]});
+            if custom {
+                // Limits other than the defaults take the cold path.
+                body["limits"] = json!({"memory_limit_mb": 400});
+            }
+            let (kind, r) = s.exec_kind(&body.to_string());
+            assert_eq!(kind, if custom { "cold" } else { "warm" }, "{r}");
+            assert_eq!(r["exit_code"], 4, "{kind}: {r}");
+            assert_eq!(
+                r["stdout"],
+                format!("/run/sandcall/{file} x y z /mnt/data 0 {file}\n"),
+                "{kind}: {r}"
+            );
+            assert_eq!(r["stderr"], "to stderr\n", "{kind}: {r}");
+            seen.push((r["stdout"].clone(), r["stderr"].clone(), r["exit_code"].clone()));
+        }
+        assert_eq!(seen[0], seen[1]);
+    }
+}
+
+#[test]
+fn files_in_and_out() {
+    let s = node_server(0);
+    let c = Client::anonymous(&s);
+    // In: an uploaded file is in the working directory; out: what the program writes
+    // there comes back as a file.
+    let up = c.upload("data.csv", "text/csv", b"a,b\n1,2\n3,4\n");
+    let r = c.exec(json!({
+        "lang": "ts",
+        "code": "import fs from 'fs';\nconst rows: string[] = fs.readFileSync('data.csv', 'utf8').trim().split('\\n').slice(1);\nconst sum = rows.map(r => r.split(',').map(Number)).reduce((t, [a, b]) => t + a * b, 0);\nfs.writeFileSync('sum.txt', String(sum));\nconsole.log(sum);",
+        "files": [up.input("data.csv")],
+    }));
+    assert_eq!(r["status"], "ok", "{r}");
+    assert_eq!(r["stdout"], "14\n", "{r}");
+    assert_eq!(download_output(&c, &r, "sum.txt"), b"14");
+}
