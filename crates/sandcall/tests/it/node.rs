@@ -182,3 +182,84 @@ fn files_in_and_out() {
     assert_eq!(r["stdout"], "14\n", "{r}");
     assert_eq!(download_output(&c, &r, "sum.txt"), b"14");
 }
+
+/// Starts a programmatic session and answers each pause with `answer` until it ends;
+/// returns every pause and the last response.
+fn drive(s: &Server, body: &Value, mut answer: impl FnMut(&Value) -> Value) -> (Vec<Value>, Value) {
+    let (status, mut r) = s.post("/v1/exec/programmatic", body);
+    assert_eq!(status, 200, "{r}");
+    let mut pauses = Vec::new();
+    while r["status"] == "tool_call_required" {
+        assert!(pauses.len() < 20, "runaway: {r}");
+        let results: Vec<Value> = r["tool_calls"].as_array().unwrap().iter().map(&mut answer).collect();
+        let (status, next) = s.post(
+            "/v1/exec/programmatic",
+            &json!({"session_id": r["session_id"], "continuation_token": r["continuation_token"], "tool_results": results}),
+        );
+        assert_eq!(status, 200, "{next}");
+        pauses.push(r);
+        r = next;
+    }
+    (pauses, r)
+}
+
+#[test]
+fn js_and_ts_tools_promise_all_is_one_pause_and_errors_can_be_caught() {
+    let s = node_server(1);
+    let tools = json!([
+        {"name": "get-rate", "description": "a rate", "parameters": {"type": "object", "properties": {"base": {"type": "string"}, "quote": {"type": "string"}}, "required": ["base", "quote"]}},
+        {"name": "lookup", "description": "a lookup", "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}},
+    ]);
+    let js = "console.log('start');\nconst all = await Promise.all([get_rate({ base: 'USD', quote: 'EUR' }), get_rate({ base: 'USD', quote: 'GBP' }), lookup({ q: 'x' })]);\nconsole.log(JSON.stringify(all));\ntry {\n  await get_rate({ base: 'USD', quote: 'XXX' });\n} catch (e) {\n  console.log('caught', e instanceof Error, e instanceof ToolError, e.message);\n}\ntry {\n  await get_rate({ base: 'USD' });\n} catch (e) {\n  console.log('refused', e instanceof Error);\n}\nconsole.log(await lookup({ q: 'y' }));\n";
+    let ts = format!(
+        "interface Rate {{ base: string; quote: string }}\nconst r: Rate = {{ base: 'USD', quote: 'EUR' }};\n{js}"
+    );
+    for (lang, code) in [("js", js.to_owned()), ("ts", ts)] {
+        let body = json!({"lang": lang, "code": code, "tools": tools});
+        let (pauses, last) = drive(&s, &body, |call| {
+            let args = &call["arguments"];
+            let id = &call["id"];
+            if args["quote"] == "XXX" {
+                json!({"call_id": id, "result": null, "is_error": true, "error_message": "unknown currency XXX"})
+            } else if call["name"] == "get-rate" {
+                json!({"call_id": id, "result": format!("{}/{}", args["base"].as_str().unwrap(), args["quote"].as_str().unwrap()), "is_error": false})
+            } else {
+                json!({"call_id": id, "result": {"q": args["q"]}, "is_error": false})
+            }
+        });
+        // The three calls of Promise.all come in one pause; then the failing call,
+        // then the last lookup (the refused call never reaches the caller).
+        let sizes: Vec<usize> = pauses
+            .iter()
+            .map(|p| p["tool_calls"].as_array().unwrap().len())
+            .collect();
+        assert_eq!(sizes, vec![3, 1, 1], "{lang}: {pauses:?}");
+        assert_eq!(pauses[0]["partial_stdout"], "start\n", "{lang}");
+        assert_eq!(last["status"], "completed", "{lang}: {last}");
+        assert_eq!(
+            last["stdout"],
+            "start\n[\"USD/EUR\",\"USD/GBP\",{\"q\":\"x\"}]\ncaught true true unknown currency XXX\nrefused true\n{ q: 'y' }\n",
+            "{lang}: {last}"
+        );
+        assert_eq!(last["exit_code"], 0, "{lang}: {last}");
+        assert_eq!(last["tool_calls_made"], 5, "{lang}: {last}");
+    }
+}
+
+#[test]
+fn an_uncaught_tool_error_ends_the_program_with_the_users_line() {
+    let s = node_server(0);
+    let tools = json!([{"name": "boom", "description": "fails", "parameters": {"type": "object", "properties": {}}}]);
+    let body = json!({"lang": "js", "code": "\nawait boom({});\nconsole.log('unreachable');\n", "tools": tools});
+    let (pauses, last) = drive(
+        &s,
+        &body,
+        |call| json!({"call_id": call["id"], "result": null, "is_error": true, "error_message": "it broke"}),
+    );
+    assert_eq!(pauses.len(), 1);
+    assert_eq!(last["status"], "completed", "{last}");
+    assert_eq!(last["exit_code"], 1, "{last}");
+    let err = last["stderr"].as_str().unwrap();
+    assert!(err.starts_with("ToolError: it broke\n"), "{err}");
+    assert!(err.contains("/run/sandcall/main.mjs:2"), "{err}");
+}

@@ -493,6 +493,27 @@ mod tests {
     }
 
     #[test]
+    fn js_names_are_identifiers_that_shadow_no_global() {
+        assert_eq!(js_name("get-rate"), "get_rate");
+        assert_eq!(js_name("files.read"), "filesread");
+        assert_eq!(js_name("3d plot"), "_3d_plot");
+        assert_eq!(js_name("class"), "class_tool");
+        assert_eq!(js_name("require"), "require_tool");
+        assert_eq!(js_name("console"), "console_tool");
+        assert_eq!(js_name("ToolError"), "ToolError_tool");
+        assert_eq!(js_name("!!"), "tool");
+        assert_eq!(js_name("lookup"), "lookup");
+        // A JavaScript collision is refused like the others.
+        assert!(ToolNames::for_tools(&["await", "await_tool"]).is_err());
+        let tools = ToolNames::for_tools(&["get-rate"]).unwrap();
+        let l = launch_with_tools(Language::JavaScript, Path::new("/usr/bin/node"), &[], &tools);
+        assert_eq!(l.argv, vec!["/usr/bin/node", "/run/sandcall/runner.mjs"]);
+        assert_eq!(l.code_file, "main.mjs");
+        let json = &l.support_files.iter().find(|(n, _)| n == "tools.json").unwrap().1;
+        assert_eq!(json, r#"[{"js":["get_rate"],"name":"get-rate"}]"#);
+    }
+
+    #[test]
     fn earlier_names_stay_as_aliases_unless_they_collide() {
         let names = ToolNames::for_tools(&["get-rate.v2", "files.read", "plain"]).unwrap();
         assert_eq!(names[0].python, "get_ratev2");

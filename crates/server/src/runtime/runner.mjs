@@ -118,7 +118,7 @@ function defineTools(tools) {
     socket.on("error", (e) => fail(`the connection to sandcall failed: ${e.message}`));
     socket.on("close", () => fail("the connection to sandcall closed"));
   };
-  const call = (name, argumentsObject) => {
+  const call = (name, argumentsObject, site) => {
     if (argumentsObject === undefined) argumentsObject = {};
     if (argumentsObject === null || typeof argumentsObject !== "object" || Array.isArray(argumentsObject)) {
       return Promise.reject(new TypeError(`${name}() takes one object of named arguments`));
@@ -127,7 +127,20 @@ function defineTools(tools) {
     socket.ref();
     nextId += 1;
     const id = `c${nextId}`;
-    const promise = new Promise((resolve, reject) => pending.set(id, { resolve, reject }));
+    // The error a failed call rejects with points at the program's line that made
+    // the call, not at the socket's reader.
+    const trace = {};
+    Error.captureStackTrace(trace, site);
+    const promise = new Promise((resolve, reject) =>
+      pending.set(id, {
+        resolve,
+        reject: (error) => {
+          const frames = trace.stack.split("\n").slice(1).join("\n");
+          error.stack = `${error.name}: ${error.message}\n${frames}`;
+          reject(error);
+        },
+      }),
+    );
     socket.write(JSON.stringify({ op: "call", id, name, arguments: argumentsObject }) + "\n");
     if (!flushing) {
       flushing = true;
@@ -140,7 +153,7 @@ function defineTools(tools) {
   };
   for (const tool of tools) {
     const fn = async function (argumentsObject) {
-      return call(tool.name, argumentsObject);
+      return call(tool.name, argumentsObject, fn);
     };
     for (const name of tool.js) {
       Object.defineProperty(fn, "name", { value: tool.js[0] });
