@@ -720,6 +720,16 @@ mod tests {
     }
 
     #[test]
+    fn warm_languages_must_name_languages() {
+        let mut c = Config::default();
+        assert_eq!(c.warm_languages, ["python", "bash", "javascript", "typescript"]);
+        c.warm_languages = vec!["js".into(), "PY".into()];
+        assert!(c.validate().is_ok());
+        c.warm_languages = vec!["python".into(), "cobol".into()];
+        assert!(c.validate().is_err());
+    }
+
+    #[test]
     fn every_key_is_documented() {
         let doc = include_str!("../../../docs/configuration.md");
         for key in known_keys() {

@@ -167,6 +167,20 @@ fn warm_and_cold_runs_are_the_same() {
 }
 
 #[test]
+fn a_warm_start_takes_large_non_ascii_arguments_whole() {
+    // The go line is read in 64 KiB pieces: a character split between two must survive.
+    let s = node_server(1);
+    let arg = format!("x{}", "é€".repeat(30_000));
+    for lang in ["js", "ts"] {
+        s.wait_warm(2);
+        let body = json!({"lang": lang, "code": "const a = process.argv[2];\nconsole.log(a.length, a === 'x' + 'é€'.repeat(30000));", "args": [arg]});
+        let (kind, r) = s.exec_kind(&body.to_string());
+        assert_eq!(kind, "warm", "{r}");
+        assert_eq!(r["stdout"], "60001 true\n", "{lang}: {r}");
+    }
+}
+
+#[test]
 fn files_in_and_out() {
     let s = node_server(0);
     let c = Client::anonymous(&s);

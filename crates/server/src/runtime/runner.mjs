@@ -26,9 +26,10 @@ let args = process.argv.slice(2);
 let withTools = true;
 if (process.env.SANDCALL_WARM === "1") {
   delete process.env.SANDCALL_WARM;
-  const chunk = Buffer.alloc(1 << 16);
-  let line = "";
-  while (!line.endsWith("\n")) {
+  // Bytes, decoded once whole: a character may straddle two reads.
+  const chunks = [];
+  for (;;) {
+    const chunk = Buffer.alloc(1 << 16);
     let n = 0;
     try {
       n = fs.readSync(3, chunk, 0, chunk.length, null);
@@ -37,8 +38,10 @@ if (process.env.SANDCALL_WARM === "1") {
       throw e;
     }
     if (n === 0) break;
-    line += chunk.toString("utf8", 0, n);
+    chunks.push(chunk.subarray(0, n));
+    if (chunk[n - 1] === 0x0a) break;
   }
+  const line = Buffer.concat(chunks).toString("utf8");
   const start = JSON.parse(line || "{}");
   args = start.args || [];
   withTools = Boolean(start.tools);
