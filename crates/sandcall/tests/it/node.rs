@@ -124,6 +124,12 @@ fn typescript_interfaces_types_and_imports() {
     let r = run(&s, "ts", code);
     assert_eq!(r["status"], "ok", "{r}");
     assert_eq!(r["stdout"], "{\"a\":3} 2 y.txt e3b0c442\n", "{r}");
+    // The program may declare names the CommonJS wrapper also has (but not `require`,
+    // which its imports become); it runs in strict mode.
+    let code = "import { createRequire } from 'node:module';\nconst load = createRequire('/run/sandcall/main.ts');\nconst module: { name: string } = { name: 'm' };\nconst exports = 1;\nconsole.log(typeof load('node:fs').readFileSync, module.name, (function (this: unknown) { return this === undefined; })());\n";
+    let r = run(&s, "ts", code);
+    assert_eq!(r["status"], "ok", "{r}");
+    assert_eq!(r["stdout"], "function m true\n", "{r}");
 }
 
 #[test]

@@ -186,7 +186,10 @@ if (sucrase) {
     process.exit(1);
   }
   const module = { exports: {} };
-  const wrapped = `(async function (exports, require, module, __filename, __dirname) {${code}\n})`;
+  // The program's own block inside the function, so that it may declare names of its
+  // own that the parameters also have (`const module = ...`; not `require`, which its
+  // imports have become).
+  const wrapped = `(async function (exports, require, module, __filename, __dirname) {"use strict";{${code}\n}})`;
   const run = vm.runInThisContext(wrapped, { filename: MAIN });
   await run(module.exports, require, module, MAIN, "/run/sandcall");
 } else {
