@@ -26,19 +26,20 @@ pub struct ExecCommand {
 /// declared language whose toolchain this host lacks, is `unsupported_capability`.
 pub fn parse_language(language: Option<&str>, lang: Option<&str>, config: &Config) -> Result<Language, ApiError> {
     let parsed = parse_language_name(language, lang)?;
+    // The reason, which names host paths, is for the log and `doctor`, not the client.
     match runtime::languages::missing(parsed, config) {
         None => Ok(parsed),
         Some(why) => Err(ApiError {
             code: Some(sandcall_api::error_code::UNSUPPORTED_CAPABILITY),
-            ..ApiError::new(
-                axum::http::StatusCode::BAD_REQUEST,
-                error_type::UNSUPPORTED_LANGUAGE,
+            ..ApiError::new(axum::http::StatusCode::BAD_REQUEST, error_type::UNSUPPORTED_LANGUAGE, {
+                tracing::debug!(language = parsed.names()[0], "refused: {why}");
                 format!(
-                    "this server cannot run {} programs: {why}; retrying in {} will not work",
+                    "this server cannot run {} programs: its toolchain is not installed here; \
+                         retrying in {} will not work",
                     parsed.names()[0],
                     parsed.names()[0]
-                ),
-            )
+                )
+            })
         }),
     }
 }
@@ -476,7 +477,9 @@ mod tests {
         for name in ["js", "ts"] {
             let err = parse_language(Some(name), None, &config).unwrap_err();
             assert_eq!(err.code, Some("unsupported_capability"));
-            assert!(err.message.contains("/nonexistent/node"), "{}", err.message);
+            assert!(err.message.contains("toolchain is not installed"), "{}", err.message);
+            // No host path reaches the client.
+            assert!(!err.message.contains("/nonexistent"), "{}", err.message);
         }
     }
 }

@@ -283,3 +283,45 @@ fn an_uncaught_tool_error_ends_the_program_with_the_users_line() {
     assert!(err.starts_with("ToolError: it broke\n"), "{err}");
     assert!(err.contains("/run/sandcall/main.mjs:2"), "{err}");
 }
+
+#[test]
+fn without_node_js_and_ts_are_an_unsupported_capability_and_doctor_says_why() {
+    let s = Server::start_with(&[("SANDCALL_NODE", "/nonexistent/node")], "");
+    for (route, lang) in [
+        ("/v1/exec", "js"),
+        ("/v1/exec", "typescript"),
+        ("/v1/exec/programmatic", "node"),
+    ] {
+        let (status, v) = s.post(route, &json!({"lang": lang, "code": "console.log(1)", "tools": []}));
+        assert_eq!(status, 400, "{route} {lang}: {v}");
+        assert_eq!(v["error_type"], "unsupported_language", "{v}");
+        assert_eq!(v["code"], "unsupported_capability", "{v}");
+        assert!(
+            !v["error"].as_str().unwrap().contains("/nonexistent"),
+            "a host path: {v}"
+        );
+    }
+    // Python and Bash are untouched.
+    assert_eq!(s.py("print(1)")["stdout"], "1\n");
+    // doctor passes, and says what is missing.
+    let dir = Server::new_dir();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sandcall"))
+        .args(["doctor", "--data-dir"])
+        .arg(dir.join("data"))
+        .env("SANDCALL_NODE", "/nonexistent/node")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("[pass] javascript and typescript: javascript unavailable: its interpreter (/nonexistent/node) is not installed"),
+        "{text}"
+    );
+    assert!(text.contains("[pass] sandbox trial run: bash, python ran"), "{text}");
+    // With Node but no transpiler, TypeScript alone is refused.
+    let s = Server::start();
+    let (status, v) = s.post("/v1/exec", &json!({"lang": "ts", "code": "console.log(1)"}));
+    assert_eq!((status, &v["code"]), (400, &json!("unsupported_capability")), "{v}");
+    let r = s.exec(json!({"lang": "js", "code": "console.log(1)"}));
+    assert_eq!(r["stdout"], "1\n", "{r}");
+}
