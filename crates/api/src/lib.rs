@@ -119,7 +119,7 @@ pub struct ExecRequest {
         pattern = r"^[^\u0000]*[^\s\u0000][^\u0000]*$"
     )]
     pub code: Option<String>,
-    /// `python` (the default) or `bash`, or an alias.
+    /// `python` (the default), `bash`, `javascript` or `typescript`, or an alias.
     #[schema(value_type = Option<LanguageName>)]
     pub language: Option<String>,
     /// Another name for `language`.
@@ -153,6 +153,11 @@ enum LanguageName {
     Python3,
     Bash,
     Sh,
+    Javascript,
+    Js,
+    Node,
+    Typescript,
+    Ts,
 }
 
 /// A program argument: any string without NUL.
@@ -590,16 +595,36 @@ pub struct Health {
 pub enum Language {
     Python,
     Bash,
+    #[serde(rename = "javascript")]
+    JavaScript,
+    #[serde(rename = "typescript")]
+    TypeScript,
 }
 
 impl Language {
-    /// Parses a language name or alias: `python`, `py`, `python3`, `bash`, `sh`.
-    pub fn parse(name: &str) -> Option<Self> {
-        match name.trim().to_ascii_lowercase().as_str() {
-            "python" | "py" | "python3" => Some(Language::Python),
-            "bash" | "sh" => Some(Language::Bash),
-            _ => None,
+    /// Every language, in the order they are listed to clients.
+    pub const ALL: [Language; 4] = [
+        Language::Python,
+        Language::Bash,
+        Language::JavaScript,
+        Language::TypeScript,
+    ];
+
+    /// The names a language answers to, its own name first (matched in any case). The
+    /// rest of a language's declaration lives in the server (`runtime/languages.rs`).
+    pub fn names(self) -> &'static [&'static str] {
+        match self {
+            Language::Python => &["python", "py", "python3"],
+            Language::Bash => &["bash", "sh"],
+            Language::JavaScript => &["javascript", "js", "node"],
+            Language::TypeScript => &["typescript", "ts"],
         }
+    }
+
+    /// Parses a language name or alias (see `names`).
+    pub fn parse(name: &str) -> Option<Self> {
+        let name = name.trim().to_ascii_lowercase();
+        Language::ALL.into_iter().find(|l| l.names().contains(&name.as_str()))
     }
 }
 
@@ -613,6 +638,12 @@ mod tests {
         assert_eq!(Language::parse("Python3"), Some(Language::Python));
         assert_eq!(Language::parse("sh"), Some(Language::Bash));
         assert_eq!(Language::parse("ruby"), None);
+        for js in ["js", "JavaScript", "node"] {
+            assert_eq!(Language::parse(js), Some(Language::JavaScript));
+        }
+        for ts in ["ts", "TypeScript"] {
+            assert_eq!(Language::parse(ts), Some(Language::TypeScript));
+        }
     }
 
     #[test]

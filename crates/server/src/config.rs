@@ -75,12 +75,23 @@ pub struct Config {
     /// interpreter started; 0 turns the pool off. Each holds up to `memory_limit_mb`.
     /// Default 4.
     pub warm_pool_size: usize,
+    /// The languages that get a warm set of `warm_pool_size` sandboxes (names or
+    /// aliases); a language whose toolchain is missing gets none. Default all four:
+    /// python, bash, javascript, typescript.
+    pub warm_languages: Vec<String>,
     /// The most a request's `limits` may ask for; each defaults to the value above.
     pub ceilings: Ceilings,
     /// Python interpreter, an absolute path inside the runtime. Default `/usr/bin/python3`.
     pub python: PathBuf,
     /// Bash interpreter. Default `/usr/bin/bash`.
     pub bash: PathBuf,
+    /// Node.js, which runs JavaScript and TypeScript. Default `/usr/bin/node`. When it is
+    /// missing, `js` and `ts` answer `unsupported_capability`.
+    pub node: PathBuf,
+    /// The TypeScript transpiler: the directory of the `sucrase` npm package (its
+    /// `node_modules` directory is bound read-only into every sandbox). Default none:
+    /// `ts` answers `unsupported_capability`.
+    pub typescript_transpiler: Option<PathBuf>,
     /// More host paths bound read-only into every sandbox (an interpreter outside /usr,
     /// say). Default none.
     pub extra_runtime_paths: Vec<PathBuf>,
@@ -404,10 +415,15 @@ impl Default for Config {
             max_sessions: cores() * 32,
             token_secret: None,
             warm_pool_size: 4,
+            warm_languages: ["python", "bash", "javascript", "typescript"]
+                .map(String::from)
+                .to_vec(),
             fault_injection: false,
             ceilings: Ceilings::default(),
             python: PathBuf::from("/usr/bin/python3"),
             bash: PathBuf::from("/usr/bin/bash"),
+            node: PathBuf::from("/usr/bin/node"),
+            typescript_transpiler: None,
             extra_runtime_paths: Vec::new(),
             sandbox_uid: None,
             sandbox_gid: None,
@@ -609,10 +625,22 @@ impl Config {
                 return bad("token_secret must be 64 hex characters (32 bytes)".into());
             }
         }
-        for (name, path) in [("python", &self.python), ("bash", &self.bash)] {
+        for (name, path) in [("python", &self.python), ("bash", &self.bash), ("node", &self.node)]
+            .into_iter()
+            .chain(self.typescript_transpiler.iter().map(|p| ("typescript_transpiler", p)))
+        {
             if !path.is_absolute() {
                 return bad(format!("{name} must be an absolute path"));
             }
+        }
+        if let Some(name) = self
+            .warm_languages
+            .iter()
+            .find(|n| sandcall_api::Language::parse(n).is_none())
+        {
+            return bad(format!(
+                "warm_languages names {name:?}, which is not a language (python, bash, javascript, typescript)"
+            ));
         }
         for p in &self.extra_runtime_paths {
             if !p.is_absolute() || p.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
@@ -689,6 +717,16 @@ mod tests {
         assert_eq!(c.max_processes, 128);
         assert_eq!(c.workspace_limit_mb, 256);
         assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn warm_languages_must_name_languages() {
+        let mut c = Config::default();
+        assert_eq!(c.warm_languages, ["python", "bash", "javascript", "typescript"]);
+        c.warm_languages = vec!["js".into(), "PY".into()];
+        assert!(c.validate().is_ok());
+        c.warm_languages = vec!["python".into(), "cobol".into()];
+        assert!(c.validate().is_err());
     }
 
     #[test]

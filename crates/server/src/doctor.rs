@@ -111,6 +111,26 @@ fn check_interpreter(name: &'static str, path: &Path) -> Check {
     }
 }
 
+/// JavaScript and TypeScript need Node (and TypeScript its transpiler); without them the
+/// server still serves, and those languages answer `unsupported_capability`. Reported,
+/// never failed.
+fn check_optional_languages(config: &Config) -> Check {
+    let detail = [Language::JavaScript, Language::TypeScript]
+        .into_iter()
+        .map(|l| match runtime::languages::missing(l, config) {
+            None => format!("{} available", l.names()[0]),
+            Some(why) => format!("{} unavailable: {why}", l.names()[0]),
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    Check {
+        name: "javascript and typescript",
+        ok: true,
+        detail,
+        fix: "install Node.js 20 (apt-get install nodejs) and set `node`; for TypeScript run `npm ci` in runtimes/node and set `typescript_transpiler`",
+    }
+}
+
 /// Which credentials are configured; a JWT key source that cannot be read or parsed
 /// fails, with the message `serve` refuses to start with.
 fn check_credentials(config: &Config) -> Check {
@@ -131,6 +151,7 @@ pub async fn run(config: &Config) -> Report {
     let mut checks = vec![check_credentials(config), check_userns(), check_seccomp()];
     checks.push(check_interpreter("python interpreter", &config.python));
     checks.push(check_interpreter("bash interpreter", &config.bash));
+    checks.push(check_optional_languages(config));
     let data_dir = host::data_dir(config);
     checks.push(Check {
         name: "data directory",
@@ -181,7 +202,12 @@ async fn trial_run(config: &Config) -> Check {
                 helper_exe: exe,
                 runs_dir: host.runs_dir,
                 cgroups: host.cgroups,
-                extra_runtime_paths: config.extra_runtime_paths.clone(),
+                extra_runtime_paths: config
+                    .extra_runtime_paths
+                    .iter()
+                    .cloned()
+                    .chain(runtime::languages::runtime_paths(config))
+                    .collect(),
                 host_uid: host.host_uid,
                 host_gid: host.host_gid,
                 max_code_bytes: config.max_code_bytes,
@@ -197,16 +223,22 @@ async fn trial_run(config: &Config) -> Check {
             }
         }
     };
+    let mut ran = Vec::new();
     for (language, code, expected) in [
         (Language::Bash, "echo sandcall-ok", "sandcall-ok\n"),
         (Language::Python, "print(6 * 7)", "42\n"),
+        (Language::JavaScript, "console.log(6 * 7)", "42\n"),
+        (Language::TypeScript, "const n: number = 6 * 7;\nconsole.log(n)", "42\n"),
     ] {
-        let interpreter = if language == Language::Python {
-            &config.python
-        } else {
-            &config.bash
-        };
-        let launch = runtime::launch(language, interpreter, &[]);
+        // JavaScript and TypeScript are optional: the languages check says when they
+        // are missing.
+        if runtime::languages::missing(language, config).is_some() {
+            continue;
+        }
+        ran.push(language.names()[0]);
+        let interpreter = runtime::languages::interpreter(language, config);
+        let mut launch = runtime::launch(language, interpreter, &[]);
+        launch.env.extend(runtime::languages::config_env(language, config));
         let limits = match crate::exec::resolve_limits(config, None) {
             Ok(l) => l,
             Err(e) => {
@@ -251,7 +283,7 @@ async fn trial_run(config: &Config) -> Check {
     Check {
         name: "sandbox trial run",
         ok: true,
-        detail: "python and bash ran in a sandbox".into(),
+        detail: format!("{} ran in a sandbox", ran.join(", ")),
         fix,
     }
 }

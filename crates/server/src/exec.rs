@@ -22,7 +22,29 @@ pub struct ExecCommand {
     pub custom_limits: bool,
 }
 
-pub fn parse_language(language: Option<&str>, lang: Option<&str>) -> Result<Language, ApiError> {
+/// The request's language (Python by default). A name that is not declared, or a
+/// declared language whose toolchain this host lacks, is `unsupported_capability`.
+pub fn parse_language(language: Option<&str>, lang: Option<&str>, config: &Config) -> Result<Language, ApiError> {
+    let parsed = parse_language_name(language, lang)?;
+    // The reason, which names host paths, is for the log and `doctor`, not the client.
+    match runtime::languages::missing(parsed, config) {
+        None => Ok(parsed),
+        Some(why) => Err(ApiError {
+            code: Some(sandcall_api::error_code::UNSUPPORTED_CAPABILITY),
+            ..ApiError::new(axum::http::StatusCode::BAD_REQUEST, error_type::UNSUPPORTED_LANGUAGE, {
+                tracing::debug!(language = parsed.names()[0], "refused: {why}");
+                format!(
+                    "this server cannot run {} programs: its toolchain is not installed here; \
+                         retrying in {} will not work",
+                    parsed.names()[0],
+                    parsed.names()[0]
+                )
+            })
+        }),
+    }
+}
+
+fn parse_language_name(language: Option<&str>, lang: Option<&str>) -> Result<Language, ApiError> {
     match language.or(lang) {
         None => Ok(Language::Python),
         Some(name) => Language::parse(name).ok_or_else(|| ApiError {
@@ -31,8 +53,8 @@ pub fn parse_language(language: Option<&str>, lang: Option<&str>) -> Result<Lang
                 axum::http::StatusCode::BAD_REQUEST,
                 error_type::UNSUPPORTED_LANGUAGE,
                 format!(
-                    "this server does not run {name:?} programs: use python (py, python3) or bash (sh); \
-                     retrying in {name:?} will not work"
+                    "this server does not run {name:?} programs: use python (py, python3), bash (sh), \
+                     javascript (js, node) or typescript (ts); retrying in {name:?} will not work"
                 ),
             )
         }),
@@ -69,7 +91,7 @@ pub fn check_code_and_args(
 }
 
 pub fn parse_exec(req: ExecRequest, config: &Config) -> Result<ExecCommand, ApiError> {
-    let language = parse_language(req.language.as_deref(), req.lang.as_deref())?;
+    let language = parse_language(req.language.as_deref(), req.lang.as_deref(), config)?;
     let (code, args) = check_code_and_args(req.code, req.args, config, "`code` is required")?;
     let stdin = req.stdin.unwrap_or_default();
     if stdin.len() as u64 > config.max_stdin_bytes {
@@ -161,11 +183,10 @@ pub fn resolve_limits(config: &Config, req: Option<&RequestLimits>) -> Result<Li
 }
 
 pub fn launch_for(cmd: &ExecCommand, config: &Config) -> runtime::Launch {
-    let interpreter = match cmd.language {
-        Language::Python => &config.python,
-        Language::Bash => &config.bash,
-    };
-    runtime::launch(cmd.language, interpreter, &cmd.args)
+    let interpreter = runtime::languages::interpreter(cmd.language, config);
+    let mut launch = runtime::launch(cmd.language, interpreter, &cmd.args);
+    launch.env.extend(runtime::languages::config_env(cmd.language, config));
+    launch
 }
 
 pub fn status_of(result: &RunResult) -> ExecStatus {
@@ -442,8 +463,23 @@ mod tests {
 
     #[test]
     fn an_unknown_language_says_not_to_retry() {
-        let err = parse_language(Some("cobol"), None).unwrap_err();
+        let err = parse_language(Some("cobol"), None, &Config::default()).unwrap_err();
         assert_eq!(err.code, Some("unsupported_capability"));
         assert_eq!(err.status, axum::http::StatusCode::BAD_REQUEST);
+    }
+
+    #[test]
+    fn a_declared_language_without_its_toolchain_is_unsupported() {
+        let config = Config {
+            node: std::path::PathBuf::from("/nonexistent/node"),
+            ..Config::default()
+        };
+        for name in ["js", "ts"] {
+            let err = parse_language(Some(name), None, &config).unwrap_err();
+            assert_eq!(err.code, Some("unsupported_capability"));
+            assert!(err.message.contains("toolchain is not installed"), "{}", err.message);
+            // No host path reaches the client.
+            assert!(!err.message.contains("/nonexistent"), "{}", err.message);
+        }
     }
 }

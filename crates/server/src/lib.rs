@@ -198,7 +198,12 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
             helper_exe: std::env::current_exe()?,
             runs_dir: host.runs_dir.clone(),
             cgroups: host.cgroups.clone(),
-            extra_runtime_paths: config.extra_runtime_paths.clone(),
+            extra_runtime_paths: config
+                .extra_runtime_paths
+                .iter()
+                .cloned()
+                .chain(runtime::languages::runtime_paths(&config))
+                .collect(),
             host_uid: host.host_uid,
             host_gid: host.host_gid,
             max_code_bytes: config.max_code_bytes,

@@ -25,8 +25,6 @@ struct Inner {
     size: usize,
 }
 
-const LANGUAGES: [Language; 2] = [Language::Python, Language::Bash];
-
 impl Pool {
     /// Starts one refill task per language; `size` sandboxes are kept ready for each.
     pub fn start(
@@ -45,12 +43,25 @@ impl Pool {
             }),
         };
         if size > 0 {
-            for language in LANGUAGES {
-                let interpreter = match language {
-                    Language::Python => config.python.clone(),
-                    Language::Bash => config.bash.clone(),
-                };
-                let (argv, env) = runtime::warm_launch(language, &interpreter);
+            // One warm set per declared language that has a warm launcher and whose
+            // toolchain is installed.
+            let wanted: Vec<Language> = config
+                .warm_languages
+                .iter()
+                .filter_map(|n| Language::parse(n))
+                .collect();
+            for decl in runtime::languages::LANGUAGES.iter().filter(|d| d.warm.is_some()) {
+                let language = decl.language;
+                if !wanted.contains(&language) {
+                    continue;
+                }
+                if let Some(why) = runtime::languages::missing(language, &config) {
+                    tracing::info!(?language, "no warm sandboxes: {why}");
+                    continue;
+                }
+                let interpreter = runtime::languages::interpreter(language, &config);
+                let (argv, mut env) = runtime::warm_launch(language, interpreter);
+                env.extend(runtime::languages::config_env(language, &config));
                 let fill = Refill {
                     pool: pool.clone(),
                     runner: runner.clone(),

@@ -29,15 +29,30 @@ test('Bash: bash_tool runs a command with arguments', { timeout: 60_000 }, async
   assert.ok(artifact.session_id);
 });
 
-test('lang "js" is refused with unsupported_capability, which the client tells the model not to retry', { timeout: 60_000 }, async () => {
-  const raw = await postJson(`${baseUrl}/exec`, { lang: 'js', code: 'console.log(1)' }, authHeadersFor(alice.sub));
-  assert.equal(raw.status, 400, `POST /exec lang js: ${JSON.stringify(raw.body)}`);
+test('JavaScript and TypeScript: execute_code runs lang "js" and "ts"', { timeout: 60_000 }, async () => {
+  const tool = createCodeExecutionTool({ user_id: alice.sub, authHeaders: alice.authHeaders });
+  const js = await invoke(tool, {
+    lang: 'js',
+    code: 'const n = await Promise.resolve(21);\nconsole.log(n * 2);\nconsole.error("to stderr");',
+  });
+  assert.match(js.content, /stdout:\n42(?:\n|$)/);
+  assert.match(js.content, /stderr:\nto stderr(?:\n|$)/);
+  const ts = await invoke(tool, {
+    lang: 'ts',
+    code: 'interface P { x: number }\nconst p: P = { x: 7 };\nconsole.log(p.x * 6);',
+  });
+  assert.match(ts.content, /stdout:\n42(?:\n|$)/);
+});
+
+test('lang "rs" (a language sandcall does not declare) is refused with unsupported_capability, which the client tells the model not to retry', { timeout: 60_000 }, async () => {
+  const raw = await postJson(`${baseUrl}/exec`, { lang: 'rs', code: 'fn main() {}' }, authHeadersFor(alice.sub));
+  assert.equal(raw.status, 400, `POST /exec lang rs: ${JSON.stringify(raw.body)}`);
   assert.equal(raw.body.code, 'unsupported_capability', `body: ${JSON.stringify(raw.body)}`);
   assert.equal(typeof raw.body.error, 'string');
   assert.equal(typeof raw.body.error_type, 'string');
 
   const tool = createCodeExecutionTool({ user_id: alice.sub, authHeaders: alice.authHeaders });
-  await assert.rejects(invoke(tool, { lang: 'js', code: 'console.log(1)' }), (error) => {
+  await assert.rejects(invoke(tool, { lang: 'rs', code: 'fn main() {}' }), (error) => {
     assert.match(error.message, /Code execution is not supported by the selected environment\./);
     assert.match(error.message, /Do not retry this tool in this environment/);
     return true;

@@ -29,6 +29,9 @@ fn nix_is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// The languages that get warm sandboxes unless a test says otherwise.
+pub const WARM_LANGUAGES: &str = r#"["python","bash"]"#;
+
 pub fn hostile(name: &str) -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hostile").join(name);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("fixture {}: {e}", path.display()))
@@ -83,6 +86,9 @@ impl Server {
         // is left on the machine would otherwise see the pool's sandboxes.
         let pool = std::env::var("SANDCALL_TEST_WARM_POOL").unwrap_or_else(|_| "0".into());
         cmd.env("SANDCALL_WARM_POOL_SIZE", &pool);
+        // Warm sets for Python and Bash only, which is what tests that count warm
+        // sandboxes expect; the JavaScript tests ask for theirs.
+        cmd.env("SANDCALL_WARM_LANGUAGES", WARM_LANGUAGES);
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -120,8 +126,13 @@ impl Server {
             .find(|(k, _)| *k == "SANDCALL_WARM_POOL_SIZE")
             .map(|(_, v)| v.to_string())
             .unwrap_or(pool);
+        let languages = env
+            .iter()
+            .find(|(k, _)| *k == "SANDCALL_WARM_LANGUAGES")
+            .map_or(WARM_LANGUAGES, |(_, v)| v);
+        let languages = serde_json::from_str::<Vec<String>>(languages).map_or(2, |l| l.len());
         if user.is_none() {
-            server.wait_warm(2 * size.parse::<usize>().unwrap_or(0));
+            server.wait_warm(languages * size.parse::<usize>().unwrap_or(0));
         }
         server
     }

@@ -11,6 +11,7 @@ mod hostile;
 mod jwt;
 mod leaks;
 mod lifecycle;
+mod node;
 mod openapi;
 mod principals;
 mod programmatic;

@@ -15,7 +15,7 @@ use crate::ids;
 use crate::runner::RunSpec;
 use crate::runtime;
 use axum::http::StatusCode;
-use sandcall_api::{error_type, Language, ProgrammaticRequest};
+use sandcall_api::{error_type, ProgrammaticRequest};
 use sandcall_sandbox::protocol::ToolChannel;
 use session::StartCommand;
 use tools::ToolSet;
@@ -25,7 +25,7 @@ const MAX_TOOL_CONNECTIONS: usize = 64;
 
 /// Validates a first call into a command for `Sessions::start`.
 pub fn parse_start(req: ProgrammaticRequest, config: &Config) -> Result<StartCommand, ApiError> {
-    let language = exec::parse_language(req.language.as_deref(), req.lang.as_deref())?;
+    let language = exec::parse_language(req.language.as_deref(), req.lang.as_deref(), config)?;
     let missing = "`code` is required (or `continuation_token` to resume)";
     let (code, args) = exec::check_code_and_args(req.code, req.args, config, missing)?;
     let tools = ToolSet::declare(req.tools.as_deref().unwrap_or_default())
@@ -45,11 +45,9 @@ pub fn parse_start(req: ProgrammaticRequest, config: &Config) -> Result<StartCom
         .max_tool_calls
         .unwrap_or(config.max_tool_calls)
         .min(config.max_tool_calls);
-    let interpreter = match language {
-        Language::Python => &config.python,
-        Language::Bash => &config.bash,
-    };
-    let launch = runtime::launch_with_tools(language, interpreter, &args, &tools.names());
+    let interpreter = runtime::languages::interpreter(language, config);
+    let mut launch = runtime::launch_with_tools(language, interpreter, &args, &tools.names());
+    launch.env.extend(runtime::languages::config_env(language, config));
     let mut spec = RunSpec::new(ids::new_id(), code, launch, timeout_ms, limits);
     spec.tools = Some(tool_channel(config));
     let custom_limits = req

@@ -1,6 +1,9 @@
 //! How each language is started inside the sandbox: the argv, the code file name and the
-//! environment. Pure functions, no I/O.
+//! environment, from the languages' declarations (`languages.rs`). Pure functions, no I/O.
 
+pub mod languages;
+
+use languages::{declaration, Start, ToolStub, Warm};
 use sandcall_api::Language;
 use std::path::Path;
 
@@ -18,7 +21,7 @@ pub struct Launch {
 }
 
 /// The Python runner of programs that call tools (see runner.py).
-const PYTHON_RUNNER: &str = include_str!("runner.py");
+const PYTHON_RUNNER: &str = languages::PYTHON_RUNNER.source;
 
 /// A declared tool as the program sees it: the declared name, the names it is called
 /// by in each language (the Code Interpreter API's rules), the older names sandcall
@@ -29,6 +32,8 @@ pub struct ToolNames {
     pub declared: String,
     pub python: String,
     pub bash: String,
+    /// The JavaScript (and TypeScript) name: a global async function.
+    pub js: String,
     /// Python names that also call the tool (sandcall's earlier rule); none that
     /// would collide with another tool's name.
     pub python_aliases: Vec<String>,
@@ -44,6 +49,80 @@ const PYTHON_KEYWORDS: &[&str] = &[
     "False", "None", "True", "and", "as", "assert", "async", "await", "break", "class", "continue", "def", "del",
     "elif", "else", "except", "finally", "for", "from", "global", "if", "import", "in", "is", "lambda", "nonlocal",
     "not", "or", "pass", "raise", "return", "try", "while", "with", "yield",
+];
+
+/// JavaScript's reserved words and the globals a program relies on, which a tool's
+/// name must not take.
+const JS_RESERVED: &[&str] = &[
+    "await",
+    "break",
+    "case",
+    "catch",
+    "class",
+    "const",
+    "continue",
+    "debugger",
+    "default",
+    "delete",
+    "do",
+    "else",
+    "enum",
+    "export",
+    "extends",
+    "false",
+    "finally",
+    "for",
+    "function",
+    "if",
+    "implements",
+    "import",
+    "in",
+    "instanceof",
+    "interface",
+    "let",
+    "new",
+    "null",
+    "package",
+    "private",
+    "protected",
+    "public",
+    "return",
+    "static",
+    "super",
+    "switch",
+    "this",
+    "throw",
+    "true",
+    "try",
+    "typeof",
+    "var",
+    "void",
+    "while",
+    "with",
+    "yield",
+    "arguments",
+    "eval",
+    "undefined",
+    "NaN",
+    "Infinity",
+    "console",
+    "process",
+    "require",
+    "module",
+    "exports",
+    "globalThis",
+    "Promise",
+    "Object",
+    "Array",
+    "String",
+    "Number",
+    "Boolean",
+    "Symbol",
+    "Error",
+    "JSON",
+    "Math",
+    "Date",
+    "ToolError",
 ];
 
 /// Bash names a tool must not take: its keywords and the builtins a program relies on.
@@ -105,6 +184,33 @@ pub fn bash_name(declared: &str) -> String {
     name
 }
 
+/// sandcall's rule for JavaScript, the Python rule with JavaScript's reserved words:
+/// `-` and whitespace become `_`, every other character outside `[A-Za-z0-9_]` is
+/// dropped, a leading digit gets `_` in front, a reserved word or global of
+/// `JS_RESERVED` gets `_tool` after it, and an empty result is `tool`. The result is
+/// always a valid JavaScript identifier.
+pub fn js_name(declared: &str) -> String {
+    let mut name: String = declared
+        .chars()
+        .filter_map(|c| match c {
+            '-' => Some('_'),
+            c if c.is_whitespace() => Some('_'),
+            c if c.is_ascii_alphanumeric() || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect();
+    if name.is_empty() {
+        name.push_str("tool");
+    }
+    if name.starts_with(|c: char| c.is_ascii_digit()) {
+        name.insert(0, '_');
+    }
+    if JS_RESERVED.contains(&name.as_str()) {
+        name.push_str("_tool");
+    }
+    name
+}
+
 /// sandcall's earlier Python name: every character outside `[A-Za-z0-9_]` became `_`.
 fn legacy_python_name(declared: &str) -> String {
     let mut name: String = declared
@@ -141,6 +247,7 @@ impl ToolNames {
             declared: declared.to_owned(),
             python: python_name(declared),
             bash: bash_name(declared),
+            js: js_name(declared),
             python_aliases: Vec::new(),
             bash_aliases: Vec::new(),
             params: Vec::new(),
@@ -156,10 +263,9 @@ impl ToolNames {
         let mut all: Vec<ToolNames> = Vec::with_capacity(declared.len());
         for name in declared {
             let names = ToolNames::new(name);
-            if let Some(other) = all
-                .iter()
-                .find(|t| t.declared == names.declared || t.python == names.python || t.bash == names.bash)
-            {
+            if let Some(other) = all.iter().find(|t| {
+                t.declared == names.declared || t.python == names.python || t.bash == names.bash || t.js == names.js
+            }) {
                 return Err((other.declared.clone(), names.declared));
             }
             all.push(names);
@@ -194,23 +300,28 @@ pub const PYTHON_PRELUDE_MODULES: &[&str] = &["asyncio", "json", "os", "sys"];
 
 /// A warm sandbox's program: started before the code exists, it waits on fd 3 for its
 /// go line (see `warm_go`) and then runs `/run/sandcall/main.*` exactly as a cold run
-/// would. Python waits inside the runner (already started: the point of warming);
-/// Bash waits in a tiny shell that then execs the real one.
+/// would. A language with a runner (Python, JavaScript) waits inside the runner, already
+/// started: the point of warming; Bash waits in a tiny shell that then execs the real one.
 pub fn warm_launch(language: Language, interpreter: &Path) -> (Vec<String>, Vec<(String, String)>) {
+    let decl = declaration(language);
     let base = launch(language, interpreter, &[]);
     let mut env = base.env;
     let interpreter = interpreter.to_string_lossy().into_owned();
-    let argv = match language {
-        Language::Python => {
+    let argv = match (decl.warm, decl.runner) {
+        (Some(Warm::Runner), Some(runner)) => {
             env.push(("SANDCALL_WARM".into(), "1".into()));
-            vec![interpreter, "-c".into(), PYTHON_RUNNER.into()]
+            let mut argv = vec![interpreter];
+            argv.extend(decl.warm_inline_flags.iter().map(|f| f.to_string()));
+            argv.push(runner.source.into());
+            argv
         }
-        Language::Bash => {
+        _ => {
             // Tool commands, when the run has any, come through BASH_ENV; a file that
             // does not exist is ignored.
             env.push(("BASH_ENV".into(), format!("{CODE_DIR}/tools.sh")));
             let script = format!(
-                "read -r _ <&3; exec 3<&-; mapfile -d '' -t a < {CODE_DIR}/args; exec {interpreter} {CODE_DIR}/main.sh \"${{a[@]}}\""
+                "read -r _ <&3; exec 3<&-; mapfile -d '' -t a < {CODE_DIR}/args; exec {interpreter} {CODE_DIR}/{} \"${{a[@]}}\"",
+                decl.code_file
             );
             vec![interpreter.clone(), "-c".into(), script, "sandcall".into()]
         }
@@ -220,14 +331,15 @@ pub fn warm_launch(language: Language, interpreter: &Path) -> (Vec<String>, Vec<
 
 /// What a warm sandbox's program needs at its start: the go line, and support files.
 pub fn warm_go(language: Language, args: &[String], tools: Option<&[ToolNames]>) -> (String, Vec<(String, String)>) {
+    let decl = declaration(language);
     let mut files = Vec::new();
     if let Some(tools) = tools {
         files = launch_with_tools(language, Path::new("/"), args, tools).support_files;
-        files.retain(|(name, _)| name != "runner.py");
+        // The runner already runs.
+        files.retain(|(name, _)| decl.runner.is_none_or(|r| r.file != name));
     }
-    let go = match language {
-        Language::Python => serde_json::json!({"args": args, "tools": tools.is_some()}).to_string(),
-        Language::Bash => {
+    let go = match decl.warm {
+        Some(Warm::Shell) => {
             let mut list = String::new();
             for a in args {
                 list.push_str(a);
@@ -236,16 +348,18 @@ pub fn warm_go(language: Language, args: &[String], tools: Option<&[ToolNames]>)
             files.push(("args".into(), list));
             "go".into()
         }
+        _ => serde_json::json!({"args": args, "tools": tools.is_some()}).to_string(),
     };
     (go, files)
 }
 
-/// How a program that calls tools is started: Python through the runner, Bash with the
-/// tool commands defined through BASH_ENV. Neither adds a line to the user's file.
+/// How a program that calls tools is started: Python and JavaScript through their
+/// runner, Bash with the tool commands defined through BASH_ENV. None adds a line to the
+/// user's file.
 pub fn launch_with_tools(language: Language, interpreter: &Path, args: &[String], tools: &[ToolNames]) -> Launch {
     let mut launch = launch(language, interpreter, args);
-    match language {
-        Language::Python => {
+    match declaration(language).tools {
+        ToolStub::PythonRunner => {
             launch.argv[1] = format!("{CODE_DIR}/runner.py");
             let list: Vec<serde_json::Value> = tools
                 .iter()
@@ -260,7 +374,17 @@ pub fn launch_with_tools(language: Language, interpreter: &Path, args: &[String]
                 .support_files
                 .push(("tools.json".into(), serde_json::Value::Array(list).to_string()));
         }
-        Language::Bash => {
+        ToolStub::NodeRunner => {
+            // `launch` already starts through the runner.
+            let list: Vec<serde_json::Value> = tools
+                .iter()
+                .map(|t| serde_json::json!({"name": t.declared, "js": [t.js]}))
+                .collect();
+            launch
+                .support_files
+                .push(("tools.json".into(), serde_json::Value::Array(list).to_string()));
+        }
+        ToolStub::BashFunctions => {
             let mut script =
                 String::from("# The declared tools, as commands (defined by sandcall through BASH_ENV).\n");
             for t in tools {
@@ -278,17 +402,24 @@ pub fn launch_with_tools(language: Language, interpreter: &Path, args: &[String]
     launch
 }
 
+/// A plain run of `language`: `{interpreter} {code} args...`, or through the language's
+/// runner.
 pub fn launch(language: Language, interpreter: &Path, args: &[String]) -> Launch {
-    let code_file = match language {
-        Language::Python => "main.py",
-        Language::Bash => "main.sh",
+    let decl = declaration(language);
+    let mut support_files = Vec::new();
+    let first = match (decl.start, decl.runner) {
+        (Start::Runner, Some(runner)) => {
+            support_files.push((runner.file.to_owned(), runner.source.to_owned()));
+            runner.file
+        }
+        _ => decl.code_file,
     };
     let mut argv = vec![
         interpreter.to_string_lossy().into_owned(),
-        format!("{CODE_DIR}/{code_file}"),
+        format!("{CODE_DIR}/{first}"),
     ];
     argv.extend(args.iter().cloned());
-    let mut env: Vec<(String, String)> = [
+    let env: Vec<(String, String)> = [
         ("PATH", "/usr/local/bin:/usr/bin:/bin"),
         // HOME is scratch space: tools that write dotfiles there must not litter the
         // working directory, whose files are the run's outputs.
@@ -301,24 +432,14 @@ pub fn launch(language: Language, interpreter: &Path, args: &[String]) -> Launch
         ("LC_ALL", "C.UTF-8"),
     ]
     .into_iter()
+    .chain(decl.env.iter().copied())
     .map(|(k, v)| (k.to_owned(), v.to_owned()))
     .collect();
-    if language == Language::Python {
-        for (k, v) in [
-            ("PYTHONUNBUFFERED", "1"),
-            ("PYTHONDONTWRITEBYTECODE", "1"),
-            // Modules the caller uploads next to the program are importable.
-            ("PYTHONPATH", WORK_DIR),
-            ("MPLBACKEND", "Agg"),
-        ] {
-            env.push((k.to_owned(), v.to_owned()));
-        }
-    }
     Launch {
-        code_file: code_file.to_owned(),
+        code_file: decl.code_file.to_owned(),
         argv,
         env,
-        support_files: Vec::new(),
+        support_files,
     }
 }
 
@@ -369,6 +490,27 @@ mod tests {
         // Empty: `tool`.
         assert_eq!(bash_name("!!"), "tool");
         assert_eq!(bash_name(""), "tool");
+    }
+
+    #[test]
+    fn js_names_are_identifiers_that_shadow_no_global() {
+        assert_eq!(js_name("get-rate"), "get_rate");
+        assert_eq!(js_name("files.read"), "filesread");
+        assert_eq!(js_name("3d plot"), "_3d_plot");
+        assert_eq!(js_name("class"), "class_tool");
+        assert_eq!(js_name("require"), "require_tool");
+        assert_eq!(js_name("console"), "console_tool");
+        assert_eq!(js_name("ToolError"), "ToolError_tool");
+        assert_eq!(js_name("!!"), "tool");
+        assert_eq!(js_name("lookup"), "lookup");
+        // A JavaScript collision is refused like the others.
+        assert!(ToolNames::for_tools(&["await", "await_tool"]).is_err());
+        let tools = ToolNames::for_tools(&["get-rate"]).unwrap();
+        let l = launch_with_tools(Language::JavaScript, Path::new("/usr/bin/node"), &[], &tools);
+        assert_eq!(l.argv, vec!["/usr/bin/node", "/run/sandcall/runner.mjs"]);
+        assert_eq!(l.code_file, "main.mjs");
+        let json = &l.support_files.iter().find(|(n, _)| n == "tools.json").unwrap().1;
+        assert_eq!(json, r#"[{"js":["get_rate"],"name":"get-rate"}]"#);
     }
 
     #[test]

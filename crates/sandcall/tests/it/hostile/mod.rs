@@ -244,5 +244,6 @@ mod connections;
 mod helper_buffers;
 mod inotify;
 mod local_mode;
+mod node;
 mod pauses;
 mod schemas;
