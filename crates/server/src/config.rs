@@ -84,6 +84,13 @@ pub struct Config {
     /// More host paths bound read-only into every sandbox (an interpreter outside /usr,
     /// say). Default none.
     pub extra_runtime_paths: Vec<PathBuf>,
+    /// Where managed runtimes are installed (`sandcall runtime install`), one directory
+    /// per lock (`python-<hash>`), bound read-only into every sandbox; may be shared by
+    /// several data dirs. Default `<data_dir>/runtimes`.
+    pub runtime_dir: Option<PathBuf>,
+    /// `serve` installs the Python runtime on first start when it is missing (minutes,
+    /// once; without registry access it warns and runs on the bare `python`). Default true.
+    pub install_runtime: bool,
     /// Host uid the sandbox user maps to. Default 65534 (nobody) as root, else your uid.
     pub sandbox_uid: Option<u32>,
     /// Host gid the sandbox user maps to. Default 65534 as root, else your gid.
@@ -409,6 +416,8 @@ impl Default for Config {
             python: PathBuf::from("/usr/bin/python3"),
             bash: PathBuf::from("/usr/bin/bash"),
             extra_runtime_paths: Vec::new(),
+            runtime_dir: None,
+            install_runtime: true,
             sandbox_uid: None,
             sandbox_gid: None,
             cgroup_root: None,

@@ -14,6 +14,7 @@ mod lifecycle;
 mod openapi;
 mod principals;
 mod programmatic;
+mod runtime;
 mod soak;
 mod unprivileged;
 mod warm;

@@ -1,0 +1,250 @@
+//! The managed Python runtime over HTTP: the data stack imports and computes, figures
+//! come back as PNG files, nothing prints font messages, the runtime is read-only in
+//! the sandbox, warm and cold runs agree, and `GET /v1/runtimes` and `doctor` list it.
+//!
+//! These tests need the runtime that `.ci/run` installs (`sandcall runtime install`
+//! into SANDCALL_RUNTIME_DIR, default `target/runtimes`): without it they fail, loudly.
+
+use crate::common::{runtime_dir, Server};
+use crate::files::{file_part, Client};
+use serde_json::{json, Value};
+use std::process::Command;
+
+/// The runtime's packages as GET /v1/runtimes says; fails when the server has none.
+fn require_runtime(s: &Server) -> Vec<Value> {
+    let reply = Client::anonymous(s).get("/v1/runtimes");
+    assert_eq!(reply.status, 200, "{reply}");
+    let v = reply.json();
+    let runtimes = v["runtimes"].as_array().cloned().unwrap_or_default();
+    assert!(
+        runtimes.len() == 1,
+        "no Python runtime in {}: install it with `sandcall runtime install` and \
+         SANDCALL_RUNTIME_DIR set to that directory (.ci/run does): {v}",
+        runtime_dir().display()
+    );
+    runtimes[0]["packages"].as_array().cloned().unwrap_or_default()
+}
+
+/// The version of `name` the lock pins.
+fn pinned(name: &str) -> String {
+    let lock = include_str!("../../../../runtimes/python/requirements.lock");
+    lock.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}==")))
+        .unwrap_or_else(|| panic!("{name} is not in the lock"))
+        .to_owned()
+}
+
+fn output<'a>(r: &'a Value, name: &str) -> &'a Value {
+    r["files"]
+        .as_array()
+        .and_then(|files| files.iter().find(|f| f["name"] == name))
+        .unwrap_or_else(|| panic!("no output {name}: {r}"))
+}
+
+/// The PNG's width from its IHDR chunk, after checking its magic bytes.
+fn png_width(bytes: &[u8]) -> u32 {
+    assert!(
+        bytes.starts_with(b"\x89PNG\r\n\x1a\n"),
+        "not a PNG: {:?}",
+        &bytes[..bytes.len().min(16)]
+    );
+    u32::from_be_bytes([bytes[16], bytes[17], bytes[18], bytes[19]])
+}
+
+fn assert_quiet(r: &Value) {
+    let stderr = r["stderr"].as_str().unwrap_or_default();
+    for noise in ["Fontconfig", "font cache", "fontlist", "Matplotlib", "non-interactive"] {
+        assert!(!stderr.contains(noise), "{noise} on stderr: {r}");
+    }
+}
+
+#[test]
+fn a_csv_is_grouped_with_pandas_and_charted_with_plt_show() {
+    let s = Server::start();
+    require_runtime(&s);
+    let c = Client::anonymous(&s);
+    let mut csv = String::from("city,sales\n");
+    for i in 0..1000 {
+        csv.push_str(&format!("{},{}\n", ["oslo", "lima", "pune"][i % 3], i % 10));
+    }
+    let up = c.upload("sales.csv", "text/csv", csv.as_bytes());
+    let code = "import pandas as pd\nimport matplotlib.pyplot as plt\n\
+df = pd.read_csv('sales.csv')\n\
+totals = df.groupby('city')['sales'].sum()\n\
+print(totals.to_dict())\n\
+totals.plot.bar()\n\
+plt.show()\n";
+    let r = c.exec(json!({"lang": "py", "code": code, "files": [up.input("sales.csv")]}));
+    assert_eq!(r["exit_code"], 0, "{r}");
+    assert_eq!(r["stdout"], "{'lima': 1497, 'oslo': 1503, 'pune': 1500}\n", "{r}");
+    assert_eq!(r["stderr"], "", "{r}");
+    assert_quiet(&r);
+    let chart = output(&r, "plot_0.png");
+    let reply = c.download(
+        chart["storage_session_id"].as_str().unwrap(),
+        chart["id"].as_str().unwrap(),
+    );
+    assert_eq!(reply.status, 200, "{reply}");
+    assert_eq!(png_width(&reply.body), 640, "matplotlib's default 6.4 in at 100 dpi");
+}
+
+#[test]
+fn figures_left_open_are_saved_and_dpi_is_capped_at_200() {
+    let s = Server::start();
+    require_runtime(&s);
+    let c = Client::anonymous(&s);
+    let code = "import matplotlib.pyplot as plt\n\
+plt.figure(dpi=600); plt.plot([1, 3, 2])\n\
+plt.show()\n\
+f = plt.figure(); plt.plot([2, 1])\n\
+g = plt.figure(); g.savefig('mine.png', dpi=1000)\n\
+print('done')\n";
+    let r = c.exec(json!({"lang": "py", "code": code}));
+    assert_eq!(r["stdout"], "done\n", "{r}");
+    assert_eq!(r["stderr"], "", "{r}");
+    let session = r["session_id"].as_str().unwrap();
+    let width = |name: &str| {
+        let reply = c.download(session, output(&r, name)["id"].as_str().unwrap());
+        png_width(&reply.body)
+    };
+    // Shown at 600 dpi: saved at 200 (6.4 in × 200).
+    assert_eq!(width("plot_0.png"), 1280);
+    // Never shown nor saved: saved at exit, at the figure's 100 dpi.
+    assert_eq!(width("plot_1.png"), 640);
+    // Saved by the program at 1000 dpi: capped. And not saved again at exit.
+    assert_eq!(width("mine.png"), 1280);
+    assert_eq!(r["files"].as_array().unwrap().len(), 3, "{r}");
+}
+
+#[test]
+fn excel_sklearn_and_scipy_compute_known_answers() {
+    let s = Server::start();
+    require_runtime(&s);
+    let code = "import openpyxl\n\
+wb = openpyxl.Workbook(); ws = wb.active\n\
+ws.append(['x', 'y'])\n\
+for x in range(5): ws.append([x, 2 * x + 1])\n\
+wb.save('t.xlsx')\n\
+import pandas as pd\n\
+df = pd.read_excel('t.xlsx')\n\
+print(df['y'].sum())\n\
+from sklearn.linear_model import LinearRegression\n\
+m = LinearRegression().fit(df[['x']], df['y'])\n\
+print(round(float(m.coef_[0]), 6), round(float(m.intercept_), 6))\n\
+from scipy import optimize, stats\n\
+print(round(optimize.brentq(lambda v: v * v - 2, 0, 2), 6))\n\
+print(round(float(stats.norm.cdf(0)), 6))\n";
+    let r = s.py(code);
+    assert_eq!(r["stdout"], "25\n2.0 1.0\n1.414214\n0.5\n", "{r}");
+    assert_eq!(r["stderr"], "", "{r}");
+}
+
+#[test]
+fn the_runtime_is_read_only_inside_the_sandbox() {
+    let s = Server::start();
+    require_runtime(&s);
+    let code = "import os, numpy
+d = os.path.dirname(numpy.__file__)
+for p in [os.path.join(d, 'x'), numpy.__file__]:
+    try:
+        open(p, 'a').write('x'); print('wrote', p)
+    except OSError as e:
+        print(type(e).__name__, e.errno)
+print(bool(os.statvfs(d).f_flag & os.ST_RDONLY), bool(os.statvfs('/etc/fonts').f_flag & os.ST_RDONLY))
+";
+    let r = s.py(code);
+    // A new file: EROFS (the mount is read-only); an existing one: not the sandbox
+    // user's either.
+    assert_eq!(r["stdout"], "OSError 30\nPermissionError 13\nTrue True\n", "{r}");
+}
+
+#[test]
+fn get_runtimes_lists_every_package_and_needs_credentials() {
+    let s = Server::start();
+    let packages = require_runtime(&s);
+    for name in ["numpy", "pandas", "matplotlib", "scikit-learn"] {
+        let entry = packages
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap_or_else(|| panic!("{name} missing: {packages:?}"));
+        assert_eq!(entry["version"], pinned(name));
+    }
+    // Behind authentication like every route but health.
+    let s = Server::start_with(&[("SANDCALL_API_KEYS", "ops:k-0123456789abcdef0123456789")], "");
+    let reply = Client::anonymous(&s).get("/v1/runtimes");
+    assert_eq!(reply.status, 401, "{reply}");
+    let reply = Client::api_key(&s, "k-0123456789abcdef0123456789").get("/v1/runtimes");
+    assert_eq!(reply.status, 200, "{reply}");
+}
+
+#[test]
+fn doctor_lists_the_runtime_and_its_versions() {
+    crate::common::require_root();
+    let dir = std::env::temp_dir().join(format!("sandcall-rt-doctor-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_sandcall"))
+        .args(["doctor", "--data-dir"])
+        .arg(&dir)
+        .env("SANDCALL_RUNTIME_DIR", runtime_dir())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("[pass] python runtime"), "{text}");
+    assert!(text.contains(&format!("numpy {}", pinned("numpy"))), "{text}");
+    assert!(text.contains(&format!("pandas {}", pinned("pandas"))), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn warm_and_cold_runs_agree_and_random_sources_differ() {
+    let warm = Server::start_with(&[("SANDCALL_WARM_POOL_SIZE", "1")], "");
+    require_runtime(&warm);
+    let cold = Server::start();
+    let code = "import numpy as np, pandas as pd, random\n\
+df = pd.DataFrame({'k': list('abab'), 'v': [1, 2, 3, 4]})\n\
+print(df.groupby('k')['v'].sum().to_dict(), np.arange(4).sum())\n\
+print(np.random.random(), random.random())\n";
+    let mut seen = std::collections::HashSet::new();
+    let mut results = Vec::new();
+    for _ in 0..2 {
+        warm.wait_warm(2);
+        let (kind, r) = warm.exec_kind(&json!({"code": code}).to_string());
+        assert_eq!(kind, "warm", "{r}");
+        results.push(r);
+        let (kind, r) = cold.exec_kind(&json!({"code": code}).to_string());
+        assert_eq!(kind, "cold", "{r}");
+        results.push(r);
+    }
+    for r in &results {
+        let stdout = r["stdout"].as_str().unwrap_or_default();
+        let mut lines = stdout.lines();
+        assert_eq!(lines.next(), Some("{'a': 4, 'b': 6} 6"), "{r}");
+        assert_eq!(r["stderr"], "", "{r}");
+        assert!(
+            seen.insert(lines.next().unwrap_or_default().to_owned()),
+            "a random draw repeated: {r}"
+        );
+    }
+}
+
+#[test]
+fn an_uploaded_csv_charted_in_a_warm_sandbox_comes_back_as_png() {
+    let s = Server::start_with(&[("SANDCALL_WARM_POOL_SIZE", "1")], "");
+    require_runtime(&s);
+    let c = Client::anonymous(&s);
+    let up = c.upload_parts(&[file_part("d.csv", "text/csv", b"a,b\n1,2\n3,4\n")]);
+    assert_eq!(up.status, 200, "{up}");
+    let up = up.json();
+    let file = json!({"id": up["files"][0]["id"], "storage_session_id": up["storage_session_id"], "name": "d.csv"});
+    s.wait_warm(2);
+    let body = json!({"code": "import pandas as pd, matplotlib.pyplot as plt\npd.read_csv('d.csv').plot()\nplt.show()", "files": [file]});
+    let (kind, r) = s.exec_kind(&body.to_string());
+    assert_eq!(kind, "warm", "{r}");
+    assert_eq!(r["stderr"], "", "{r}");
+    let chart = output(&r, "plot_0.png");
+    let reply = c.download(
+        chart["storage_session_id"].as_str().unwrap(),
+        chart["id"].as_str().unwrap(),
+    );
+    png_width(&reply.body);
+}
