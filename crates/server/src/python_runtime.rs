@@ -455,6 +455,15 @@ mod tests {
     }
 
     #[test]
+    fn docs_runtimes_lists_every_package_of_the_lock() {
+        let doc = include_str!("../../../docs/runtimes.md");
+        for p in parse_lock(LOCK).unwrap() {
+            let row = format!("| `{}` | {} |", p.name, p.version);
+            assert!(doc.contains(&row), "docs/runtimes.md lacks {row}");
+        }
+    }
+
+    #[test]
     fn lock_lines_must_be_exact_pins() {
         let ok = parse_lock("# comment\n\nnumpy==2.4.6\npdfminer.six==20260107\n  \n").unwrap();
         assert_eq!(
