@@ -137,7 +137,8 @@ pub fn runtime_dir(config: &Config) -> PathBuf {
 /// installed. (A runtime is for the interpreter it was built with: configuring another
 /// `python` runs that one, bare.)
 pub fn find(runtime_dir: &Path, python: &Path) -> Option<Installed> {
-    open(&std::path::absolute(runtime_dir.join(runtime_id(LOCK, python))).ok()?)
+    // Canonical, since it becomes a bind-mount target: no `..`, no symlink.
+    open(&std::fs::canonicalize(runtime_dir.join(runtime_id(LOCK, python))).ok()?)
 }
 
 /// The installed runtime in `dir` (complete, since only complete ones are renamed there).
@@ -171,7 +172,7 @@ pub fn apply(config: &mut Config, installed: &Installed) {
 /// The runtime in use by a config (its `python` is an installed runtime's), if any.
 pub fn in_use(config: &Config) -> Option<Installed> {
     let dir = config.python.parent()?.parent()?.parent()?;
-    let runtimes = std::path::absolute(runtime_dir(config)).ok()?;
+    let runtimes = std::fs::canonicalize(runtime_dir(config)).ok()?;
     open(dir).filter(|r| r.python == config.python && dir.starts_with(&runtimes))
 }
 
@@ -205,7 +206,7 @@ fn count_packages() -> usize {
 pub fn install(runtime_dir: &Path, python: &Path, progress: &mut dyn FnMut(&str)) -> Result<Installed, InstallError> {
     parse_lock(LOCK).map_err(InstallError::Lock)?;
     std::fs::create_dir_all(runtime_dir).map_err(io(format!("create {}", runtime_dir.display())))?;
-    let runtime_dir = std::path::absolute(runtime_dir).map_err(io("resolve the runtime directory"))?;
+    let runtime_dir = std::fs::canonicalize(runtime_dir).map_err(io("resolve the runtime directory"))?;
     let id = runtime_id(LOCK, python);
     // One installer at a time per runtime; the others wait, then find it installed.
     let lock_path = runtime_dir.join(format!(".{id}.lock"));

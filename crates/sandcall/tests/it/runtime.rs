@@ -248,3 +248,126 @@ fn an_uploaded_csv_charted_in_a_warm_sandbox_comes_back_as_png() {
     );
     png_width(&reply.body);
 }
+
+/// `sandcall serve` with this environment, its stderr collected; returns the server
+/// (once it listens) and what it printed before.
+fn serve_capturing(dir: &std::path::Path, env: &[(&str, &str)]) -> (std::process::Child, String, String) {
+    use std::io::{BufRead, BufReader, Read};
+    use std::process::Stdio;
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandcall"));
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.join("data"))
+        .env_remove("SANDCALL_API_KEYS")
+        .env("SANDCALL_LOG", "warn")
+        .env("SANDCALL_WARM_POOL_SIZE", "0")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(url) = line.strip_prefix("sandcall listening on ") {
+                let _ = tx.send(url.to_string());
+            }
+        }
+    });
+    let (etx, erx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = stderr.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            text.push_str(&String::from_utf8_lossy(&buf[..n]));
+            let _ = etx.send(text.clone());
+        }
+    });
+    let url = rx.recv_timeout(std::time::Duration::from_secs(240));
+    let mut text = String::new();
+    while let Ok(t) = erx.recv_timeout(std::time::Duration::from_millis(200)) {
+        text = t;
+    }
+    match url {
+        Ok(url) => (child, url, text),
+        Err(_) => {
+            let _ = child.kill();
+            panic!("serve did not start: {text}");
+        }
+    }
+}
+
+#[test]
+fn first_start_without_the_registry_warns_and_serves_on_the_bare_interpreter() {
+    crate::common::require_root();
+    let dir = Server::new_dir();
+    let runtimes = dir.join("runtimes");
+    // pip pointed at a closed port, without retries: the registry is unreachable.
+    let (mut child, url, stderr) = serve_capturing(
+        &dir,
+        &[
+            ("SANDCALL_RUNTIME_DIR", runtimes.to_str().unwrap()),
+            ("SANDCALL_INSTALL_RUNTIME", "true"),
+            ("PIP_INDEX_URL", "http://127.0.0.1:9/simple"),
+            ("PIP_RETRIES", "0"),
+            ("PIP_TIMEOUT", "2"),
+            ("PIP_NO_CACHE_DIR", "1"),
+        ],
+    );
+    // Where it goes, how to skip it, and what happened.
+    assert!(stderr.contains("installing the Python runtime"), "{stderr}");
+    assert!(stderr.contains(&runtimes.display().to_string()), "{stderr}");
+    assert!(stderr.contains("SANDCALL_INSTALL_RUNTIME=false"), "{stderr}");
+    assert!(stderr.contains("could not install the Python runtime"), "{stderr}");
+    let c = Client::at(&url);
+    let r = c.exec(json!({"lang": "py", "code": "import sys\nprint(sys.executable)\nimport numpy"}));
+    assert_eq!(r["stdout"], "/usr/bin/python3\n", "the bare interpreter: {r}");
+    assert!(
+        r["stderr"].as_str().unwrap_or_default().contains("ModuleNotFoundError"),
+        "{r}"
+    );
+    assert_eq!(c.get("/v1/runtimes").json(), json!({"runtimes": []}));
+    // Nothing half-installed is left.
+    let left: Vec<String> = std::fs::read_dir(&runtimes)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("python-") || n.contains(".partial-"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn first_start_finds_an_installed_runtime_and_install_is_idempotent() {
+    crate::common::require_root();
+    let dir = Server::new_dir();
+    let rt = runtime_dir();
+    let rt = rt.to_str().unwrap();
+    // `runtime install` on an installed runtime: quick, says so, prints its directory.
+    let out = Command::new(env!("CARGO_BIN_EXE_sandcall"))
+        .args(["runtime", "install"])
+        .env("SANDCALL_RUNTIME_DIR", rt)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("already installed"), "{stderr}");
+    let installed = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert!(installed.contains("/python-"), "{installed}");
+    // serve with install_runtime on (the default) uses it, without installing.
+    let (mut child, url, stderr) = serve_capturing(&dir, &[("SANDCALL_RUNTIME_DIR", rt)]);
+    assert!(!stderr.contains("installing"), "{stderr}");
+    let r = Client::at(&url).exec(json!({"lang": "py", "code": "import sys, numpy\nprint(sys.prefix)"}));
+    assert_eq!(r["stdout"], format!("{installed}/venv\n"), "{r}");
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
