@@ -84,6 +84,11 @@ pub struct Config {
     /// More host paths bound read-only into every sandbox (an interpreter outside /usr,
     /// say). Default none.
     pub extra_runtime_paths: Vec<PathBuf>,
+    /// Modules warm Python sandboxes import while they wait, when Python runs on the
+    /// managed runtime (so a run's own import of them costs nothing); each a dotted
+    /// module name. They count against the run's `memory_limit_mb`. Empty turns it off.
+    /// Default `["numpy", "pandas", "matplotlib.pyplot"]`.
+    pub warm_preload: Vec<String>,
     /// Where managed runtimes are installed (`sandcall runtime install`), one directory
     /// per lock (`python-<hash>`), bound read-only into every sandbox; may be shared by
     /// several data dirs. Default `<data_dir>/runtimes`.
@@ -416,6 +421,7 @@ impl Default for Config {
             python: PathBuf::from("/usr/bin/python3"),
             bash: PathBuf::from("/usr/bin/bash"),
             extra_runtime_paths: Vec::new(),
+            warm_preload: vec!["numpy".into(), "pandas".into(), "matplotlib.pyplot".into()],
             runtime_dir: None,
             install_runtime: true,
             sandbox_uid: None,
@@ -623,6 +629,16 @@ impl Config {
                 return bad(format!("{name} must be an absolute path"));
             }
         }
+        for m in &self.warm_preload {
+            let ok = !m.is_empty()
+                && m.split('.').all(|part| {
+                    part.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                        && part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                });
+            if !ok {
+                return bad(format!("warm_preload entry {m:?} must be a dotted Python module name"));
+            }
+        }
         for p in &self.extra_runtime_paths {
             if !p.is_absolute() || p.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
                 return bad(format!(
@@ -697,6 +713,20 @@ mod tests {
         assert_eq!(c.memory_limit_mb, 512);
         assert_eq!(c.max_processes, 128);
         assert_eq!(c.workspace_limit_mb, 256);
+        assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn warm_preload_takes_module_names_only() {
+        let mut c = Config::default();
+        assert_eq!(c.warm_preload, ["numpy", "pandas", "matplotlib.pyplot"]);
+        for bad in ["", "os; import x", "a..b", "1abc", "a-b", ".a"] {
+            c.warm_preload = vec![bad.into()];
+            assert!(c.validate().is_err(), "{bad:?} accepted");
+        }
+        c.warm_preload = vec!["scipy.stats".into(), "_x1".into()];
+        assert!(c.validate().is_ok());
+        c.warm_preload = Vec::new();
         assert!(c.validate().is_ok());
     }
 

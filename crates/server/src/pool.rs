@@ -50,7 +50,15 @@ impl Pool {
                     Language::Python => config.python.clone(),
                     Language::Bash => config.bash.clone(),
                 };
-                let (argv, env) = runtime::warm_launch(language, &interpreter);
+                let (argv, mut env) = runtime::warm_launch(language, &interpreter);
+                // On the managed runtime, warm Python sandboxes import the heavy modules
+                // while they wait (runner.py), so a run's `import pandas` costs nothing.
+                if language == Language::Python
+                    && !config.warm_preload.is_empty()
+                    && crate::python_runtime::in_use(&config).is_some()
+                {
+                    env.push(("SANDCALL_PRELOAD".into(), config.warm_preload.join(",")));
+                }
                 let fill = Refill {
                     pool: pool.clone(),
                     runner: runner.clone(),

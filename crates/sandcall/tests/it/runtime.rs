@@ -371,3 +371,40 @@ fn first_start_finds_an_installed_runtime_and_install_is_idempotent() {
     let _ = child.wait();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn warm_sandboxes_have_the_data_stack_imported_already() {
+    let s = Server::start_with(&[("SANDCALL_WARM_POOL_SIZE", "1")], "");
+    require_runtime(&s);
+    let code = "import os, sys, time\n\
+before = [m in sys.modules for m in ('numpy', 'pandas', 'matplotlib.pyplot')]\n\
+t = time.perf_counter()\n\
+import numpy, pandas, matplotlib.pyplot\n\
+took = time.perf_counter() - t\n\
+print(before, took < 0.05, 'SANDCALL_PRELOAD' in os.environ)\n";
+    s.wait_warm(2);
+    let (kind, r) = s.exec_kind(&json!({"code": code}).to_string());
+    assert_eq!(kind, "warm", "{r}");
+    assert_eq!(r["stdout"], "[True, True, True] True False\n", "{r}");
+    // A cold run imports them itself; turned off, a warm run does too.
+    let (kind, r) = Server::start().exec_kind(&json!({"code": code}).to_string());
+    assert_eq!(kind, "cold", "{r}");
+    assert!(
+        r["stdout"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("[False, False, False]"),
+        "{r}"
+    );
+    let off = Server::start_with(&[("SANDCALL_WARM_POOL_SIZE", "1"), ("SANDCALL_WARM_PRELOAD", "[]")], "");
+    off.wait_warm(2);
+    let (kind, r) = off.exec_kind(&json!({"code": code}).to_string());
+    assert_eq!(kind, "warm", "{r}");
+    assert!(
+        r["stdout"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("[False, False, False]"),
+        "{r}"
+    );
+}
