@@ -51,6 +51,7 @@ impl Pool {
                     Language::Bash => config.bash.clone(),
                 };
                 let (argv, mut env) = runtime::warm_launch(language, &interpreter);
+                let mut wait_ready = false;
                 // On the managed runtime, warm Python sandboxes import the heavy modules
                 // while they wait (runner.py), so a run's `import pandas` costs nothing.
                 if language == Language::Python
@@ -58,12 +59,14 @@ impl Pool {
                     && crate::python_runtime::in_use(&config).is_some()
                 {
                     env.push(("SANDCALL_PRELOAD".into(), config.warm_preload.join(",")));
+                    // Handed out only once they are imported (runner.py says `ready`).
+                    wait_ready = true;
                 }
                 let fill = Refill {
                     pool: pool.clone(),
                     runner: runner.clone(),
                     language,
-                    launch: Launch { argv, env },
+                    launch: Launch { argv, env, wait_ready },
                     limits: limits.clone(),
                     tools: tools.clone(),
                 };

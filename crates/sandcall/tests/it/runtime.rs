@@ -199,7 +199,7 @@ fn doctor_lists_the_runtime_and_its_versions() {
 fn warm_and_cold_runs_agree_and_random_sources_differ() {
     let warm = Server::start_with(&[("SANDCALL_WARM_POOL_SIZE", "1")], "");
     require_runtime(&warm);
-    let cold = Server::start();
+    let cold = Server::start_with(&[("SANDCALL_WARM_POOL_SIZE", "0")], "");
     let code = "import numpy as np, pandas as pd, random\n\
 df = pd.DataFrame({'k': list('abab'), 'v': [1, 2, 3, 4]})\n\
 print(df.groupby('k')['v'].sum().to_dict(), np.arange(4).sum())\n\
@@ -387,7 +387,8 @@ print(before, took < 0.05, 'SANDCALL_PRELOAD' in os.environ)\n";
     assert_eq!(kind, "warm", "{r}");
     assert_eq!(r["stdout"], "[True, True, True] True False\n", "{r}");
     // A cold run imports them itself; turned off, a warm run does too.
-    let (kind, r) = Server::start().exec_kind(&json!({"code": code}).to_string());
+    let (kind, r) =
+        Server::start_with(&[("SANDCALL_WARM_POOL_SIZE", "0")], "").exec_kind(&json!({"code": code}).to_string());
     assert_eq!(kind, "cold", "{r}");
     assert!(
         r["stdout"]
@@ -407,4 +408,23 @@ print(before, took < 0.05, 'SANDCALL_PRELOAD' in os.environ)\n";
             .starts_with("[False, False, False]"),
         "{r}"
     );
+}
+
+#[test]
+fn a_refilled_warm_sandbox_is_handed_out_only_once_its_imports_are_done() {
+    // One warm Python sandbox: each run takes it, and the next run must find the refill
+    // fully imported (its run does not pay for the preload, so a 400 ms timeout holds).
+    let s = Server::start_with(&[("SANDCALL_WARM_POOL_SIZE", "1")], "");
+    require_runtime(&s);
+    let code = "import sys\nprint('pandas' in sys.modules, flush=True)";
+    for _ in 0..3 {
+        s.wait_warm(2);
+        let (kind, r) = s.exec_kind(&json!({"code": code, "timeout": 400}).to_string());
+        assert_eq!(kind, "warm", "{r}");
+        assert_eq!(r["stdout"], "True\n", "{r}");
+        assert!(
+            r["cpu_time"].as_u64().unwrap_or(u64::MAX) < 300,
+            "the preload was billed to the run: {r}"
+        );
+    }
 }
