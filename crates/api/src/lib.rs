@@ -589,6 +589,31 @@ pub struct Health {
     pub warm_idle: Option<usize>,
 }
 
+/// GET /v1/runtimes (extension): the managed runtimes programs run on, with their
+/// pinned packages. Empty when Python runs on the bare interpreter.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct RuntimesResponse {
+    pub runtimes: Vec<RuntimeInfo>,
+}
+
+/// One managed runtime.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct RuntimeInfo {
+    /// `python-` and 16 hex characters of its lock file's hash.
+    pub name: String,
+    /// The language it serves (`python`).
+    pub language: String,
+    /// Every package it holds, at its exact version.
+    pub packages: Vec<RuntimePackage>,
+}
+
+/// A package of a runtime.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct RuntimePackage {
+    pub name: String,
+    pub version: String,
+}
+
 /// The languages sandcall runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]

@@ -84,6 +84,9 @@ pub fn run_helper() -> i32 {
             emit(&Event::Failed { message });
             return 1;
         }
+        if launch.wait_ready {
+            sandbox.wait_program_ready(READY_WAIT);
+        }
     }
     emit(&Event::Ready);
 
@@ -271,6 +274,9 @@ struct Sandbox {
     /// CPU time spent before the run began (a launched program's start-up).
     cpu_before_run: u64,
 }
+
+/// The longest a warm sandbox's program may take to say it is ready (`Launch::wait_ready`).
+const READY_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Everything init and the program need, captured before clone(2).
 struct InitContext<'a> {
@@ -839,6 +845,32 @@ impl Sandbox {
     }
 
     /// Tells init to fork and exec the program.
+    /// Waits until the launched program writes `ready\n` on fd 3, at most `wait`. Anything
+    /// else (EOF, other bytes, the wait running out) just ends the wait: the sandbox is
+    /// then handed out as it is, and its run pays for what is left of the warm-up.
+    fn wait_program_ready(&mut self, wait: std::time::Duration) {
+        let Some(fd) = self.go_w.as_ref() else {
+            return;
+        };
+        let deadline = std::time::Instant::now() + wait;
+        let mut got = Vec::new();
+        // Exactly the bytes of `ready\n`: nothing after it may be consumed here.
+        while got.len() < b"ready\n".len() {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() || !matches!(crate::io::wait_readable(fd, left), Ok(true)) {
+                return;
+            }
+            let mut buf = vec![0u8; b"ready\n".len() - got.len()];
+            match crate::io::read_some(fd, &mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+            if !b"ready\n".starts_with(&got) {
+                return;
+            }
+        }
+    }
+
     fn start_program(&mut self, program: &InitRun) -> Result<(), String> {
         let message = serde_json::to_vec(program).map_err(|e| e.to_string())?;
         let to_init = self.to_init.take().ok_or("init pipe closed")?;

@@ -82,6 +82,11 @@ pub struct Prepare {
 pub struct Launch {
     pub argv: Vec<String>,
     pub env: Vec<(String, String)>,
+    /// Report `Ready` only once the program writes `ready` on fd 3 (it has finished
+    /// warming up: a Python sandbox importing its preloads), or after
+    /// `READY_WAIT`, whichever comes first; so that a run never pays for the warm-up.
+    #[serde(default)]
+    pub wait_ready: bool,
 }
 
 /// Settings of the tool-call channel between the program and the helper. The helper

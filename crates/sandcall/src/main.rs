@@ -25,6 +25,9 @@ enum Command {
     /// Manage API keys.
     #[command(subcommand)]
     Keys(KeysCommand),
+    /// Manage the runtimes programs run on (the Python data stack).
+    #[command(subcommand)]
+    Runtime(RuntimeCommand),
     /// Print the OpenAPI document of the HTTP API (what GET /openapi.json serves).
     Openapi,
     /// Internal: build and run one sandbox, driven over stdin/stdout by the server.
@@ -51,6 +54,13 @@ enum KeysCommand {
     },
 }
 
+#[derive(Subcommand)]
+enum RuntimeCommand {
+    /// Install the pinned Python runtime (numpy, pandas, matplotlib, ...) from the
+    /// package registry into `runtime_dir`, unless it is there already.
+    Install(ServeArgs),
+}
+
 #[derive(clap::Args)]
 struct ServeArgs {
     /// TOML configuration file.
@@ -71,6 +81,7 @@ fn main() -> ExitCode {
         Command::ToolCall { name, args } => ExitCode::from(sandcall_sandbox::tools::client_main(&name, &args) as u8),
         Command::Serve(args) => run_async(serve(args)),
         Command::Doctor(args) => run_async(doctor(args)),
+        Command::Runtime(RuntimeCommand::Install(args)) => runtime_install(&args),
         Command::Openapi => {
             print!("{}", sandcall_server::openapi::document());
             ExitCode::SUCCESS
@@ -113,6 +124,33 @@ fn run_async(fut: impl std::future::Future<Output = anyhow::Result<ExitCode>>) -
     }
 }
 
+fn runtime_install(args: &ServeArgs) -> ExitCode {
+    let config = match load(args) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("sandcall: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let dir = sandcall_server::python_runtime::runtime_dir(&config);
+    eprintln!("sandcall: installing the Python runtime into {}", dir.display());
+    match sandcall_server::python_runtime::install(&dir, &config.python, &mut |line| eprintln!("sandcall: {line}")) {
+        Ok(installed) => {
+            println!("{}", installed.dir.display());
+            eprintln!(
+                "sandcall: the Python runtime ({} packages) is ready in {}",
+                installed.packages.len(),
+                installed.dir.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("sandcall: installing the Python runtime failed: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn load(args: &ServeArgs) -> anyhow::Result<sandcall_server::config::Config> {
     let overrides = sandcall_server::config::Overrides {
         listen: args.listen.clone(),
@@ -125,13 +163,22 @@ fn load(args: &ServeArgs) -> anyhow::Result<sandcall_server::config::Config> {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    let config = load(&args)?;
+    let mut config = load(&args)?;
+    let config = tokio::task::spawn_blocking(move || {
+        sandcall_server::python_runtime::prepare_for_serve(&mut config);
+        config
+    })
+    .await?;
     sandcall_server::serve(config).await?;
     Ok(ExitCode::SUCCESS)
 }
 
 async fn doctor(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    let config = load(&args)?;
+    let mut config = load(&args)?;
+    let dir = sandcall_server::python_runtime::runtime_dir(&config);
+    if let Some(found) = sandcall_server::python_runtime::find(&dir, &config.python) {
+        sandcall_server::python_runtime::apply(&mut config, &found);
+    }
     let report = sandcall_server::doctor::run(&config).await;
     print!("{}", report.render());
     Ok(if report.all_passed() {

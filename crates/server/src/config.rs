@@ -95,6 +95,20 @@ pub struct Config {
     /// More host paths bound read-only into every sandbox (an interpreter outside /usr,
     /// say). Default none.
     pub extra_runtime_paths: Vec<PathBuf>,
+    /// Modules warm Python sandboxes import while they wait, when Python runs on the
+    /// managed runtime (so a run's own import of them costs nothing); each a dotted
+    /// module name. They count against the run's `memory_limit_mb`. Empty turns it off.
+    /// Default empty (off): each warm sandbox would then take about a second of CPU to
+    /// refill, which a stream of short runs outpaces (docs/runtimes.md#warm-imports); the
+    /// data stack is `["numpy", "pandas", "matplotlib.pyplot"]`.
+    pub warm_preload: Vec<String>,
+    /// Where managed runtimes are installed (`sandcall runtime install`), one directory
+    /// per lock (`python-<hash>`), bound read-only into every sandbox; may be shared by
+    /// several data dirs. Default `<data_dir>/runtimes`.
+    pub runtime_dir: Option<PathBuf>,
+    /// `serve` installs the Python runtime on first start when it is missing (minutes,
+    /// once; without registry access it warns and runs on the bare `python`). Default true.
+    pub install_runtime: bool,
     /// Host uid the sandbox user maps to. Default 65534 (nobody) as root, else your uid.
     pub sandbox_uid: Option<u32>,
     /// Host gid the sandbox user maps to. Default 65534 as root, else your gid.
@@ -425,6 +439,9 @@ impl Default for Config {
             node: PathBuf::from("/usr/bin/node"),
             typescript_transpiler: None,
             extra_runtime_paths: Vec::new(),
+            warm_preload: Vec::new(),
+            runtime_dir: None,
+            install_runtime: true,
             sandbox_uid: None,
             sandbox_gid: None,
             cgroup_root: None,
@@ -642,6 +659,16 @@ impl Config {
                 "warm_languages names {name:?}, which is not a language (python, bash, javascript, typescript)"
             ));
         }
+        for m in &self.warm_preload {
+            let ok = !m.is_empty()
+                && m.split('.').all(|part| {
+                    part.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                        && part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                });
+            if !ok {
+                return bad(format!("warm_preload entry {m:?} must be a dotted Python module name"));
+            }
+        }
         for p in &self.extra_runtime_paths {
             if !p.is_absolute() || p.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
                 return bad(format!(
@@ -727,6 +754,20 @@ mod tests {
         assert!(c.validate().is_ok());
         c.warm_languages = vec!["python".into(), "cobol".into()];
         assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn warm_preload_takes_module_names_only() {
+        let mut c = Config::default();
+        assert!(c.warm_preload.is_empty(), "off by default: see docs/runtimes.md");
+        for bad in ["", "os; import x", "a..b", "1abc", "a-b", ".a"] {
+            c.warm_preload = vec![bad.into()];
+            assert!(c.validate().is_err(), "{bad:?} accepted");
+        }
+        c.warm_preload = vec!["scipy.stats".into(), "_x1".into()];
+        assert!(c.validate().is_ok());
+        c.warm_preload = Vec::new();
+        assert!(c.validate().is_ok());
     }
 
     #[test]

@@ -146,12 +146,42 @@ fn check_credentials(config: &Config) -> Check {
     }
 }
 
+/// The managed Python runtime in use and its packages. Never a failure: without one,
+/// Python runs on the bare interpreter.
+fn check_python_runtime(config: &Config) -> Check {
+    let dir = crate::python_runtime::runtime_dir(config);
+    let detail = match crate::python_runtime::in_use(config) {
+        Some(r) => {
+            let list: Vec<String> = r.packages.iter().map(|p| format!("{} {}", p.name, p.version)).collect();
+            format!(
+                "{} in {}, {} packages: {}",
+                r.id,
+                r.dir.display(),
+                r.packages.len(),
+                list.join(", ")
+            )
+        }
+        None => format!(
+            "none in {}: Python runs on the bare {} (`sandcall runtime install` adds numpy, pandas, matplotlib, ...)",
+            dir.display(),
+            config.python.display()
+        ),
+    };
+    Check {
+        name: "python runtime",
+        ok: true,
+        detail,
+        fix: "run `sandcall runtime install`",
+    }
+}
+
 /// Runs every check, ending with a real sandboxed program in each language.
 pub async fn run(config: &Config) -> Report {
     let mut checks = vec![check_credentials(config), check_userns(), check_seccomp()];
     checks.push(check_interpreter("python interpreter", &config.python));
     checks.push(check_interpreter("bash interpreter", &config.bash));
     checks.push(check_optional_languages(config));
+    checks.push(check_python_runtime(config));
     let data_dir = host::data_dir(config);
     checks.push(Check {
         name: "data directory",

@@ -235,6 +235,7 @@ pub fn router(state: AppState) -> Router {
     router
         .route("/v1/health", get(health))
         .route("/openapi.json", get(openapi_route))
+        .route("/v1/runtimes", get(runtimes_route))
         .route("/v1/exec", post(exec_route))
         .route(
             "/v1/exec/programmatic",
@@ -469,6 +470,25 @@ pub(crate) async fn openapi_route() -> Response {
     static DOCUMENT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     let text = DOCUMENT.get_or_init(crate::openapi::document).clone();
     ([(header::CONTENT_TYPE, "application/json")], text).into_response()
+}
+
+/// The managed runtimes programs run on, with their packages (extension).
+#[utoipa::path(
+    get,
+    path = "/v1/runtimes",
+    operation_id = "runtimes",
+    tag = "health",
+    responses(
+        (status = 200, description = "The runtimes in use, each with every package at its exact version; empty when Python runs on the bare interpreter.", body = sandcall_api::RuntimesResponse),
+        (status = 401, description = "`unauthorized`: no valid credentials.", body = ErrorBody),
+    ),
+)]
+pub(crate) async fn runtimes_route(State(state): State<AppState>) -> Response {
+    static RUNTIMES: std::sync::OnceLock<sandcall_api::RuntimesResponse> = std::sync::OnceLock::new();
+    let body = RUNTIMES
+        .get_or_init(|| crate::python_runtime::describe(&state.config))
+        .clone();
+    Json(body).into_response()
 }
 
 /// Only with `fault_injection`: a handler that panics.

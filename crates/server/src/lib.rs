@@ -20,6 +20,7 @@ pub mod listen;
 pub mod openapi;
 pub mod pool;
 pub mod programmatic;
+pub mod python_runtime;
 pub mod runner;
 pub mod runtime;
 

@@ -35,6 +35,7 @@ use utoipa::{Modify, OpenApi, ToSchema};
         file_routes::object,
         file_routes::remove,
         http::openapi_route,
+        http::runtimes_route,
     ),
     components(schemas(
         ErrorBody,
@@ -52,6 +53,9 @@ use utoipa::{Modify, OpenApi, ToSchema};
         ObjectInfo,
         UploadForm,
         BatchUploadForm,
+        sandcall_api::RuntimesResponse,
+        sandcall_api::RuntimeInfo,
+        sandcall_api::RuntimePackage,
     )),
     modifiers(&Common),
 )]
@@ -310,11 +314,12 @@ mod tests {
             ("/v1/files/{session_id}/{file_id}", "delete"),
             ("/v1/sessions/{session_id}/objects/{file_id}", "get"),
             ("/openapi.json", "get"),
+            ("/v1/runtimes", "get"),
         ] {
             let op = &paths[path][method];
             assert!(op.is_object(), "{method} {path} is missing");
             assert!(op["responses"]["401"].is_object(), "{method} {path} lacks 401");
         }
-        assert_eq!(paths.len(), 12, "a route in the document that the test does not know");
+        assert_eq!(paths.len(), 13, "a route in the document that the test does not know");
     }
 }

@@ -62,11 +62,22 @@ impl Pool {
                 let interpreter = runtime::languages::interpreter(language, &config);
                 let (argv, mut env) = runtime::warm_launch(language, interpreter);
                 env.extend(runtime::languages::config_env(language, &config));
+                let mut wait_ready = false;
+                // On the managed runtime, warm Python sandboxes import the heavy modules
+                // while they wait (runner.py), so a run's `import pandas` costs nothing.
+                if language == Language::Python
+                    && !config.warm_preload.is_empty()
+                    && crate::python_runtime::in_use(&config).is_some()
+                {
+                    env.push(("SANDCALL_PRELOAD".into(), config.warm_preload.join(",")));
+                    // Handed out only once they are imported (runner.py says `ready`).
+                    wait_ready = true;
+                }
                 let fill = Refill {
                     pool: pool.clone(),
                     runner: runner.clone(),
                     language,
-                    launch: Launch { argv, env },
+                    launch: Launch { argv, env, wait_ready },
                     limits: limits.clone(),
                     tools: tools.clone(),
                 };

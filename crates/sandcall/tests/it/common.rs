@@ -32,6 +32,16 @@ fn nix_is_root() -> bool {
 /// The languages that get warm sandboxes unless a test says otherwise.
 pub const WARM_LANGUAGES: &str = r#"["python","bash"]"#;
 
+/// Where the test servers find the Python runtime: SANDCALL_RUNTIME_DIR (which `.ci/run`
+/// sets, after `sandcall runtime install` there), else `target/runtimes` of this
+/// workspace.
+pub fn runtime_dir() -> PathBuf {
+    match std::env::var_os("SANDCALL_RUNTIME_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/runtimes"),
+    }
+}
+
 pub fn hostile(name: &str) -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hostile").join(name);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("fixture {}: {e}", path.display()))
@@ -79,6 +89,10 @@ impl Server {
             .arg("--config")
             .arg(&config_path)
             .env("SANDCALL_LOG", "warn")
+            // The servers never install the Python runtime themselves: they use the one
+            // `.ci/run` installed (tests of the data stack fail when it is missing).
+            .env("SANDCALL_INSTALL_RUNTIME", "false")
+            .env("SANDCALL_RUNTIME_DIR", runtime_dir())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         // The warm pool is off unless a test (or SANDCALL_TEST_WARM_POOL, which CI sets

@@ -272,6 +272,8 @@ fn sandcall(args: &[&str], env: &[(&str, &str)], limit: Duration) -> (Option<i32
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandcall"));
     cmd.args(args)
         .env_remove("SANDCALL_API_KEYS")
+        .env("SANDCALL_INSTALL_RUNTIME", "false")
+        .env("SANDCALL_RUNTIME_DIR", crate::common::runtime_dir())
         .env("SANDCALL_LOG", "warn")
         .env("SANDCALL_WARM_POOL_SIZE", "0")
         .stdin(Stdio::null())

@@ -31,6 +31,7 @@ fn a_missing_interpreter_fails_doctor_and_serve_refuses_to_start() {
             .args([sub, "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(&dir)
             .env("SANDCALL_PYTHON", "/nonexistent/python3")
+            .env("SANDCALL_INSTALL_RUNTIME", "false")
             .output()
             .unwrap()
     };
@@ -65,6 +66,7 @@ fn a_data_directory_in_use_is_refused_and_its_server_keeps_running() {
             let out = Command::new(env!("CARGO_BIN_EXE_sandcall"))
                 .args([sub, "--listen", "127.0.0.1:0", "--data-dir"])
                 .arg(&s.data_dir)
+                .env("SANDCALL_INSTALL_RUNTIME", "false")
                 .output()
                 .unwrap();
             assert!(!out.status.success(), "{sub} started on a data directory in use");
@@ -93,6 +95,7 @@ fn bad_configuration_is_refused_with_the_reason() {
     let out = Command::new(env!("CARGO_BIN_EXE_sandcall"))
         .args(["serve", "--config"])
         .arg(dir.join("c.toml"))
+        .env("SANDCALL_INSTALL_RUNTIME", "false")
         .output()
         .unwrap();
     assert!(!out.status.success());

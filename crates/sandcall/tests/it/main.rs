@@ -15,6 +15,7 @@ mod node;
 mod openapi;
 mod principals;
 mod programmatic;
+mod runtime;
 mod soak;
 mod unprivileged;
 mod warm;

@@ -527,6 +527,8 @@ impl Spawned {
         cmd.arg("serve")
             .args(args)
             .env_remove("SANDCALL_API_KEYS")
+            .env("SANDCALL_INSTALL_RUNTIME", "false")
+            .env("SANDCALL_RUNTIME_DIR", crate::common::runtime_dir())
             .env_remove("SANDCALL_LISTEN")
             .env("SANDCALL_LOG", "warn")
             .stdin(Stdio::null())
