@@ -69,14 +69,18 @@ pub struct UploadForm {
     /// part's filename may be a relative path (`skill/scripts/run.py`), kept as it is.
     #[schema(value_type = String, format = Binary)]
     file: Vec<u8>,
-    /// Stored with every file of the request (`user`, `skill`, ...).
+    /// Stored with every file of the request (`user`, `skill`, ...). Each text field may
+    /// be sent once; a second one is refused.
+    #[schema(nullable = false)]
     kind: Option<String>,
     /// The entity the files belong to, stored with every file (`entity_id` is read too).
+    #[schema(nullable = false)]
     id: Option<String>,
+    #[schema(nullable = false)]
     version: Option<String>,
     /// `true` (or `1`): the files are staged but never returned as outputs of a run.
     /// `false`, `0` or empty: the default. Any other value is refused.
-    #[schema(value_type = Option<String>, pattern = "^(true|false|1|0)?$")]
+    #[schema(nullable = false, pattern = "^(true|false|1|0)?$")]
     read_only: Option<String>,
 }
 
@@ -88,11 +92,14 @@ pub struct BatchUploadForm {
     /// own. The filename may be a relative path, kept as it is.
     #[schema(value_type = String, format = Binary)]
     file: Vec<u8>,
+    #[schema(nullable = false)]
     kind: Option<String>,
+    #[schema(nullable = false)]
     id: Option<String>,
+    #[schema(nullable = false)]
     version: Option<String>,
     /// As on /v1/upload.
-    #[schema(value_type = Option<String>, pattern = "^(true|false|1|0)?$")]
+    #[schema(nullable = false, pattern = "^(true|false|1|0)?$")]
     read_only: Option<String>,
 }
 

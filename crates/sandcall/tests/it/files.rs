@@ -41,6 +41,7 @@ impl std::fmt::Display for Reply {
 }
 
 /// One part of a multipart/form-data body.
+#[derive(Clone)]
 pub(crate) struct Part<'a> {
     pub field: &'a str,
     pub filename: Option<&'a str>,
@@ -1345,6 +1346,25 @@ fn batch_upload_stores_each_file_on_its_own() {
     assert_error(&c.upload_batch(&[field_part("kind", "user")]), 400, "invalid_request");
     let reply = c.upload_batch(&[field_part("read_only", "maybe"), file_part("a.txt", "text/plain", b"a")]);
     assert_error(&reply, 400, "invalid_request");
+    // A field sent twice: which value applies would be a guess, so neither route takes it.
+    for twice in [
+        [field_part("read_only", "true"), field_part("read_only", "false")],
+        [field_part("version", "1"), field_part("version", "1")],
+        [field_part("id", "a"), field_part("entity_id", "a")],
+    ] {
+        let parts = [
+            twice[0].clone(),
+            file_part("a.txt", "text/plain", b"a"),
+            twice[1].clone(),
+        ];
+        let reply = c.upload_batch(&parts);
+        assert_error(&reply, 400, "invalid_request");
+        assert!(
+            reply.json()["error"].as_str().unwrap().contains("more than once"),
+            "{reply}"
+        );
+        assert_error(&c.upload_parts(&parts), 400, "invalid_request");
+    }
     assert_eq!(stored_count(&s), before);
 }
 

@@ -70,11 +70,32 @@ struct UploadFields {
     entity_id: Option<String>,
     version: Option<String>,
     read_only: bool,
+    /// The fields taken so far, by the name they are stored under: each may come once.
+    seen: Vec<&'static str>,
 }
 
 impl UploadFields {
-    /// Takes one non-file field; other names are ignored.
+    /// Takes one non-file field; other names are ignored. A field sent twice is refused,
+    /// since which of its values applies would be a guess.
     async fn take(&mut self, name: &str, field: &mut axum::extract::multipart::Field<'_>) -> Result<(), ApiError> {
+        let canonical = match name {
+            "kind" => "kind",
+            "id" | "entity_id" => "id",
+            "version" => "version",
+            "read_only" => "read_only",
+            _ => return Ok(()),
+        };
+        if self.seen.contains(&canonical) {
+            return Err(ApiError::bad_request(format!(
+                "the `{canonical}` field is given more than once{}",
+                if canonical == "id" {
+                    " (`entity_id` is the same field)"
+                } else {
+                    ""
+                }
+            )));
+        }
+        self.seen.push(canonical);
         let slot = match name {
             "kind" => &mut self.kind,
             // `entity_id` is what older LibreChat versions send.
