@@ -137,25 +137,7 @@ const BASH_RESERVED: &[&str] = &[
 /// other character outside `[A-Za-z0-9_]` is dropped, a leading digit gets `_` in
 /// front, a keyword gets `_tool` after it. (A name with nothing left is `tool`.)
 pub fn python_name(declared: &str) -> String {
-    let mut name: String = declared
-        .chars()
-        .filter_map(|c| match c {
-            '-' => Some('_'),
-            c if c.is_whitespace() => Some('_'),
-            c if c.is_ascii_alphanumeric() || c == '_' => Some(c),
-            _ => None,
-        })
-        .collect();
-    if name.is_empty() {
-        name.push_str("tool");
-    }
-    if name.starts_with(|c: char| c.is_ascii_digit()) {
-        name.insert(0, '_');
-    }
-    if PYTHON_KEYWORDS.contains(&name.as_str()) {
-        name.push_str("_tool");
-    }
-    name
+    identifier(declared, &['-'], |name| PYTHON_KEYWORDS.contains(&name))
 }
 
 /// The Code Interpreter API's rule for Bash: `-`, whitespace and `.` become `_`, other
@@ -163,11 +145,28 @@ pub fn python_name(declared: &str) -> String {
 /// a builtin of `BASH_RESERVED` or a name starting `_ptc_` gets `_tool` after it, and
 /// an empty result is `tool`.
 pub fn bash_name(declared: &str) -> String {
+    identifier(declared, &['-', '.'], |name| {
+        BASH_RESERVED.contains(&name) || name.starts_with("_ptc_")
+    })
+}
+
+/// sandcall's rule for JavaScript, the Python rule with JavaScript's reserved words:
+/// `-` and whitespace become `_`, every other character outside `[A-Za-z0-9_]` is
+/// dropped, a leading digit gets `_` in front, a reserved word or global of
+/// `JS_RESERVED` gets `_tool` after it, and an empty result is `tool`. The result is
+/// always a valid JavaScript identifier.
+pub fn js_name(declared: &str) -> String {
+    identifier(declared, &['-'], |name| JS_RESERVED.contains(&name))
+}
+
+/// The shape the three rules share: whitespace and `to_underscore` become `_`, other
+/// characters outside `[A-Za-z0-9_]` are dropped, nothing left is `tool`, a leading
+/// digit gets `_` in front, and a name `reserved` says is taken gets `_tool` after it.
+fn identifier(declared: &str, to_underscore: &[char], reserved: impl Fn(&str) -> bool) -> String {
     let mut name: String = declared
         .chars()
         .filter_map(|c| match c {
-            '-' | '.' => Some('_'),
-            c if c.is_whitespace() => Some('_'),
+            c if to_underscore.contains(&c) || c.is_whitespace() => Some('_'),
             c if c.is_ascii_alphanumeric() || c == '_' => Some(c),
             _ => None,
         })
@@ -178,34 +177,7 @@ pub fn bash_name(declared: &str) -> String {
     if name.starts_with(|c: char| c.is_ascii_digit()) {
         name.insert(0, '_');
     }
-    if BASH_RESERVED.contains(&name.as_str()) || name.starts_with("_ptc_") {
-        name.push_str("_tool");
-    }
-    name
-}
-
-/// sandcall's rule for JavaScript, the Python rule with JavaScript's reserved words:
-/// `-` and whitespace become `_`, every other character outside `[A-Za-z0-9_]` is
-/// dropped, a leading digit gets `_` in front, a reserved word or global of
-/// `JS_RESERVED` gets `_tool` after it, and an empty result is `tool`. The result is
-/// always a valid JavaScript identifier.
-pub fn js_name(declared: &str) -> String {
-    let mut name: String = declared
-        .chars()
-        .filter_map(|c| match c {
-            '-' => Some('_'),
-            c if c.is_whitespace() => Some('_'),
-            c if c.is_ascii_alphanumeric() || c == '_' => Some(c),
-            _ => None,
-        })
-        .collect();
-    if name.is_empty() {
-        name.push_str("tool");
-    }
-    if name.starts_with(|c: char| c.is_ascii_digit()) {
-        name.insert(0, '_');
-    }
-    if JS_RESERVED.contains(&name.as_str()) {
+    if reserved(&name) {
         name.push_str("_tool");
     }
     name
