@@ -271,7 +271,8 @@ pub const LANGUAGES: [Declaration; 13] = [
             code_file: "Main.java",
             compile: None,
             run: r#"java -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:-UsePerfData -Xss4m -Xmx$((SANDCALL_MEMORY_MB / 2))m -XX:ReservedCodeCacheSize=32m "$CODE""#,
-            tools: &["java"],
+            // javac: the source-file mode needs the JDK's compiler, not just a JRE.
+            tools: &["java", "javac"],
             package: "default-jdk-headless",
             paths: &["/etc/java-*-openjdk"],
         },
