@@ -176,6 +176,25 @@ enum LanguageName {
     D,
 }
 
+/// A language name `/v1/exec/programmatic` accepts, in any case: those whose programs
+/// can call tools.
+#[derive(ToSchema)]
+#[schema(as = ProgrammaticLanguageName)]
+#[allow(dead_code)] // Only its schema is used.
+#[serde(rename_all = "lowercase")]
+enum ProgrammaticLanguageName {
+    Python,
+    Py,
+    Python3,
+    Bash,
+    Sh,
+    Javascript,
+    Js,
+    Node,
+    Typescript,
+    Ts,
+}
+
 /// A program argument: any string without NUL.
 #[derive(ToSchema)]
 #[schema(value_type = String, pattern = "^[^\\u0000]*$")]
@@ -222,9 +241,11 @@ pub struct ProgrammaticRequest {
     /// First call: the program, as on /v1/exec.
     #[schema(min_length = 1, pattern = r"^[^\u0000]*[^\s\u0000][^\u0000]*$")]
     pub code: Option<String>,
-    #[schema(value_type = Option<LanguageName>)]
+    /// `python` (the default), `bash`, `javascript` or `typescript`, or an alias: the
+    /// languages whose programs can call tools.
+    #[schema(value_type = Option<ProgrammaticLanguageName>)]
     pub language: Option<String>,
-    #[schema(value_type = Option<LanguageName>)]
+    #[schema(value_type = Option<ProgrammaticLanguageName>)]
     pub lang: Option<String>,
     #[schema(inline, value_type = Option<Vec<Arg>>)]
     pub args: Option<Vec<String>>,

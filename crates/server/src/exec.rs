@@ -46,17 +46,30 @@ pub fn parse_language(language: Option<&str>, lang: Option<&str>, config: &Confi
 fn parse_language_name(language: Option<&str>, lang: Option<&str>, config: &Config) -> Result<Language, ApiError> {
     match language.or(lang) {
         None => Ok(Language::Python),
-        Some(name) => runtime::languages::parse(name, config).ok_or_else(|| ApiError {
-            code: Some(sandcall_api::error_code::UNSUPPORTED_CAPABILITY),
-            ..ApiError::new(
-                axum::http::StatusCode::BAD_REQUEST,
-                error_type::UNSUPPORTED_LANGUAGE,
-                format!(
-                    "this server does not run {name:?} programs: use python (py, python3), bash (sh), \
-                     javascript (js, node), typescript (ts), c, cpp, go, java, php, rust (rs), r, \
-                     fortran (f90) or d; retrying in {name:?} will not work"
-                ),
-            )
+        Some(name) => runtime::languages::parse(name, config).ok_or_else(|| {
+            // The operator's own languages, when there are any, are named too.
+            let declared: Vec<&str> = config
+                .languages
+                .iter()
+                .filter_map(|l| l.names.first().map(String::as_str))
+                .collect();
+            let declared = if declared.is_empty() {
+                String::new()
+            } else {
+                format!(", or this server's own: {}", declared.join(", "))
+            };
+            ApiError {
+                code: Some(sandcall_api::error_code::UNSUPPORTED_CAPABILITY),
+                ..ApiError::new(
+                    axum::http::StatusCode::BAD_REQUEST,
+                    error_type::UNSUPPORTED_LANGUAGE,
+                    format!(
+                        "this server does not run {name:?} programs: use python (py, python3), bash (sh), \
+                         javascript (js, node), typescript (ts), c, cpp, go, java, php, rust (rs), r, \
+                         fortran (f90) or d{declared}; retrying in {name:?} will not work"
+                    ),
+                )
+            }
         }),
     }
 }

@@ -506,9 +506,16 @@ fn an_operator_declares_languages_in_the_config() {
         v["error"].as_str().unwrap().contains("cannot run nothing programs"),
         "{v}"
     );
-    // Not declared at all.
+    // Not declared at all: the answer names the operator's languages too.
     let (status, v) = s.post("/v1/exec", &json!({"lang": "cobol", "code": "x"}));
     assert_eq!((status, &v["code"]), (400, &json!("unsupported_capability")), "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("or this server's own: awk, c89, nothing;"),
+        "{v}"
+    );
 }
 
 #[test]
