@@ -863,6 +863,113 @@ mod tests {
     }
 
     #[test]
+    fn declared_languages_are_checked() {
+        let awk = LanguageConfig {
+            names: vec!["awk".into()],
+            code_file: "main.awk".into(),
+            run: "awk -f \"$CODE\"".into(),
+            ..LanguageConfig::default()
+        };
+        let check = |l: LanguageConfig| {
+            let c = Config {
+                languages: vec![l],
+                ..Config::default()
+            };
+            c.validate().map_err(|e| e.to_string())
+        };
+        assert!(check(awk.clone()).is_ok());
+        for (bad, why) in [
+            (
+                LanguageConfig {
+                    names: vec![],
+                    ..awk.clone()
+                },
+                "at least one name",
+            ),
+            (
+                LanguageConfig {
+                    names: vec!["rs".into()],
+                    ..awk.clone()
+                },
+                "already a language's name",
+            ),
+            (
+                LanguageConfig {
+                    names: vec!["a b".into()],
+                    ..awk.clone()
+                },
+                "letters, digits",
+            ),
+            (
+                LanguageConfig {
+                    code_file: "../x".into(),
+                    ..awk.clone()
+                },
+                "plain file name",
+            ),
+            (
+                LanguageConfig {
+                    code_file: "runner.py".into(),
+                    ..awk.clone()
+                },
+                "plain file name",
+            ),
+            (
+                LanguageConfig {
+                    run: " ".into(),
+                    ..awk.clone()
+                },
+                "must not be blank",
+            ),
+            (
+                LanguageConfig {
+                    compile: Some("".into()),
+                    ..awk.clone()
+                },
+                "must not be blank",
+            ),
+            (
+                LanguageConfig {
+                    tools: vec!["bin/awk".into()],
+                    ..awk.clone()
+                },
+                "absolute paths",
+            ),
+            (
+                LanguageConfig {
+                    paths: vec!["opt/x".into()],
+                    ..awk.clone()
+                },
+                "must be absolute",
+            ),
+        ] {
+            let err = check(bad).unwrap_err();
+            assert!(err.contains(why), "{err}");
+        }
+        // Two languages may not share a name.
+        let c = Config {
+            languages: vec![
+                awk.clone(),
+                LanguageConfig {
+                    names: vec!["AWK".into()],
+                    ..awk
+                },
+            ],
+            ..Config::default()
+        };
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("already a language's name"));
+        let c = Config {
+            toolchain_path: vec!["usr/bin".into()],
+            ..Config::default()
+        };
+        assert!(c.validate().is_err());
+    }
+
+    #[test]
     fn warm_preload_takes_module_names_only() {
         let mut c = Config::default();
         assert!(c.warm_preload.is_empty(), "off by default: see docs/runtimes.md");
