@@ -657,6 +657,33 @@ mod tests {
     }
 
     #[test]
+    fn runtime_paths_hold_the_toolchains_config_and_the_operators_paths() {
+        let config = Config {
+            toolchain_path: vec![PathBuf::from("/usr/bin"), PathBuf::from("/tmp")],
+            languages: vec![crate::config::LanguageConfig {
+                names: vec!["x".into()],
+                code_file: "main.x".into(),
+                run: "x".into(),
+                paths: vec![PathBuf::from("/proc/self"), PathBuf::from("/nonexistent")],
+                ..Default::default()
+            }],
+            ..Config::default()
+        };
+        let paths = runtime_paths(&config);
+        if Path::new(ALTERNATIVES).is_dir() {
+            assert!(paths.contains(&PathBuf::from(ALTERNATIVES)), "{paths:?}");
+        }
+        // A toolchain directory outside /usr is bound, and first on PATH; /usr/bin is
+        // already there.
+        assert!(paths.contains(&PathBuf::from("/tmp")), "{paths:?}");
+        assert!(!paths.contains(&PathBuf::from("/usr/bin")), "{paths:?}");
+        assert_eq!(sandbox_path(&config), "/tmp:/usr/local/bin:/usr/bin:/bin");
+        // The operator's paths, those that exist.
+        assert!(paths.contains(&PathBuf::from("/proc/self")), "{paths:?}");
+        assert!(!paths.contains(&PathBuf::from("/nonexistent")), "{paths:?}");
+    }
+
+    #[test]
     fn patterns_expand_to_existing_entries() {
         assert_eq!(expand("/usr/bin"), vec![PathBuf::from("/usr/bin")]);
         assert!(expand("/usr/b*n").contains(&PathBuf::from("/usr/bin")));
