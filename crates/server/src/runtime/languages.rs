@@ -577,6 +577,8 @@ pub fn runtime_paths(config: &Config) -> Vec<PathBuf> {
     for l in &config.languages {
         paths.extend(l.paths.iter().filter(|p| p.exists()).cloned());
     }
+    // Each once, and a directory before what it holds.
+    paths.sort();
     paths.dedup();
     paths
 }
