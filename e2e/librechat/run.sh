@@ -10,7 +10,9 @@
 #   - "jwt":  CODEAPI_JWT_PUBLIC_KEY + CODEAPI_JWT_KID, as a LibreChat deployment with JWT
 #             on configures it; the tests mint their tokens with the private key.
 #   - "open": SANDCALL_ALLOW_UNAUTHENTICATED=true and no credentials, for LibreChat with
-#             JWT off (it sends no auth header at all).
+#             JWT off (it sends no auth header at all), and no compiled languages'
+#             toolchains (toolchain_path at nothing), for the refusal the client tells
+#             the model not to retry.
 # Exits non-zero if any test fails, the install fails, or node/npm are missing.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -123,7 +125,7 @@ start jwt "$jwt_port" \
     CODEAPI_JWT_PUBLIC_KEY="$(cat "$work/public.pem")" \
     CODEAPI_JWT_KID="$kid"
 open_port="$(free_port)"
-start open "$open_port" SANDCALL_ALLOW_UNAUTHENTICATED=true
+start open "$open_port" SANDCALL_ALLOW_UNAUTHENTICATED=true SANDCALL_TOOLCHAIN_PATH='["/nonexistent"]'
 
 status=0
 (

@@ -119,7 +119,9 @@ pub struct ExecRequest {
         pattern = r"^[^\u0000]*[^\s\u0000][^\u0000]*$"
     )]
     pub code: Option<String>,
-    /// `python` (the default), `bash`, `javascript` or `typescript`, or an alias.
+    /// `python` (the default), `bash`, `javascript`, `typescript`, `c`, `cpp`, `go`,
+    /// `java`, `php`, `rust`, `r`, `fortran` or `d`, or an alias; or a name the
+    /// operator declared (docs/runtimes.md, "Languages an operator declares").
     #[schema(value_type = Option<LanguageName>)]
     pub language: Option<String>,
     /// Another name for `language`.
@@ -148,6 +150,39 @@ pub struct ExecRequest {
 #[allow(dead_code)] // Only its schema is used.
 #[serde(rename_all = "lowercase")]
 enum LanguageName {
+    Python,
+    Py,
+    Python3,
+    Bash,
+    Sh,
+    Javascript,
+    Js,
+    Node,
+    Typescript,
+    Ts,
+    C,
+    Cpp,
+    #[serde(rename = "c++")]
+    CPlusPlus,
+    Go,
+    Golang,
+    Java,
+    Php,
+    Rust,
+    Rs,
+    R,
+    Fortran,
+    F90,
+    D,
+}
+
+/// A language name `/v1/exec/programmatic` accepts, in any case: those whose programs
+/// can call tools.
+#[derive(ToSchema)]
+#[schema(as = ProgrammaticLanguageName)]
+#[allow(dead_code)] // Only its schema is used.
+#[serde(rename_all = "lowercase")]
+enum ProgrammaticLanguageName {
     Python,
     Py,
     Python3,
@@ -206,9 +241,11 @@ pub struct ProgrammaticRequest {
     /// First call: the program, as on /v1/exec.
     #[schema(min_length = 1, pattern = r"^[^\u0000]*[^\s\u0000][^\u0000]*$")]
     pub code: Option<String>,
-    #[schema(value_type = Option<LanguageName>)]
+    /// `python` (the default), `bash`, `javascript` or `typescript`, or an alias: the
+    /// languages whose programs can call tools.
+    #[schema(value_type = Option<ProgrammaticLanguageName>)]
     pub language: Option<String>,
-    #[schema(value_type = Option<LanguageName>)]
+    #[schema(value_type = Option<ProgrammaticLanguageName>)]
     pub lang: Option<String>,
     #[schema(inline, value_type = Option<Vec<Arg>>)]
     pub args: Option<Vec<String>>,
@@ -624,29 +661,61 @@ pub enum Language {
     JavaScript,
     #[serde(rename = "typescript")]
     TypeScript,
+    C,
+    Cpp,
+    Go,
+    Java,
+    Php,
+    Rust,
+    R,
+    Fortran,
+    D,
+    /// A language the operator declared in the server's config: the index of its
+    /// `[[languages]]` entry. Its names live there, not here.
+    Declared(u16),
 }
 
 impl Language {
-    /// Every language, in the order they are listed to clients.
-    pub const ALL: [Language; 4] = [
+    /// Every built-in language, in the order they are listed to clients.
+    pub const ALL: [Language; 13] = [
         Language::Python,
         Language::Bash,
         Language::JavaScript,
         Language::TypeScript,
+        Language::C,
+        Language::Cpp,
+        Language::Go,
+        Language::Java,
+        Language::Php,
+        Language::Rust,
+        Language::R,
+        Language::Fortran,
+        Language::D,
     ];
 
     /// The names a language answers to, its own name first (matched in any case). The
     /// rest of a language's declaration lives in the server (`runtime/languages.rs`).
+    /// A declared language's names are in the server's config: empty here.
     pub fn names(self) -> &'static [&'static str] {
         match self {
             Language::Python => &["python", "py", "python3"],
             Language::Bash => &["bash", "sh"],
             Language::JavaScript => &["javascript", "js", "node"],
             Language::TypeScript => &["typescript", "ts"],
+            Language::C => &["c"],
+            Language::Cpp => &["cpp", "c++"],
+            Language::Go => &["go", "golang"],
+            Language::Java => &["java"],
+            Language::Php => &["php"],
+            Language::Rust => &["rust", "rs"],
+            Language::R => &["r"],
+            Language::Fortran => &["fortran", "f90"],
+            Language::D => &["d"],
+            Language::Declared(_) => &[],
         }
     }
 
-    /// Parses a language name or alias (see `names`).
+    /// Parses a built-in language's name or alias (see `names`).
     pub fn parse(name: &str) -> Option<Self> {
         let name = name.trim().to_ascii_lowercase();
         Language::ALL.into_iter().find(|l| l.names().contains(&name.as_str()))
@@ -668,6 +737,22 @@ mod tests {
         }
         for ts in ["ts", "TypeScript"] {
             assert_eq!(Language::parse(ts), Some(Language::TypeScript));
+        }
+        // LibreChat's names for the compiled languages.
+        for (name, language) in [
+            ("c", Language::C),
+            ("cpp", Language::Cpp),
+            ("C++", Language::Cpp),
+            ("go", Language::Go),
+            ("java", Language::Java),
+            ("php", Language::Php),
+            ("rs", Language::Rust),
+            ("rust", Language::Rust),
+            ("r", Language::R),
+            ("f90", Language::Fortran),
+            ("d", Language::D),
+        ] {
+            assert_eq!(Language::parse(name), Some(language), "{name}");
         }
     }
 

@@ -95,6 +95,15 @@ pub struct Config {
     /// More host paths bound read-only into every sandbox (an interpreter outside /usr,
     /// say). Default none.
     pub extra_runtime_paths: Vec<PathBuf>,
+    /// Directories, in order, where the compiled languages' toolchains (gcc, go, java,
+    /// ...) are looked up; each one outside /usr is bound read-only into every sandbox
+    /// and put first on the program's PATH. A language whose commands are not found
+    /// answers `unsupported_capability`. Default `["/usr/bin"]`.
+    pub toolchain_path: Vec<PathBuf>,
+    /// Languages the operator declares (`[[languages]]`): names, code file, optional
+    /// compile command, run command, commands and paths the toolchain needs
+    /// (docs/runtimes.md, "Languages an operator declares"). Default none.
+    pub languages: Vec<LanguageConfig>,
     /// Modules warm Python sandboxes import while they wait, when Python runs on the
     /// managed runtime (so a run's own import of them costs nothing); each a dotted
     /// module name. They count against the run's `memory_limit_mb`. Empty turns it off.
@@ -181,6 +190,31 @@ pub struct Config {
     /// Client connections open at once; more wait to be accepted. Default 2048 (less if
     /// the open-files limit cannot be raised to fit them).
     pub max_connections: usize,
+}
+
+/// A language the operator declares (`[[languages]]`). Its commands are Bash command
+/// lines: `compile` runs in the code directory, `run` in the working directory with the
+/// program's arguments after it; `$CODE` is the code file's path, `$BUILD` an empty
+/// directory on the run's /tmp.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LanguageConfig {
+    /// The names it answers to (any case), its own name first.
+    pub names: Vec<String>,
+    /// The code's file name (`main.awk`).
+    pub code_file: String,
+    /// Compiles the code; a failure ends the run with its status.
+    #[serde(default)]
+    pub compile: Option<String>,
+    /// Runs the program: a simple command.
+    pub run: String,
+    /// Commands it needs, looked up in `toolchain_path` (or absolute paths); when one
+    /// is missing the language answers `unsupported_capability`.
+    #[serde(default)]
+    pub tools: Vec<String>,
+    /// Host paths bound read-only into every sandbox (its toolchain outside /usr).
+    #[serde(default)]
+    pub paths: Vec<PathBuf>,
 }
 
 /// One API key: the principal it stands for and the SHA-256 of the key, in hex.
@@ -439,6 +473,8 @@ impl Default for Config {
             node: PathBuf::from("/usr/bin/node"),
             typescript_transpiler: None,
             extra_runtime_paths: Vec::new(),
+            toolchain_path: vec![PathBuf::from("/usr/bin")],
+            languages: Vec::new(),
             warm_preload: Vec::new(),
             runtime_dir: None,
             install_runtime: true,
@@ -659,6 +695,15 @@ impl Config {
                 "warm_languages names {name:?}, which is not a language (python, bash, javascript, typescript)"
             ));
         }
+        for p in &self.toolchain_path {
+            if !p.is_absolute() || p.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
+                return bad(format!(
+                    "toolchain_path entry {} must be absolute, without ..",
+                    p.display()
+                ));
+            }
+        }
+        self.validate_languages()?;
         for m in &self.warm_preload {
             let ok = !m.is_empty()
                 && m.split('.').all(|part| {
@@ -681,6 +726,67 @@ impl Config {
     }
 
     /// API keys or JWT keys are configured: not local mode.
+    /// Each declared language has names no other language takes, a plain code file
+    /// name, a run command, and absolute paths.
+    fn validate_languages(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        let mut seen: Vec<String> = Vec::new();
+        for (i, l) in self.languages.iter().enumerate() {
+            let what = format!("languages[{i}]");
+            if l.names.is_empty() {
+                return bad(format!("{what} needs at least one name"));
+            }
+            for name in &l.names {
+                let lower = name.trim().to_ascii_lowercase();
+                let ok = !lower.is_empty()
+                    && lower.len() <= 32
+                    && lower.chars().all(|c| c.is_ascii_alphanumeric() || "+-_.#".contains(c));
+                if !ok {
+                    return bad(format!(
+                        "{what}: name {name:?} must be 1 to 32 letters, digits or + - _ . #"
+                    ));
+                }
+                if sandcall_api::Language::parse(&lower).is_some() || seen.contains(&lower) {
+                    return bad(format!("{what}: name {name:?} is already a language's name"));
+                }
+                seen.push(lower);
+            }
+            let reserved = ["args", "tools.json", "tools.sh", "runner.py", "runner.mjs", "bin"];
+            let plain = !l.code_file.is_empty()
+                && l.code_file.len() <= 64
+                && !l.code_file.starts_with('.')
+                && l.code_file
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+            if !plain || reserved.contains(&l.code_file.as_str()) {
+                return bad(format!(
+                    "{what}: code_file {:?} must be a plain file name (letters, digits, . _ -)",
+                    l.code_file
+                ));
+            }
+            if l.run.trim().is_empty() || l.compile.as_ref().is_some_and(|c| c.trim().is_empty()) {
+                return bad(format!("{what}: run (and compile, when given) must not be blank"));
+            }
+            if l.tools
+                .iter()
+                .any(|t| t.is_empty() || (t.contains('/') && !t.starts_with('/')))
+            {
+                return bad(format!("{what}: tools are command names or absolute paths"));
+            }
+            if let Some(p) = l
+                .paths
+                .iter()
+                .find(|p| !p.is_absolute() || p.components().any(|c| matches!(c, std::path::Component::ParentDir)))
+            {
+                return bad(format!("{what}: path {} must be absolute, without ..", p.display()));
+            }
+        }
+        if self.languages.len() > usize::from(u16::MAX) {
+            return bad("too many languages".into());
+        }
+        Ok(())
+    }
+
     pub fn has_credentials(&self) -> bool {
         !self.api_keys.is_empty() || self.jwt.has_key_source()
     }
@@ -753,6 +859,113 @@ mod tests {
         c.warm_languages = vec!["js".into(), "PY".into()];
         assert!(c.validate().is_ok());
         c.warm_languages = vec!["python".into(), "cobol".into()];
+        assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn declared_languages_are_checked() {
+        let awk = LanguageConfig {
+            names: vec!["awk".into()],
+            code_file: "main.awk".into(),
+            run: "awk -f \"$CODE\"".into(),
+            ..LanguageConfig::default()
+        };
+        let check = |l: LanguageConfig| {
+            let c = Config {
+                languages: vec![l],
+                ..Config::default()
+            };
+            c.validate().map_err(|e| e.to_string())
+        };
+        assert!(check(awk.clone()).is_ok());
+        for (bad, why) in [
+            (
+                LanguageConfig {
+                    names: vec![],
+                    ..awk.clone()
+                },
+                "at least one name",
+            ),
+            (
+                LanguageConfig {
+                    names: vec!["rs".into()],
+                    ..awk.clone()
+                },
+                "already a language's name",
+            ),
+            (
+                LanguageConfig {
+                    names: vec!["a b".into()],
+                    ..awk.clone()
+                },
+                "letters, digits",
+            ),
+            (
+                LanguageConfig {
+                    code_file: "../x".into(),
+                    ..awk.clone()
+                },
+                "plain file name",
+            ),
+            (
+                LanguageConfig {
+                    code_file: "runner.py".into(),
+                    ..awk.clone()
+                },
+                "plain file name",
+            ),
+            (
+                LanguageConfig {
+                    run: " ".into(),
+                    ..awk.clone()
+                },
+                "must not be blank",
+            ),
+            (
+                LanguageConfig {
+                    compile: Some("".into()),
+                    ..awk.clone()
+                },
+                "must not be blank",
+            ),
+            (
+                LanguageConfig {
+                    tools: vec!["bin/awk".into()],
+                    ..awk.clone()
+                },
+                "absolute paths",
+            ),
+            (
+                LanguageConfig {
+                    paths: vec!["opt/x".into()],
+                    ..awk.clone()
+                },
+                "must be absolute",
+            ),
+        ] {
+            let err = check(bad).unwrap_err();
+            assert!(err.contains(why), "{err}");
+        }
+        // Two languages may not share a name.
+        let c = Config {
+            languages: vec![
+                awk.clone(),
+                LanguageConfig {
+                    names: vec!["AWK".into()],
+                    ..awk
+                },
+            ],
+            ..Config::default()
+        };
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("already a language's name"));
+        let c = Config {
+            toolchain_path: vec!["usr/bin".into()],
+            ..Config::default()
+        };
         assert!(c.validate().is_err());
     }
 

@@ -131,6 +131,40 @@ fn check_optional_languages(config: &Config) -> Check {
     }
 }
 
+/// The compiled languages' toolchains and the operator's languages: each found (where)
+/// or not (why). Optional like Node: reported, never failed.
+fn check_toolchains(config: &Config) -> Check {
+    let built_in = runtime::languages::LANGUAGES
+        .iter()
+        .filter(|d| d.build.is_some())
+        .map(|d| d.language);
+    let declared = (0..config.languages.len()).filter_map(|i| u16::try_from(i).ok().map(Language::Declared));
+    let detail = built_in
+        .chain(declared)
+        .map(|l| {
+            let name = runtime::languages::name(l, config);
+            match runtime::languages::missing(l, config) {
+                None => {
+                    let found: Vec<String> = runtime::languages::tools(l, config)
+                        .into_iter()
+                        .filter_map(|t| runtime::languages::find_tool(t, config))
+                        .map(|p| p.display().to_string())
+                        .collect();
+                    format!("{name} available ({})", found.join(", "))
+                }
+                Some(why) => format!("{name} unavailable: {why}"),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    Check {
+        name: "compiled and declared languages",
+        ok: true,
+        detail,
+        fix: "install the toolchains (apt-get install gcc g++ golang-go default-jdk-headless php-cli rustc r-base-core gfortran gdc) or set `toolchain_path`",
+    }
+}
+
 /// Which credentials are configured; a JWT key source that cannot be read or parsed
 /// fails, with the message `serve` refuses to start with.
 fn check_credentials(config: &Config) -> Check {
@@ -181,6 +215,7 @@ pub async fn run(config: &Config) -> Report {
     checks.push(check_interpreter("python interpreter", &config.python));
     checks.push(check_interpreter("bash interpreter", &config.bash));
     checks.push(check_optional_languages(config));
+    checks.push(check_toolchains(config));
     checks.push(check_python_runtime(config));
     let data_dir = host::data_dir(config);
     checks.push(Check {

@@ -25,38 +25,51 @@ pub struct ExecCommand {
 /// The request's language (Python by default). A name that is not declared, or a
 /// declared language whose toolchain this host lacks, is `unsupported_capability`.
 pub fn parse_language(language: Option<&str>, lang: Option<&str>, config: &Config) -> Result<Language, ApiError> {
-    let parsed = parse_language_name(language, lang)?;
+    let parsed = parse_language_name(language, lang, config)?;
+    let name = runtime::languages::name(parsed, config);
     // The reason, which names host paths, is for the log and `doctor`, not the client.
     match runtime::languages::missing(parsed, config) {
         None => Ok(parsed),
         Some(why) => Err(ApiError {
             code: Some(sandcall_api::error_code::UNSUPPORTED_CAPABILITY),
             ..ApiError::new(axum::http::StatusCode::BAD_REQUEST, error_type::UNSUPPORTED_LANGUAGE, {
-                tracing::debug!(language = parsed.names()[0], "refused: {why}");
+                tracing::debug!(language = name, "refused: {why}");
                 format!(
-                    "this server cannot run {} programs: its toolchain is not installed here; \
-                         retrying in {} will not work",
-                    parsed.names()[0],
-                    parsed.names()[0]
+                    "this server cannot run {name} programs: its toolchain is not installed here; \
+                         retrying in {name} will not work"
                 )
             })
         }),
     }
 }
 
-fn parse_language_name(language: Option<&str>, lang: Option<&str>) -> Result<Language, ApiError> {
+fn parse_language_name(language: Option<&str>, lang: Option<&str>, config: &Config) -> Result<Language, ApiError> {
     match language.or(lang) {
         None => Ok(Language::Python),
-        Some(name) => Language::parse(name).ok_or_else(|| ApiError {
-            code: Some(sandcall_api::error_code::UNSUPPORTED_CAPABILITY),
-            ..ApiError::new(
-                axum::http::StatusCode::BAD_REQUEST,
-                error_type::UNSUPPORTED_LANGUAGE,
-                format!(
-                    "this server does not run {name:?} programs: use python (py, python3), bash (sh), \
-                     javascript (js, node) or typescript (ts); retrying in {name:?} will not work"
-                ),
-            )
+        Some(name) => runtime::languages::parse(name, config).ok_or_else(|| {
+            // The operator's own languages, when there are any, are named too.
+            let declared: Vec<&str> = config
+                .languages
+                .iter()
+                .filter_map(|l| l.names.first().map(String::as_str))
+                .collect();
+            let declared = if declared.is_empty() {
+                String::new()
+            } else {
+                format!(", or this server's own: {}", declared.join(", "))
+            };
+            ApiError {
+                code: Some(sandcall_api::error_code::UNSUPPORTED_CAPABILITY),
+                ..ApiError::new(
+                    axum::http::StatusCode::BAD_REQUEST,
+                    error_type::UNSUPPORTED_LANGUAGE,
+                    format!(
+                        "this server does not run {name:?} programs: use python (py, python3), bash (sh), \
+                         javascript (js, node), typescript (ts), c, cpp, go, java, php, rust (rs), r, \
+                         fortran (f90) or d{declared}; retrying in {name:?} will not work"
+                    ),
+                )
+            }
         }),
     }
 }
@@ -183,6 +196,16 @@ pub fn resolve_limits(config: &Config, req: Option<&RequestLimits>) -> Result<Li
 }
 
 pub fn launch_for(cmd: &ExecCommand, config: &Config) -> runtime::Launch {
+    if let Some(build) = runtime::languages::build(cmd.language, config) {
+        return runtime::launch_build(
+            cmd.language,
+            &build,
+            &config.bash,
+            &runtime::languages::sandbox_path(config),
+            cmd.limits.memory_bytes >> 20,
+            &cmd.args,
+        );
+    }
     let interpreter = runtime::languages::interpreter(cmd.language, config);
     let mut launch = runtime::launch(cmd.language, interpreter, &cmd.args);
     launch.env.extend(runtime::languages::config_env(cmd.language, config));

@@ -44,14 +44,34 @@ test('JavaScript and TypeScript: execute_code runs lang "js" and "ts"', { timeou
   assert.match(ts.content, /stdout:\n42(?:\n|$)/);
 });
 
-test('lang "rs" (a language sandcall does not declare) is refused with unsupported_capability, which the client tells the model not to retry', { timeout: 60_000 }, async () => {
-  const raw = await postJson(`${baseUrl}/exec`, { lang: 'rs', code: 'fn main() {}' }, authHeadersFor(alice.sub));
+test('Compiled languages: execute_code runs lang "rs", "c" and "java", and shows the model a compile error', { timeout: 60_000 }, async () => {
+  const tool = createCodeExecutionTool({ user_id: alice.sub, authHeaders: alice.authHeaders });
+  const rs = await invoke(tool, { lang: 'rs', code: 'fn main() {\n    println!("{}", 6 * 7);\n}\n' });
+  assert.match(rs.content, /stdout:\n42(?:\n|$)/);
+  const c = await invoke(tool, {
+    lang: 'c',
+    code: '#include <stdio.h>\nint main(int argc, char **argv) { printf("%s\\n", argv[1]); return 0; }\n',
+    args: ['from c'],
+  });
+  assert.match(c.content, /stdout:\nfrom c(?:\n|$)/);
+  const java = await invoke(tool, {
+    lang: 'java',
+    code: 'public class Main {\n    public static void main(String[] args) {\n        System.out.println(6 * 7);\n    }\n}\n',
+  });
+  assert.match(java.content, /stdout:\n42(?:\n|$)/);
+  const broken = await invoke(tool, { lang: 'rs', code: 'fn main() {\n    let x: i32 = "s";\n}\n' });
+  assert.match(broken.content, /stderr:[\s\S]*main\.rs:2:18/);
+});
+
+test('lang "rs" on a server without its toolchain is refused with unsupported_capability, which the client tells the model not to retry', { timeout: 60_000 }, async () => {
+  // The "open" server's toolchain_path holds no compiler.
+  const raw = await postJson(`${openBaseUrl}/exec`, { lang: 'rs', code: 'fn main() {}' }, {});
   assert.equal(raw.status, 400, `POST /exec lang rs: ${JSON.stringify(raw.body)}`);
   assert.equal(raw.body.code, 'unsupported_capability', `body: ${JSON.stringify(raw.body)}`);
   assert.equal(typeof raw.body.error, 'string');
   assert.equal(typeof raw.body.error_type, 'string');
 
-  const tool = createCodeExecutionTool({ user_id: alice.sub, authHeaders: alice.authHeaders });
+  const tool = createCodeExecutionTool({ baseUrl: openBaseUrl, user_id: 'e2e-open-rs' });
   await assert.rejects(invoke(tool, { lang: 'rs', code: 'fn main() {}' }), (error) => {
     assert.match(error.message, /Code execution is not supported by the selected environment\./);
     assert.match(error.message, /Do not retry this tool in this environment/);

@@ -26,6 +26,20 @@ const MAX_TOOL_CONNECTIONS: usize = 64;
 /// Validates a first call into a command for `Sessions::start`.
 pub fn parse_start(req: ProgrammaticRequest, config: &Config) -> Result<StartCommand, ApiError> {
     let language = exec::parse_language(req.language.as_deref(), req.lang.as_deref(), config)?;
+    if runtime::languages::declaration(language).tools == runtime::languages::ToolStub::None {
+        let name = runtime::languages::name(language, config);
+        return Err(ApiError {
+            code: Some(sandcall_api::error_code::UNSUPPORTED_CAPABILITY),
+            ..ApiError::new(
+                StatusCode::BAD_REQUEST,
+                error_type::UNSUPPORTED_LANGUAGE,
+                format!(
+                    "{name} programs cannot call tools here: use python, bash, javascript or typescript \
+                     on /v1/exec/programmatic, or run {name} on /v1/exec"
+                ),
+            )
+        });
+    }
     let missing = "`code` is required (or `continuation_token` to resume)";
     let (code, args) = exec::check_code_and_args(req.code, req.args, config, missing)?;
     let tools = ToolSet::declare(req.tools.as_deref().unwrap_or_default())

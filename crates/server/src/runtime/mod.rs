@@ -3,7 +3,7 @@
 
 pub mod languages;
 
-use languages::{declaration, Start, ToolStub, Warm};
+use languages::{declaration, Build, Start, ToolStub, Warm};
 use sandcall_api::Language;
 use std::path::Path;
 
@@ -356,6 +356,8 @@ pub fn launch_with_tools(language: Language, interpreter: &Path, args: &[String]
                 .support_files
                 .push(("tools.json".into(), serde_json::Value::Array(list).to_string()));
         }
+        // Refused before a launch (`programmatic::parse_start`).
+        ToolStub::None => {}
         ToolStub::BashFunctions => {
             let mut script =
                 String::from("# The declared tools, as commands (defined by sandcall through BASH_ENV).\n");
@@ -371,6 +373,45 @@ pub fn launch_with_tools(language: Language, interpreter: &Path, args: &[String]
             launch.env.push(("BASH_ENV".into(), format!("{CODE_DIR}/tools.sh")));
         }
     }
+    launch
+}
+
+/// Where a toolchain language's build goes: the run's /tmp.
+pub const BUILD_DIR: &str = "/tmp/sandcall-build";
+
+/// A run of a toolchain language (`languages::Build`): Bash sets `$CODE` and `$BUILD`,
+/// runs the compile step in the code directory with an empty stdin and its output on
+/// stderr (a failure ends the run with the compiler's status), then execs the run
+/// command with the program's arguments. All of it happens in the run's sandbox,
+/// cgroup and time limit. `path` is the program's PATH, `memory_mb` the run's memory
+/// limit (`$SANDCALL_MEMORY_MB`, which the JVM's heap is sized from).
+pub fn launch_build(
+    language: Language,
+    build: &Build<'_>,
+    bash: &Path,
+    path: &str,
+    memory_mb: u64,
+    args: &[String],
+) -> Launch {
+    let mut launch = launch(language, bash, &[]);
+    let mut script = format!(
+        "CODE={CODE_DIR}/{}; BUILD={BUILD_DIR}; mkdir -p \"$BUILD\" || exit 125\n",
+        build.code_file
+    );
+    if let Some(compile) = build.compile {
+        script.push_str(&format!("(cd {CODE_DIR} && {compile}\n) </dev/null >&2 || exit $?\n"));
+    }
+    script.push_str(&format!("exec {} \"$@\"\n", build.run));
+    let bash = bash.to_string_lossy().into_owned();
+    launch.argv = vec![bash, "-c".into(), script, "sandcall".into()];
+    launch.argv.extend(args.iter().cloned());
+    launch.code_file = build.code_file.to_owned();
+    for (k, v) in &mut launch.env {
+        if k == "PATH" {
+            *v = path.to_owned();
+        }
+    }
+    launch.env.push(("SANDCALL_MEMORY_MB".into(), memory_mb.to_string()));
     launch
 }
 
@@ -552,6 +593,38 @@ mod tests {
         assert_eq!(l.argv, vec!["/usr/bin/python3", "/run/sandcall/main.py", "a", "b c"]);
         assert_eq!(l.code_file, "main.py");
         assert!(l.env.iter().any(|(k, v)| k == "PYTHONPATH" && v == WORK_DIR));
+    }
+
+    #[test]
+    fn a_build_compiles_in_the_code_dir_then_execs_the_program() {
+        let config = crate::config::Config::default();
+        let build = languages::build(Language::C, &config).unwrap();
+        let l = launch_build(
+            Language::C,
+            &build,
+            Path::new("/usr/bin/bash"),
+            "/opt/x:/usr/bin",
+            256,
+            &["a b".into()],
+        );
+        assert_eq!(l.code_file, "main.c");
+        assert_eq!(l.argv[0], "/usr/bin/bash");
+        assert_eq!(l.argv[1], "-c");
+        assert_eq!(&l.argv[3..], ["sandcall", "a b"]);
+        let script = &l.argv[2];
+        assert!(
+            script.starts_with("CODE=/run/sandcall/main.c; BUILD=/tmp/sandcall-build;"),
+            "{script}"
+        );
+        assert!(script.contains("(cd /run/sandcall && gcc "), "{script}");
+        assert!(script.contains(") </dev/null >&2 || exit $?\n"), "{script}");
+        assert!(script.ends_with("exec \"$BUILD/main\" \"$@\"\n"), "{script}");
+        assert!(l.env.contains(&("PATH".into(), "/opt/x:/usr/bin".into())));
+        assert!(l.env.contains(&("SANDCALL_MEMORY_MB".into(), "256".into())));
+        // No compile step: straight to the run command.
+        let build = languages::build(Language::Php, &config).unwrap();
+        let l = launch_build(Language::Php, &build, Path::new("/usr/bin/bash"), "/usr/bin", 256, &[]);
+        assert!(!l.argv[2].contains("cd /run/sandcall"), "{}", l.argv[2]);
     }
 
     #[test]

@@ -240,6 +240,7 @@ fn background_processes_die_with_the_run() {
 // tests of one family, each test reproduces one attack and checks a bound.
 mod admission;
 mod collection;
+mod compiled;
 mod connections;
 mod helper_buffers;
 mod inotify;
