@@ -12,6 +12,7 @@ mod jwt;
 mod leaks;
 mod lifecycle;
 mod node;
+mod npm;
 mod openapi;
 mod principals;
 mod programmatic;
