@@ -16,6 +16,7 @@ mod npm;
 mod openapi;
 mod principals;
 mod programmatic;
+mod readme;
 mod runtime;
 mod soak;
 mod unprivileged;
