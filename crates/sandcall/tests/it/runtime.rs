@@ -461,3 +461,26 @@ fn a_refilled_warm_sandbox_is_handed_out_only_once_its_imports_are_done() {
         );
     }
 }
+
+#[test]
+fn a_preloaded_sandbox_has_drawn_a_throwaway_figure_and_left_nothing() {
+    // The preload draws one chart in memory (fonts, the Agg canvas and pandas' plotting
+    // backend loaded), so a run's first figure is cheaper; the run sees no trace of it.
+    let s = Server::start_with(
+        &[("SANDCALL_WARM_POOL_SIZE", "1"), ("SANDCALL_WARM_PRELOAD", PRELOAD)],
+        "",
+    );
+    require_runtime(&s);
+    let code = "import os, sys\nimport matplotlib.pyplot as plt\n\
+print('pandas.plotting._matplotlib' in sys.modules, plt.get_fignums(), sorted(os.listdir('.')))\n\
+fig = plt.figure()\n\
+print(fig.number, plt.gca().get_title() == '')\n\
+plt.show()\n";
+    s.wait_warm(1);
+    let (kind, r) = s.exec_kind(&json!({"code": code}).to_string());
+    assert_eq!(kind, "warm", "{r}");
+    assert_eq!(r["stdout"], "True [] []\n1 True\n", "{r}");
+    // The run's own figure is saved as plot_0.png, the first name.
+    output(&r, "plot_0.png");
+    assert_quiet(&r);
+}
