@@ -277,3 +277,38 @@ fn without_the_set_js_runs_with_node_modules_only() {
         "{v}"
     );
 }
+
+#[test]
+fn runtime_install_without_npm_warns_and_succeeds() {
+    crate::common::require_root();
+    // A runtime directory that already holds the Python runtime (linked), and no npm
+    // anywhere: the npm set is skipped with a warning that says how to get it.
+    let dir = Server::new_dir();
+    let rts = dir.join("runtimes");
+    std::fs::create_dir_all(&rts).unwrap();
+    let python = std::fs::read_dir(runtime_dir())
+        .unwrap()
+        .flatten()
+        .find(|e| e.file_name().to_string_lossy().starts_with("python-"))
+        .expect("no Python runtime installed: run `sandcall runtime install` (.ci/run does)");
+    std::os::unix::fs::symlink(python.path(), rts.join(python.file_name())).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_sandcall"))
+        .args(["runtime", "install"])
+        .env("SANDCALL_RUNTIME_DIR", &rts)
+        .env("SANDCALL_NODE", dir.join("no-node/node"))
+        .env("PATH", "/nonexistent")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("warning: npm is not installed"), "{stderr}");
+    assert!(stderr.contains("run without npm packages"), "{stderr}");
+    let left: Vec<String> = std::fs::read_dir(&rts)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("npm-") || n.contains(".partial-"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
