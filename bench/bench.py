@@ -3,8 +3,12 @@
 one machine, reported as ratios so the figures hold on a noisy machine.
 
   python3 bench/bench.py [--quick] [--guard] [--binary target/release/sandcall]
+  python3 bench/bench.py --runtimes [--binary target/release/sandcall]
 
-Writes docs/benchmarks.md and bench/results.json. With --guard, exits 1 when sandcall's
+Writes docs/benchmarks.md and bench/results.json. With --runtimes, measures only the
+managed runtimes (a pandas + matplotlib snippet against a fresh process and a warm
+Jupyter kernel, JavaScript against a fresh node) and rewrites only their section of both
+files; it needs the runtimes installed (`sandcall runtime install`, SANDCALL_RUNTIME_DIR). With --guard, exits 1 when sandcall's
 Python p50 is above 0.5 x the p50 of a fresh python3 process measured in the same run.
 Needs root (sandcall builds real sandboxes); bwrap and jupyter_client are optional
 baselines and are reported as missing when absent.
@@ -40,9 +44,10 @@ def summary(ms):
 
 
 class Server:
-    def __init__(self, binary):
+    def __init__(self, binary, extra_env=None):
         self.dir = tempfile.mkdtemp(prefix="sandcall-bench-")
         env = dict(os.environ, SANDCALL_LOG="warn", SANDCALL_MAX_SESSIONS="1024", SANDCALL_MAX_CONCURRENT_RUNS="16")
+        env.update(extra_env or {})
         self.proc = subprocess.Popen(
             [binary, "serve", "--listen", "127.0.0.1:0", "--data-dir", os.path.join(self.dir, "data")],
             stdout=subprocess.PIPE, env=env, text=True)
@@ -253,6 +258,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="small samples (CI)")
     ap.add_argument("--guard", action="store_true", help="fail unless Python p50 <= 0.5 x fresh python3 p50")
     ap.add_argument("--guard-only", action="store_true", help="only the guard's measurement")
+    ap.add_argument("--runtimes", action="store_true", help="only the managed runtimes' section")
     ap.add_argument("--binary", default=os.path.join(ROOT, "target/release/sandcall"))
     ap.add_argument("--out", default=os.path.join(ROOT, "docs/benchmarks.md"))
     ap.add_argument("--json", default=os.path.join(ROOT, "bench/results.json"))
@@ -263,6 +269,11 @@ def main():
         ratio = guard_ratio(args.binary, rounds=8, per_round=10, gap=gap)
         print(f"guard: sandcall python p50 / fresh python3 p50 = {ratio:.2f} (must be <= 0.50)")
         sys.exit(0 if ratio <= 0.5 else 1)
+    if args.runtimes:
+        import bench_runtimes  # noqa: E402 (beside this file)
+
+        bench_runtimes.main(args, sys.modules[__name__])
+        return
 
     server = Server(args.binary)
     try:
@@ -298,6 +309,13 @@ def main():
     res["jupyter_kernel"] = summary(j) if j else None
 
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
+    try:
+        with open(args.json) as f:
+            kept = json.load(f).get("runtimes")
+    except (OSError, ValueError):
+        kept = None
+    if kept is not None:
+        res["runtimes"] = kept  # written by --runtimes, kept across full runs
     with open(args.json, "w") as f:
         json.dump(res, f, indent=1)
     write_markdown(res, args.out)
@@ -342,7 +360,22 @@ Measured with strace and timers in the helper and the runner, 2 cores, cgroup v1
 """
 
 
+# The runtimes' section of docs/benchmarks.md starts at this line; bench_runtimes.py writes
+# it, and a full run keeps it.
+RUNTIMES_MARK = "<!-- bench.py --runtimes writes from here on -->"
+
+
+def kept_runtimes_section(path):
+    try:
+        text = open(path).read()
+    except OSError:
+        return ""
+    at = text.find(RUNTIMES_MARK)
+    return "" if at < 0 else "\n" + text[at:]
+
+
 def write_markdown(r, path):
+    kept = kept_runtimes_section(path)
     def row(name, s, base=None):
         if s is None:
             return f"| {name} | not installed | | | |\n"
@@ -381,6 +414,7 @@ def write_markdown(r, path):
         for name, got, target, met in goals:
             f.write(f"| {name} | {got} | {target} | {'yes' if met else 'no'} |\n")
         f.write(MISSED)
+        f.write(kept)
 
 
 if __name__ == "__main__":

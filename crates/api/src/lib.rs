@@ -636,11 +636,12 @@ pub struct RuntimesResponse {
 /// One managed runtime.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct RuntimeInfo {
-    /// `python-` and 16 hex characters of its lock file's hash.
+    /// `python-` and 16 hex characters of its lock file's hash; `npm-` and 16 hex
+    /// characters for the npm packages for programs.
     pub name: String,
-    /// The language it serves (`python`).
+    /// The language it serves (`python`; `javascript` for the npm set).
     pub language: String,
-    /// Every package it holds, at its exact version.
+    /// Every package it holds (the npm set: its top-level packages), at its exact version.
     pub packages: Vec<RuntimePackage>,
 }
 

@@ -291,6 +291,7 @@ struct InitContext<'a> {
     policy: &'a Policy,
     limits: &'a Limits,
     extra_runtime_paths: &'a [PathBuf],
+    node_modules: Option<&'a Path>,
     tool_client: Option<&'a Path>,
 }
 
@@ -392,8 +393,12 @@ impl Sandbox {
                 ToolHub::bind(&code.join("tools.sock"), channel.clone()).map_err(|e| format!("tool socket: {e}"))?,
             );
         }
-        crate::mounts::prepare_skeleton(&self.staging.join("root"), &prepare.extra_runtime_paths)
-            .map_err(|e| e.to_string())?;
+        crate::mounts::prepare_skeleton(
+            &self.staging.join("root"),
+            &prepare.extra_runtime_paths,
+            prepare.node_modules.is_some(),
+        )
+        .map_err(|e| e.to_string())?;
 
         // 3. The cgroup, with its limits set before any process joins it.
         self.cgroup = Some(RunCgroup::create(&prepare.cgroup, &prepare.limits).map_err(|e| e.to_string())?);
@@ -434,6 +439,7 @@ impl Sandbox {
             policy: &policy,
             limits: &prepare.limits,
             extra_runtime_paths: &prepare.extra_runtime_paths,
+            node_modules: prepare.node_modules.as_deref(),
             tool_client: tool_client.as_deref().filter(|_| prepare.tools.is_some()),
         };
         let flags = CloneFlags::CLONE_NEWUSER
@@ -1078,6 +1084,7 @@ fn init_setup(ctx: &InitContext, commands: &mut Lines) -> Result<Option<InitRun>
         workspace: &ctx.staging.join("work"),
         code: &ctx.staging.join("code"),
         extra_runtime_paths: ctx.extra_runtime_paths,
+        node_modules: ctx.node_modules,
         tmp_bytes: ctx.limits.tmp_bytes,
         tool_client: ctx.tool_client,
     })

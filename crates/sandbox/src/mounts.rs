@@ -55,6 +55,8 @@ pub struct RootSpec<'a> {
     pub workspace: &'a Path,
     pub code: &'a Path,
     pub extra_runtime_paths: &'a [PathBuf],
+    /// Bound read-only at `/node_modules` (see `Prepare::node_modules`).
+    pub node_modules: Option<&'a Path>,
     pub tmp_bytes: u64,
     /// The helper's own executable, bound as the tool-call client at
     /// `/run/sandcall/bin/sandcall` onto the mount point the helper made. A path, not
@@ -153,7 +155,7 @@ const ETC_WRITTEN: [(&str, &str); 4] = [
 /// The skeleton is made on the host side because inside the new user namespace init
 /// keeps the helper's host uid until the root is built, and files cannot be created
 /// with a uid the namespace does not map; init only mounts onto what exists here.
-pub fn prepare_skeleton(root: &Path, extra_runtime_paths: &[PathBuf]) -> Result<(), MountError> {
+pub fn prepare_skeleton(root: &Path, extra_runtime_paths: &[PathBuf], node_modules: bool) -> Result<(), MountError> {
     for name in RUNTIME_TOP {
         let host = Path::new("/").join(name);
         let Ok(meta) = fs::symlink_metadata(&host) else {
@@ -212,6 +214,9 @@ pub fn prepare_skeleton(root: &Path, extra_runtime_paths: &[PathBuf]) -> Result<
     ] {
         mkdir(&root.join(dir), mode)?;
     }
+    if node_modules {
+        mkdir(&root.join("node_modules"), 0o755)?;
+    }
     Ok(())
 }
 
@@ -240,6 +245,11 @@ pub fn build_root(spec: &RootSpec) -> Result<(), MountError> {
         if extra.exists() {
             bind_ro(extra, &root.join(extra.strip_prefix("/").unwrap_or(extra)))?;
         }
+    }
+    // The npm packages for programs, at the root: Node looks for `node_modules` in every
+    // directory above the importing file, and `/` is above both the code and /mnt/data.
+    if let Some(modules) = spec.node_modules {
+        bind_ro(modules, &root.join("node_modules"))?;
     }
     // /etc: a few host files the loader and libc read; passwd and group are our own.
     for name in ETC_FILES {

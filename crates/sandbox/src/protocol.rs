@@ -62,6 +62,11 @@ pub struct Prepare {
     /// Host directories bound read-only into the sandbox at the same path, besides the
     /// defaults (`/usr` and the merged-usr links `/bin`, `/lib`, ...).
     pub extra_runtime_paths: Vec<PathBuf>,
+    /// A host `node_modules` directory (the npm packages for programs) bound read-only
+    /// at `/node_modules`, where Node's module resolution looks from the code and the
+    /// working directory. None: no such directory in the sandbox.
+    #[serde(default)]
+    pub node_modules: Option<PathBuf>,
     /// The host uid and gid that the sandbox's user (uid 1000 inside) maps to.
     pub host_uid: u32,
     pub host_gid: u32,

@@ -56,8 +56,9 @@ enum KeysCommand {
 
 #[derive(Subcommand)]
 enum RuntimeCommand {
-    /// Install the pinned Python runtime (numpy, pandas, matplotlib, ...) from the
-    /// package registry into `runtime_dir`, unless it is there already.
+    /// Install the pinned Python runtime (numpy, pandas, matplotlib, ...) and the pinned
+    /// npm packages for programs (lodash, dayjs, exceljs, ...) from the package
+    /// registries into `runtime_dir`, unless they are there already.
     Install(ServeArgs),
 }
 
@@ -142,10 +143,33 @@ fn runtime_install(args: &ServeArgs) -> ExitCode {
                 installed.packages.len(),
                 installed.dir.display()
             );
-            ExitCode::SUCCESS
         }
         Err(e) => {
             eprintln!("sandcall: installing the Python runtime failed: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    eprintln!(
+        "sandcall: installing the npm packages for programs into {}",
+        dir.display()
+    );
+    match sandcall_server::npm_runtime::install(&dir, &config.node, &mut |line| eprintln!("sandcall: {line}")) {
+        Ok(installed) => {
+            println!("{}", installed.dir.display());
+            eprintln!(
+                "sandcall: the npm packages ({}) are ready in {}",
+                installed.packages.len(),
+                installed.dir.display()
+            );
+            ExitCode::SUCCESS
+        }
+        // Without npm, JavaScript still runs (with Node's own modules): a warning.
+        Err(e @ sandcall_server::npm_runtime::InstallError::NoNpm(_)) => {
+            eprintln!("sandcall: warning: {e}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("sandcall: installing the npm packages failed: {e}");
             ExitCode::FAILURE
         }
     }
@@ -166,6 +190,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let mut config = load(&args)?;
     let config = tokio::task::spawn_blocking(move || {
         sandcall_server::python_runtime::prepare_for_serve(&mut config);
+        sandcall_server::npm_runtime::prepare_for_serve(&config);
         config
     })
     .await?;

@@ -209,6 +209,34 @@ fn check_python_runtime(config: &Config) -> Check {
     }
 }
 
+/// The npm packages for programs and their versions. Never a failure: without them,
+/// JavaScript and TypeScript run with Node's own modules only.
+fn check_npm_packages(config: &Config) -> Check {
+    let detail = match crate::npm_runtime::for_config(config) {
+        Some(n) => {
+            let list: Vec<String> = n.packages.iter().map(|p| format!("{} {}", p.name, p.version)).collect();
+            format!(
+                "{} in {}, bound at {}, {} packages: {}",
+                n.id,
+                n.dir.display(),
+                crate::npm_runtime::SANDBOX_PATH,
+                n.packages.len(),
+                list.join(", ")
+            )
+        }
+        None => format!(
+            "none in {}: JavaScript and TypeScript run without npm packages (`sandcall runtime install` adds lodash, dayjs, exceljs, ...)",
+            crate::python_runtime::runtime_dir(config).display()
+        ),
+    };
+    Check {
+        name: "npm packages",
+        ok: true,
+        detail,
+        fix: "run `sandcall runtime install` (it needs npm)",
+    }
+}
+
 /// Runs every check, ending with a real sandboxed program in each language.
 pub async fn run(config: &Config) -> Report {
     let mut checks = vec![check_credentials(config), check_userns(), check_seccomp()];
@@ -217,6 +245,7 @@ pub async fn run(config: &Config) -> Report {
     checks.push(check_optional_languages(config));
     checks.push(check_toolchains(config));
     checks.push(check_python_runtime(config));
+    checks.push(check_npm_packages(config));
     let data_dir = host::data_dir(config);
     checks.push(Check {
         name: "data directory",
@@ -273,6 +302,7 @@ async fn trial_run(config: &Config) -> Check {
                     .cloned()
                     .chain(runtime::languages::runtime_paths(config))
                     .collect(),
+                node_modules: crate::npm_runtime::for_config(config).map(|n| n.node_modules()),
                 host_uid: host.host_uid,
                 host_gid: host.host_gid,
                 max_code_bytes: config.max_code_bytes,

@@ -479,14 +479,22 @@ pub(crate) async fn openapi_route() -> Response {
     operation_id = "runtimes",
     tag = "health",
     responses(
-        (status = 200, description = "The runtimes in use, each with every package at its exact version; empty when Python runs on the bare interpreter.", body = sandcall_api::RuntimesResponse),
+        (status = 200, description = "The runtimes in use, each with every package at its exact version: the Python runtime and the npm set for JavaScript and TypeScript programs; empty when Python runs on the bare interpreter and no npm set is installed.", body = sandcall_api::RuntimesResponse),
         (status = 401, description = "`unauthorized`: no valid credentials.", body = ErrorBody),
     ),
 )]
 pub(crate) async fn runtimes_route(State(state): State<AppState>) -> Response {
     static RUNTIMES: std::sync::OnceLock<sandcall_api::RuntimesResponse> = std::sync::OnceLock::new();
     let body = RUNTIMES
-        .get_or_init(|| crate::python_runtime::describe(&state.config))
+        .get_or_init(|| {
+            let mut body = crate::python_runtime::describe(&state.config);
+            // The npm set the sandboxes of this server see (found when it started).
+            if state.runner.settings().node_modules.is_some() {
+                body.runtimes
+                    .extend(crate::npm_runtime::for_config(&state.config).map(|n| crate::npm_runtime::describe(&n)));
+            }
+            body
+        })
         .clone();
     Json(body).into_response()
 }

@@ -17,6 +17,7 @@ pub mod http;
 pub mod ids;
 pub mod json;
 pub mod listen;
+pub mod npm_runtime;
 pub mod openapi;
 pub mod pool;
 pub mod programmatic;
@@ -205,6 +206,7 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
                 .cloned()
                 .chain(runtime::languages::runtime_paths(&config))
                 .collect(),
+            node_modules: crate::npm_runtime::for_config(&config).map(|n| n.node_modules()),
             host_uid: host.host_uid,
             host_gid: host.host_gid,
             max_code_bytes: config.max_code_bytes,

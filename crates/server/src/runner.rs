@@ -74,6 +74,8 @@ pub struct RunnerSettings {
     pub runs_dir: PathBuf,
     pub cgroups: CgroupRoot,
     pub extra_runtime_paths: Vec<PathBuf>,
+    /// The npm packages for programs, bound at `/node_modules` (`npm_runtime`).
+    pub node_modules: Option<PathBuf>,
     pub host_uid: u32,
     pub host_gid: u32,
     pub max_code_bytes: u64,
@@ -266,6 +268,7 @@ impl Runner {
             run_id,
             limits,
             extra_runtime_paths: s.extra_runtime_paths.clone(),
+            node_modules: s.node_modules.clone(),
             host_uid: s.host_uid,
             host_gid: s.host_gid,
             max_code_bytes: s.max_code_bytes,

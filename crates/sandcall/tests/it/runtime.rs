@@ -19,7 +19,14 @@ fn require_runtime(s: &Server) -> Vec<Value> {
     let reply = Client::anonymous(s).get("/v1/runtimes");
     assert_eq!(reply.status, 200, "{reply}");
     let v = reply.json();
-    let runtimes = v["runtimes"].as_array().cloned().unwrap_or_default();
+    // The Python runtime; the npm set for programs (language javascript) may be listed too.
+    let runtimes: Vec<Value> = v["runtimes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|r| r["language"] == "python")
+        .collect();
     assert!(
         runtimes.len() == 1,
         "no Python runtime in {}: install it with `sandcall runtime install` and \
@@ -327,6 +334,11 @@ fn first_start_without_the_registry_warns_and_serves_on_the_bare_interpreter() {
             ("PIP_RETRIES", "0"),
             ("PIP_TIMEOUT", "2"),
             ("PIP_NO_CACHE_DIR", "1"),
+            // npm too, with an empty cache of its own: the npm set cannot be installed.
+            ("npm_config_registry", "http://127.0.0.1:9/"),
+            ("npm_config_fetch_retries", "0"),
+            ("npm_config_fetch_timeout", "2000"),
+            ("npm_config_cache", dir.join("npm-cache").to_str().unwrap()),
         ],
     );
     // Where it goes, how to skip it, and what happened.
@@ -334,6 +346,7 @@ fn first_start_without_the_registry_warns_and_serves_on_the_bare_interpreter() {
     assert!(stderr.contains(&runtimes.display().to_string()), "{stderr}");
     assert!(stderr.contains("SANDCALL_INSTALL_RUNTIME=false"), "{stderr}");
     assert!(stderr.contains("could not install the Python runtime"), "{stderr}");
+    assert!(stderr.contains("could not install the npm packages"), "{stderr}");
     let c = Client::at(&url);
     let r = c.exec(json!({"lang": "py", "code": "import sys\nprint(sys.executable)\nimport numpy"}));
     assert_eq!(r["stdout"], "/usr/bin/python3\n", "the bare interpreter: {r}");
@@ -347,7 +360,7 @@ fn first_start_without_the_registry_warns_and_serves_on_the_bare_interpreter() {
         .unwrap()
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("python-") || n.contains(".partial-"))
+        .filter(|n| n.starts_with("python-") || n.starts_with("npm-") || n.contains(".partial-"))
         .collect();
     assert!(left.is_empty(), "{left:?}");
     let _ = child.kill();
@@ -370,8 +383,12 @@ fn first_start_finds_an_installed_runtime_and_install_is_idempotent() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("already installed"), "{stderr}");
-    let installed = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-    assert!(installed.contains("/python-"), "{installed}");
+    // One line per runtime: the Python runtime's directory, then the npm set's.
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{stdout}");
+    assert!(lines[0].contains("/python-") && lines[1].contains("/npm-"), "{stdout}");
+    let installed = lines[0].to_owned();
     // serve with install_runtime on (the default) uses it, without installing.
     let (mut child, url, stderr) = serve_capturing(&dir, &[("SANDCALL_RUNTIME_DIR", rt)]);
     assert!(!stderr.contains("installing"), "{stderr}");
@@ -443,4 +460,27 @@ fn a_refilled_warm_sandbox_is_handed_out_only_once_its_imports_are_done() {
             "the preload was billed to the run: {r}"
         );
     }
+}
+
+#[test]
+fn a_preloaded_sandbox_has_drawn_a_throwaway_figure_and_left_nothing() {
+    // The preload draws one chart in memory (fonts, the Agg canvas and pandas' plotting
+    // backend loaded), so a run's first figure is cheaper; the run sees no trace of it.
+    let s = Server::start_with(
+        &[("SANDCALL_WARM_POOL_SIZE", "1"), ("SANDCALL_WARM_PRELOAD", PRELOAD)],
+        "",
+    );
+    require_runtime(&s);
+    let code = "import os, sys\nimport matplotlib.pyplot as plt\n\
+print('pandas.plotting._matplotlib' in sys.modules, plt.get_fignums(), sorted(os.listdir('.')))\n\
+fig = plt.figure()\n\
+print(fig.number, plt.gca().get_title() == '')\n\
+plt.show()\n";
+    s.wait_warm(1);
+    let (kind, r) = s.exec_kind(&json!({"code": code}).to_string());
+    assert_eq!(kind, "warm", "{r}");
+    assert_eq!(r["stdout"], "True [] []\n1 True\n", "{r}");
+    // The run's own figure is saved as plot_0.png, the first name.
+    output(&r, "plot_0.png");
+    assert_quiet(&r);
 }
