@@ -62,6 +62,19 @@ class Server:
     def conn(self):
         return http.client.HTTPConnection(self.host, self.port, timeout=120)
 
+    def settle(self, limit=60):
+        """Waits until the warm pool has stopped growing (the same count for a second),
+        so that measuring starts from the steady state and not from the start-up fill."""
+        last, same, start = -1, 0, time.time()
+        while same < 10 and time.time() - start < limit:
+            conn = self.conn()
+            conn.request("GET", "/v1/health")
+            idle = json.loads(conn.getresponse().read()).get("warm_idle", 0)
+            conn.close()
+            same = same + 1 if idle == last else 0
+            last = idle
+            time.sleep(0.1)
+
     def stop(self):
         self.proc.send_signal(signal.SIGTERM)
         self.proc.wait(timeout=60)
@@ -244,6 +257,7 @@ def guard_ratio(binary, rounds, per_round, gap):
     blocks so that both see the same machine load."""
     server = Server(binary)
     try:
+        server.settle()
         ours, theirs = [], []
         for _ in range(rounds):
             ours += sandcall_exec(server, "python", "print(1)", per_round, gap)[0]

@@ -103,14 +103,19 @@ def runtimes(server):
     return json.loads(data)["runtimes"]
 
 
-def sandcall_snippet(server, file, n):
-    """n runs of the snippet, each starting with the pool full; returns the latencies
-    and how many were warm."""
+# Idle warm sandboxes when a server's pool is full: the preload server keeps 4 plain and
+# 4 preloaded Python sandboxes.
+FULL = {"preload": 8, "plain": 4}
+
+
+def sandcall_snippet(server, file, n, full):
+    """n runs of the snippet, each starting with the pool full (`full` sandboxes idle);
+    returns the latencies and how many were warm."""
     conn = server.conn()
     out, warm = [], 0
     body = json.dumps({"language": "python", "code": SNIPPET, "files": [file]})
     for _ in range(n):
-        wait_warm(server, 4)
+        wait_warm(server, full)
         t = time.perf_counter()
         conn.request("POST", "/v1/exec", body, {"Content-Type": "application/json"})
         resp = conn.getresponse()
@@ -198,7 +203,7 @@ print(x)
 def paused_session_pss_mib(b, server, sessions):
     """PSS added by `sessions` programmatic sessions paused after loading the data stack,
     per session; measured with the warm pool full before and after."""
-    wait_warm(server, 4)
+    wait_warm(server, FULL["preload"])
     time.sleep(1)
     before = b.pss_kib([server.proc.pid] + b.descendants(server.proc.pid))
     conn = server.conn()
@@ -207,7 +212,7 @@ def paused_session_pss_mib(b, server, sessions):
         r = b.post(conn, "/v1/exec/programmatic", {"code": PAUSED, "tools": [TOOL], "timeout": 600000})
         assert r["status"] == "tool_call_required", r
         ids.append(r["session_id"])
-    wait_warm(server, 4)
+    wait_warm(server, FULL["preload"])
     time.sleep(1)
     after = b.pss_kib([server.proc.pid] + b.descendants(server.proc.pid))
     for sid in ids:
@@ -229,7 +234,7 @@ def main(args, b):
     common = {"SANDCALL_INSTALL_RUNTIME": "false", "SANDCALL_WARM_POOL_SIZE": "4"}
     py_env = dict(common, SANDCALL_WARM_LANGUAGES='["python"]')
     servers = {
-        "preload": b.Server(args.binary, dict(py_env, SANDCALL_WARM_PRELOAD=PRELOAD)),
+        "preload": b.Server(args.binary, dict(py_env, SANDCALL_WARM_PRELOAD=PRELOAD, SANDCALL_WARM_PRELOAD_POOL_SIZE="4")),
         "plain": b.Server(args.binary, dict(py_env, SANDCALL_WARM_PRELOAD="[]")),
         "js": b.Server(args.binary, dict(common, SANDCALL_WARM_LANGUAGES='["javascript"]')),
     }
@@ -254,7 +259,7 @@ def main(args, b):
         warm = {"preload": 0, "plain": 0, "js": 0}
         for _ in range(ROUNDS):
             for k in ("preload", "plain"):
-                ms, w = sandcall_snippet(servers[k], files[k], BLOCK)
+                ms, w = sandcall_snippet(servers[k], files[k], BLOCK, FULL[k])
                 res[k] += ms
                 warm[k] += w
             res["fresh"] += fresh_snippet(python, work, BLOCK)
@@ -264,9 +269,13 @@ def main(args, b):
             res["js"] += ms
             warm["js"] += w
             res["node"] += fresh_node(b, JS_N)
+        # The preload server keeps 4 plain and 4 preloaded sandboxes, the plain one 4
+        # plain: the difference is the 4 preloaded ones.
+        plain_mib = warm_sandbox_pss_mib(b, servers["plain"], 4)
+        both_mib = warm_sandbox_pss_mib(b, servers["preload"], 8) * 8
         memory = {
-            "warm_python_sandbox_preload_mib": warm_sandbox_pss_mib(b, servers["preload"], 4),
-            "warm_python_sandbox_plain_mib": warm_sandbox_pss_mib(b, servers["plain"], 4),
+            "warm_python_sandbox_preload_mib": (both_mib - plain_mib * 4) / 4,
+            "warm_python_sandbox_plain_mib": plain_mib,
             "paused_session_data_stack_mib": paused_session_pss_mib(b, servers["preload"], 8),
         }
         npm = next((r for r in rts if r["language"] == "javascript"), None)

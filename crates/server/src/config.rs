@@ -104,13 +104,17 @@ pub struct Config {
     /// compile command, run command, commands and paths the toolchain needs
     /// (docs/runtimes.md, "Languages an operator declares"). Default none.
     pub languages: Vec<LanguageConfig>,
-    /// Modules warm Python sandboxes import while they wait, when Python runs on the
-    /// managed runtime (so a run's own import of them costs nothing); each a dotted
-    /// module name. They count against the run's `memory_limit_mb`. Empty turns it off.
-    /// Default empty (off): each warm sandbox would then take about a second of CPU to
-    /// refill, which a stream of short runs outpaces (docs/runtimes.md#warm-imports); the
-    /// data stack is `["numpy", "pandas", "matplotlib.pyplot"]`.
+    /// Modules the preloaded warm Python sandboxes import while they wait, when Python
+    /// runs on the managed runtime, so a run's own import of them costs nothing; each a
+    /// dotted module name. They count against the run's `memory_limit_mb`. A run whose
+    /// code imports one of them (its top-level package) takes a preloaded sandbox, any
+    /// other run a plain one (docs/runtimes.md#warm-imports). Empty turns it off.
+    /// Default `["numpy", "pandas", "matplotlib.pyplot"]`.
     pub warm_preload: Vec<String>,
+    /// Preloaded warm Python sandboxes kept ready beside the `warm_pool_size` plain
+    /// ones; each holds about 90 MiB and takes about a second of CPU to build. 0 turns
+    /// them off. Default 2.
+    pub warm_preload_pool_size: usize,
     /// Where managed runtimes are installed (`sandcall runtime install`), one directory
     /// per lock (`python-<hash>`), bound read-only into every sandbox; may be shared by
     /// several data dirs. Default `<data_dir>/runtimes`.
@@ -475,7 +479,8 @@ impl Default for Config {
             extra_runtime_paths: Vec::new(),
             toolchain_path: vec![PathBuf::from("/usr/bin")],
             languages: Vec::new(),
-            warm_preload: Vec::new(),
+            warm_preload: ["numpy", "pandas", "matplotlib.pyplot"].map(String::from).to_vec(),
+            warm_preload_pool_size: 2,
             runtime_dir: None,
             install_runtime: true,
             sandbox_uid: None,
@@ -972,7 +977,8 @@ mod tests {
     #[test]
     fn warm_preload_takes_module_names_only() {
         let mut c = Config::default();
-        assert!(c.warm_preload.is_empty(), "off by default: see docs/runtimes.md");
+        assert_eq!(c.warm_preload, ["numpy", "pandas", "matplotlib.pyplot"]);
+        assert!(c.validate().is_ok());
         for bad in ["", "os; import x", "a..b", "1abc", "a-b", ".a"] {
             c.warm_preload = vec![bad.into()];
             assert!(c.validate().is_err(), "{bad:?} accepted");

@@ -86,7 +86,7 @@ impl AppState {
         let warm = if cmd.custom_limits {
             None
         } else {
-            self.pool.take(cmd.language)
+            self.pool.take(cmd.language, &cmd.code)
         };
         let session_id = warm.as_ref().map_or_else(ids::new_id, |h| h.run_id().to_owned());
         let launch = exec::launch_for(&cmd, &self.config);

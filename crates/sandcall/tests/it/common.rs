@@ -103,6 +103,9 @@ impl Server {
         // Warm sets for Python and Bash only, which is what tests that count warm
         // sandboxes expect; the JavaScript tests ask for theirs.
         cmd.env("SANDCALL_WARM_LANGUAGES", WARM_LANGUAGES);
+        // No preloaded Python sandboxes (a second of CPU each to build) unless a test
+        // asks for them.
+        cmd.env("SANDCALL_WARM_PRELOAD_POOL_SIZE", "0");
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -145,8 +148,16 @@ impl Server {
             .find(|(k, _)| *k == "SANDCALL_WARM_LANGUAGES")
             .map_or(WARM_LANGUAGES, |(_, v)| v);
         let languages = serde_json::from_str::<Vec<String>>(languages).map_or(2, |l| l.len());
+        let size = size.parse::<usize>().unwrap_or(0);
+        let preloaded = if size == 0 {
+            0
+        } else {
+            env.iter()
+                .find(|(k, _)| *k == "SANDCALL_WARM_PRELOAD_POOL_SIZE")
+                .map_or(0, |(_, v)| v.parse::<usize>().unwrap_or(0))
+        };
         if user.is_none() {
-            server.wait_warm(languages * size.parse::<usize>().unwrap_or(0));
+            server.wait_warm(languages * size + preloaded);
         }
         server
     }

@@ -11,9 +11,16 @@ use serde_json::{json, Value};
 use std::process::Command;
 
 /// The runtime's packages as GET /v1/runtimes says; fails when the server has none.
-/// The data stack, for the servers whose warm sandboxes preload it (`warm_preload` is off
-/// by default: see docs/runtimes.md#warm-imports).
+/// The data stack, for the servers whose warm sandboxes preload it (the default list; the
+/// test servers keep no preloaded sandboxes unless a test asks, as these do).
 const PRELOAD: &str = r#"["numpy","pandas","matplotlib.pyplot"]"#;
+
+/// A server with one plain warm sandbox per language and one preloaded Python one.
+const PRELOADED: [(&str, &str); 3] = [
+    ("SANDCALL_WARM_POOL_SIZE", "1"),
+    ("SANDCALL_WARM_PRELOAD", PRELOAD),
+    ("SANDCALL_WARM_PRELOAD_POOL_SIZE", "1"),
+];
 
 fn require_runtime(s: &Server) -> Vec<Value> {
     let reply = Client::anonymous(s).get("/v1/runtimes");
@@ -208,10 +215,7 @@ fn doctor_lists_the_runtime_and_its_versions() {
 
 #[test]
 fn warm_and_cold_runs_agree_and_random_sources_differ() {
-    let warm = Server::start_with(
-        &[("SANDCALL_WARM_POOL_SIZE", "1"), ("SANDCALL_WARM_PRELOAD", PRELOAD)],
-        "",
-    );
+    let warm = Server::start_with(&PRELOADED, "");
     require_runtime(&warm);
     let cold = Server::start_with(&[("SANDCALL_WARM_POOL_SIZE", "0")], "");
     let code = "import numpy as np, pandas as pd, random\n\
@@ -221,7 +225,7 @@ print(np.random.random(), random.random())\n";
     let mut seen = std::collections::HashSet::new();
     let mut results = Vec::new();
     for _ in 0..2 {
-        warm.wait_warm(2);
+        warm.wait_warm(3);
         let (kind, r) = warm.exec_kind(&json!({"code": code}).to_string());
         assert_eq!(kind, "warm", "{r}");
         results.push(r);
@@ -243,17 +247,14 @@ print(np.random.random(), random.random())\n";
 
 #[test]
 fn an_uploaded_csv_charted_in_a_warm_sandbox_comes_back_as_png() {
-    let s = Server::start_with(
-        &[("SANDCALL_WARM_POOL_SIZE", "1"), ("SANDCALL_WARM_PRELOAD", PRELOAD)],
-        "",
-    );
+    let s = Server::start_with(&PRELOADED, "");
     require_runtime(&s);
     let c = Client::anonymous(&s);
     let up = c.upload_parts(&[file_part("d.csv", "text/csv", b"a,b\n1,2\n3,4\n")]);
     assert_eq!(up.status, 200, "{up}");
     let up = up.json();
     let file = json!({"id": up["files"][0]["id"], "storage_session_id": up["storage_session_id"], "name": "d.csv"});
-    s.wait_warm(2);
+    s.wait_warm(3);
     let body = json!({"code": "import pandas as pd, matplotlib.pyplot as plt\npd.read_csv('d.csv').plot()\nplt.show()", "files": [file]});
     let (kind, r) = s.exec_kind(&body.to_string());
     assert_eq!(kind, "warm", "{r}");
@@ -401,10 +402,7 @@ fn first_start_finds_an_installed_runtime_and_install_is_idempotent() {
 
 #[test]
 fn warm_sandboxes_have_the_data_stack_imported_already() {
-    let s = Server::start_with(
-        &[("SANDCALL_WARM_POOL_SIZE", "1"), ("SANDCALL_WARM_PRELOAD", PRELOAD)],
-        "",
-    );
+    let s = Server::start_with(&PRELOADED, "");
     require_runtime(&s);
     let code = "import os, sys, time\n\
 before = [m in sys.modules for m in ('numpy', 'pandas', 'matplotlib.pyplot')]\n\
@@ -412,11 +410,16 @@ t = time.perf_counter()\n\
 import numpy, pandas, matplotlib.pyplot\n\
 took = time.perf_counter() - t\n\
 print(before, took < 0.05, 'SANDCALL_PRELOAD' in os.environ)\n";
-    s.wait_warm(2);
+    s.wait_warm(3);
     let (kind, r) = s.exec_kind(&json!({"code": code}).to_string());
     assert_eq!(kind, "warm", "{r}");
     assert_eq!(r["stdout"], "[True, True, True] True False\n", "{r}");
-    // A cold run imports them itself; turned off (the default), a warm run does too.
+    // Code that imports none of them takes a plain warm sandbox, which has not.
+    s.wait_warm(3);
+    let (kind, r) = s.exec_kind(&json!({"code": "import sys\nprint('pandas' in sys.modules)"}).to_string());
+    assert_eq!(kind, "warm", "{r}");
+    assert_eq!(r["stdout"], "False\n", "{r}");
+    // A cold run imports them itself; without preloaded sandboxes, a warm run does too.
     let (kind, r) =
         Server::start_with(&[("SANDCALL_WARM_POOL_SIZE", "0")], "").exec_kind(&json!({"code": code}).to_string());
     assert_eq!(kind, "cold", "{r}");
@@ -444,14 +447,11 @@ print(before, took < 0.05, 'SANDCALL_PRELOAD' in os.environ)\n";
 fn a_refilled_warm_sandbox_is_handed_out_only_once_its_imports_are_done() {
     // One warm Python sandbox: each run takes it, and the next run must find the refill
     // fully imported (its run does not pay for the preload, so a 400 ms timeout holds).
-    let s = Server::start_with(
-        &[("SANDCALL_WARM_POOL_SIZE", "1"), ("SANDCALL_WARM_PRELOAD", PRELOAD)],
-        "",
-    );
+    let s = Server::start_with(&PRELOADED, "");
     require_runtime(&s);
-    let code = "import sys\nprint('pandas' in sys.modules, flush=True)";
+    let code = "import sys\nprint('pandas' in sys.modules, flush=True)\nimport pandas";
     for _ in 0..3 {
-        s.wait_warm(2);
+        s.wait_warm(3);
         let (kind, r) = s.exec_kind(&json!({"code": code, "timeout": 400}).to_string());
         assert_eq!(kind, "warm", "{r}");
         assert_eq!(r["stdout"], "True\n", "{r}");
@@ -466,17 +466,14 @@ fn a_refilled_warm_sandbox_is_handed_out_only_once_its_imports_are_done() {
 fn a_preloaded_sandbox_has_drawn_a_throwaway_figure_and_left_nothing() {
     // The preload draws one chart in memory (fonts, the Agg canvas and pandas' plotting
     // backend loaded), so a run's first figure is cheaper; the run sees no trace of it.
-    let s = Server::start_with(
-        &[("SANDCALL_WARM_POOL_SIZE", "1"), ("SANDCALL_WARM_PRELOAD", PRELOAD)],
-        "",
-    );
+    let s = Server::start_with(&PRELOADED, "");
     require_runtime(&s);
     let code = "import os, sys\nimport matplotlib.pyplot as plt\n\
 print('pandas.plotting._matplotlib' in sys.modules, plt.get_fignums(), sorted(os.listdir('.')))\n\
 fig = plt.figure()\n\
 print(fig.number, plt.gca().get_title() == '')\n\
 plt.show()\n";
-    s.wait_warm(1);
+    s.wait_warm(3);
     let (kind, r) = s.exec_kind(&json!({"code": code}).to_string());
     assert_eq!(kind, "warm", "{r}");
     assert_eq!(r["stdout"], "True [] []\n1 True\n", "{r}");

@@ -301,7 +301,7 @@ impl Sessions {
         let warm = if cmd.custom_limits {
             None
         } else {
-            inner.pool.take(cmd.language)
+            inner.pool.take(cmd.language, &spec.code)
         };
         if let Some(helper) = &warm {
             spec.run_id = helper.run_id().to_owned();
