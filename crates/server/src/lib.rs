@@ -223,6 +223,10 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     let shared_config = Arc::new(config.clone());
     let store: Arc<dyn files::FileStore> =
         Arc::new(store::embedded::LocalStore::open(&host.data_dir).map_err(|e| ServeError::Preflight(e.to_string()))?);
+    let session_store: Arc<dyn store::SessionStore> = Arc::new(
+        store::embedded::EmbeddedSessionStore::open(&host.data_dir)
+            .map_err(|e| ServeError::Preflight(e.to_string()))?,
+    );
     let outbox_dir = host.data_dir.join("outbox");
     // Outputs of runs a previous server did not finish storing are lost with it.
     let _ = std::fs::remove_dir_all(&outbox_dir);
@@ -245,8 +249,12 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
             admission: admission.clone(),
             files: store.clone(),
             outbox_dir: outbox_dir.clone(),
+            store: session_store,
         },
     );
+    // Sessions an earlier server left paused wait for their resume (replay).
+    sessions.recover().await;
+    tokio::spawn(sessions.clone().expire_dormant());
     let state = AppState {
         config: shared_config,
         runner: runner.clone(),

@@ -3,6 +3,7 @@
 
 mod bounded_work;
 mod common;
+mod durable;
 mod errors;
 mod exec;
 mod faults;

@@ -25,6 +25,13 @@ const MAX_TOOL_CONNECTIONS: usize = 64;
 
 /// Validates a first call into a command for `Sessions::start`.
 pub fn parse_start(req: ProgrammaticRequest, config: &Config) -> Result<StartCommand, ApiError> {
+    // What the session journal keeps of the request, to start the program again.
+    let request = ProgrammaticRequest {
+        session_id: None,
+        continuation_token: None,
+        tool_results: None,
+        ..req.clone()
+    };
     let language = exec::parse_language(req.language.as_deref(), req.lang.as_deref(), config)?;
     let missing = "`code` is required (or `continuation_token` to resume)";
     let (code, args) = exec::check_code_and_args(req.code, req.args, config, missing)?;
@@ -65,6 +72,7 @@ pub fn parse_start(req: ProgrammaticRequest, config: &Config) -> Result<StartCom
         custom_limits,
         loop_timeout_ms,
         request_id: None,
+        request,
     })
 }
 

@@ -731,6 +731,7 @@ mod tests {
 
     fn call(id: &str) -> JournalEntry {
         JournalEntry::Call {
+            pause: 1,
             call_id: id.into(),
             name: "t".into(),
             arguments: serde_json::value::RawValue::from_string(r#"{"x":1}"#.into()).unwrap(),

@@ -195,6 +195,8 @@ pub enum JournalEntry {
     /// A call handed out to the caller: its id, the declared name, the arguments as
     /// checked (the JSON text the caller received).
     Call {
+        /// The pause that handed it out.
+        pause: u64,
         call_id: String,
         name: String,
         arguments: Box<serde_json::value::RawValue>,
