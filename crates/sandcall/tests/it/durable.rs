@@ -271,3 +271,102 @@ fn javascript_and_bash_sessions_survive_a_restart() {
     let sh_end = completed(answer(&s, &sh, |_| json!(6)));
     assert_eq!(sh_end["stdout"], "sh-start\nsh-got 6\n", "{sh_end}");
 }
+
+#[test]
+fn a_warm_python_session_with_numpy_replays_the_same_numbers() {
+    // A warm sandbox's program started with a hash seed of its own; the replay is cold
+    // and must start with the same one, and numpy's generator must draw alike.
+    let s = Server::start_with(&[("SANDCALL_WARM_POOL_SIZE", "1")], "");
+    let p = start(
+        &s,
+        "python",
+        src(&[
+            "import numpy as np",
+            "print('np-start')",
+            "order = ','.join({'alpha', 'beta', 'gamma', 'delta', 'epsilon'})",
+            "r = get(n=int(np.random.randint(0, 2**31 - 1)), order=order)",
+            "print('np-got', r)",
+        ]),
+    );
+    let (s, _) = s.restart(&[], true);
+    let end = completed(answer(&s, &p, |_| json!(3)));
+    assert_eq!(end["stdout"], "np-start\nnp-got 3\n", "{end}");
+}
+
+#[test]
+fn a_resume_cut_off_by_a_crash_is_answered_when_retried() {
+    // The resume was accepted (journalled) and the program was running when the server
+    // died: after the restart the program runs again to its next pause, and a retry of
+    // the same resume (same token, same results) gets it.
+    let s = Server::start();
+    let p = start(
+        &s,
+        "python",
+        src(&[
+            "import time",
+            "a = get(n=1)",
+            "print('slept', a)",
+            "time.sleep(2)",
+            "b = get(n=2)",
+            "print('done', a + b)",
+        ]),
+    );
+    let results = vec![json!({"call_id": p["tool_calls"][0]["id"], "result": 10, "is_error": false})];
+    let base = s.base.clone();
+    let body = json!({"continuation_token": p["continuation_token"], "tool_results": results.clone()});
+    let cut = std::thread::spawn(move || {
+        let _ = ureq::post(&format!("{base}{ROUTE}")).send_json(body);
+    });
+    std::thread::sleep(Duration::from_millis(800));
+    let (s, _) = s.restart(&[], true);
+    cut.join().unwrap();
+    let token = p["continuation_token"].as_str().unwrap();
+    let next = paused(resume_with(&s, &p, token, results));
+    assert_eq!(next["tool_calls"][0]["arguments"], json!({"n": 2}), "{next}");
+    // The output the cut-off answer would have carried.
+    assert_eq!(next["partial_stdout"], "slept 10\n", "{next}");
+    // Other results with the same token are another use: 409.
+    let other = vec![json!({"call_id": p["tool_calls"][0]["id"], "result": 11, "is_error": false})];
+    let (code, v) = resume_with(&s, &p, token, other);
+    assert_eq!(code, 409, "{v}");
+    let end = completed(answer(&s, &next, |_| json!(5)));
+    assert_eq!(end["stdout"], "slept 10\ndone 15\n", "{end}");
+}
+
+#[test]
+fn evicted_sessions_can_be_cancelled_and_expire() {
+    let s = Server::start_with(
+        &[
+            ("SANDCALL_SESSION_IDLE_EVICT_S", "1"),
+            ("SANDCALL_SESSION_EXPIRY_S", "4"),
+        ],
+        "",
+    );
+    let code = src(&["r = get(n=1)", "print(r)"]);
+    let cancelled = start(&s, "python", code.clone());
+    let expiring = start(&s, "python", code);
+    std::thread::sleep(Duration::from_millis(1200));
+    wait_until_no_sandbox(&s);
+    let (status_code, v) = s.post(
+        &format!("{ROUTE}/cancel"),
+        &json!({"session_id": cancelled["session_id"]}),
+    );
+    assert_eq!(status_code, 200, "{v}");
+    assert_eq!(v["error_type"], "cancelled", "{v}");
+    let (code, v) = answer(&s, &cancelled, |_| json!(1));
+    assert!(code == 404 || code == 409, "a cancelled session's resume: {code} {v}");
+    // The other one expires with its pause (session_expiry_s), evicted or not.
+    std::thread::sleep(Duration::from_secs(4));
+    let (code, v) = answer(&s, &expiring, |_| json!(1));
+    assert_eq!(code, 404, "{v}");
+    assert_eq!(v["error_type"], "session_not_found", "{v}");
+    // Gone from the journal too: a restart does not bring either back.
+    let (s, _) = s.restart(&[], false);
+    let (code, _, v) = s.request(
+        "GET",
+        &format!("{ROUTE}/{}", expiring["session_id"].as_str().unwrap()),
+        None,
+        None,
+    );
+    assert_eq!(code, 404, "{v}");
+}
