@@ -232,6 +232,10 @@ fn an_idle_paused_session_is_evicted_and_still_completes() {
     assert_eq!(p2["partial_stderr"], "e1\n", "{p2}");
     std::thread::sleep(Duration::from_millis(1200));
     wait_until_no_sandbox(&s);
+    // An evicted session keeps its pause only in the store: GET, and a retry of the
+    // resume that led to it, answer it from there.
+    assert_eq!(status(&s, &p2), p2);
+    assert_eq!(paused(answer(&s, &p, |_| json!(10))), p2);
     let p3 = paused(answer(&s, &p2, |_| json!(11)));
     assert_eq!(p3["partial_stdout"], "c1 got 11\nc2\n", "{p3}");
     let end = completed(answer(&s, &p3, |_| json!(12)));

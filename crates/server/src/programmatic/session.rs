@@ -135,6 +135,12 @@ impl Session {
             return false;
         }
         shared.dormant = Some(since_ms);
+        // The pause's answer (its calls' arguments, its output) is in the store: a dormant
+        // session keeps nothing of it in memory.
+        shared.response = dormant_placeholder(&self.id);
+        if let Some(last) = shared.last_resume.as_mut() {
+            last.answer = None;
+        }
         *self.commands.lock().unwrap_or_else(|p| p.into_inner()) = mpsc::unbounded_channel().0;
         true
     }
@@ -510,6 +516,7 @@ impl Sessions {
                     Phase::Paused { calls, .. } if open => Step::Go(match_results(calls, results)?),
                     _ => match answer_again(&mut shared, *session.version.borrow(), pause, &digest) {
                         Again::Answer(json) => return json,
+                        Again::Stored => Step::Stored,
                         // Read under the lock that publishing takes: no answer can slip
                         // in between.
                         Again::Wait => Step::Wait(*session.version.borrow()),
@@ -519,6 +526,7 @@ impl Sessions {
             };
             let replies = match step {
                 Step::Go(replies) => replies,
+                Step::Stored => return self.stored_answer(&session).await,
                 Step::Wait(seen) => {
                     session.wait_past(seen).await;
                     continue;
@@ -611,8 +619,24 @@ impl Sessions {
 
     /// The session's state as the JSON of a `ProgrammaticResponse`. A paused session's
     /// answer is serialized once and shared by every GET that reads it.
-    pub fn status(&self, principal: &Principal, id: &str) -> Result<Bytes, ApiError> {
-        self.get(id, principal)?.current_json().map_err(serialize_failed)
+    pub async fn status(&self, principal: &Principal, id: &str) -> Result<Bytes, ApiError> {
+        let session = self.get(id, principal)?;
+        if session.lock().dormant.is_some() {
+            return self.stored_answer(&session).await;
+        }
+        session.current_json().map_err(serialize_failed)
+    }
+
+    /// A dormant session's pause, as handed out: only the store keeps it. If the session
+    /// woke up meanwhile, its current answer.
+    async fn stored_answer(&self, session: &Arc<Session>) -> Result<Bytes, ApiError> {
+        match self.inner.store.state(&session.id).await {
+            Ok(Some(SessionState {
+                response: Some(json), ..
+            })) if session.lock().dormant.is_some() => Ok(Bytes::from(json)),
+            Ok(_) => session.current_json().map_err(serialize_failed),
+            Err(e) => Err(journal_failed(&e)),
+        }
     }
 
     /// Kills the program; answers with the session's end.
@@ -756,41 +780,14 @@ impl Sessions {
                 let _ = inner.store.remove(&id).await;
                 continue;
             }
-            let journal = match inner.store.load(&id).await {
-                Ok(Some(journal)) => journal,
-                _ => continue,
-            };
-            let mut calls = Vec::new();
-            let mut tool_calls = Vec::new();
-            for entry in &journal.entries {
-                if let JournalEntry::Call {
-                    call_id,
-                    name,
-                    arguments,
-                    ..
-                } = entry
-                {
-                    if let Some(i) = state.outstanding.iter().position(|c| c == call_id) {
-                        calls.push((call_id.clone(), i as u64));
-                        tool_calls.push(ToolCall::new(
-                            call_id.clone(),
-                            name.clone(),
-                            ToolArguments::new(arguments.clone()),
-                        ));
-                    }
-                }
-            }
-            let response = ProgrammaticResponse::ToolCallRequired {
-                session_id: id.clone(),
-                continuation_token: inner.key.sign(&id, state.pause),
-                tool_calls,
-                partial_stdout: String::new(),
-                partial_stderr: String::new(),
-                expires_at: humantime::format_rfc3339_millis(
-                    std::time::UNIX_EPOCH + Duration::from_millis(state.paused_ms.saturating_add(expiry_ms)),
-                )
-                .to_string(),
-            };
+            // Each outstanding call is named by its place in the pause (a dormant session
+            // has no helper keys); `revive` maps the results back to call ids.
+            let calls = state
+                .outstanding
+                .iter()
+                .enumerate()
+                .map(|(i, call_id)| (call_id.clone(), i as u64))
+                .collect();
             let last_resume = state.last_resume.as_ref().and_then(|(pause, digest)| {
                 Some(LastResume {
                     pause: *pause,
@@ -805,10 +802,7 @@ impl Sessions {
                         pause: state.pause,
                         calls,
                     },
-                    response: Published {
-                        response,
-                        json: state.response.clone().map(Bytes::from),
-                    },
+                    response: dormant_placeholder(&id),
                     last_resume,
                     dormant: Some(state.paused_ms),
                 }
@@ -1092,6 +1086,15 @@ fn arguments_box(arguments: &ToolArguments) -> Box<serde_json::value::RawValue> 
         .unwrap_or_else(|_| serde_json::value::RawValue::from_string("null".into()).unwrap_or_default())
 }
 
+/// What a dormant session holds for its response: nothing of its pause (GET and a
+/// retried resume read that from the store).
+fn dormant_placeholder(id: &str) -> Published {
+    ProgrammaticResponse::Running {
+        session_id: id.to_owned(),
+    }
+    .into()
+}
+
 fn token_used() -> ApiError {
     ApiError::new(
         StatusCode::CONFLICT,
@@ -1106,6 +1109,8 @@ enum Step {
     Go(Vec<(u64, ToolReply)>),
     /// Wait past this version, then look again.
     Wait(u64),
+    /// Answer the dormant session's pause, from the store.
+    Stored,
 }
 
 /// What a use of a token whose pause is no longer open gets.
@@ -1116,12 +1121,18 @@ enum Again {
     Wait,
     /// 409.
     Used,
+    /// The answer is the pause of a dormant session, kept only in the store.
+    Stored,
 }
 
 fn answer_again(shared: &mut Shared, version: u64, pause: u64, digest: &[u8; 32]) -> Again {
     if let Some(last) = shared.last_resume.as_mut().filter(|l| l.pause == pause) {
         if last.digest != *digest {
             return Again::Used;
+        }
+        // A dormant session paused after its last resume: that pause is the answer.
+        if shared.dormant.is_some() {
+            return Again::Stored;
         }
         return match last.answer.as_mut() {
             // Still the current response: its JSON is the one every request shares.

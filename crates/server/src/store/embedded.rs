@@ -466,6 +466,12 @@ impl SessionStore for EmbeddedSessionStore {
         .await
     }
 
+    async fn state(&self, id: &str) -> Result<Option<SessionState>, StoreError> {
+        let id = id.to_owned();
+        self.blocking(move |db| Ok(stored_state(db, &id)?.map(|s| s.state)))
+            .await
+    }
+
     async fn list(&self) -> Result<Vec<(String, String, SessionState)>, StoreError> {
         self.blocking(|db| {
             let tx = db.begin_read().map_err(db_err)?;
@@ -782,6 +788,7 @@ mod tests {
         let store = EmbeddedSessionStore::open(&dir).unwrap();
         let journal = store.load("S").await.unwrap().unwrap();
         assert_eq!(journal.state, answered);
+        assert_eq!(store.state("S").await.unwrap(), Some(answered.clone()));
         assert_eq!(journal.start.seed, 7);
         let ids: Vec<String> = journal
             .entries

@@ -245,6 +245,8 @@ pub trait SessionStore: Send + Sync {
     ) -> Result<bool, StoreError>;
     /// The session's journal, if it is journalled.
     async fn load(&self, id: &str) -> Result<Option<Journal>, StoreError>;
+    /// The session's state alone, if it is journalled.
+    async fn state(&self, id: &str) -> Result<Option<SessionState>, StoreError>;
     /// Every journalled session: its id, principal and state.
     async fn list(&self) -> Result<Vec<(String, String, SessionState)>, StoreError>;
     /// Forgets the session (it ended or expired).
