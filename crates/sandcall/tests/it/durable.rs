@@ -374,3 +374,26 @@ fn evicted_sessions_can_be_cancelled_and_expire() {
     );
     assert_eq!(code, 404, "{v}");
 }
+
+#[test]
+fn one_token_of_an_evicted_session_is_accepted_once_when_sent_twice_at_once() {
+    let s = Server::start_with(&[("SANDCALL_SESSION_IDLE_EVICT_S", "1")], "");
+    let p = start(&s, "python", src(&["r = get(n=1)", "print('got', r)"]));
+    std::thread::sleep(Duration::from_millis(1200));
+    wait_until_no_sandbox(&s);
+    let s = std::sync::Arc::new(s);
+    let threads: Vec<_> = [1, 2]
+        .into_iter()
+        .map(|v| {
+            let (s, p) = (s.clone(), p.clone());
+            std::thread::spawn(move || answer(&s, &p, move |_| json!(v)))
+        })
+        .collect();
+    let answers: Vec<(u16, Value)> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let won: Vec<&Value> = answers.iter().filter(|(c, _)| *c == 200).map(|(_, v)| v).collect();
+    assert_eq!(won.len(), 1, "{answers:?}");
+    assert_eq!(won[0]["status"], "completed", "{answers:?}");
+    let lost = answers.iter().find(|(c, _)| *c != 200).unwrap();
+    assert_eq!(lost.0, 409, "{answers:?}");
+    assert_eq!(lost.1["error_type"], "continuation_token_used", "{answers:?}");
+}
