@@ -630,12 +630,40 @@ impl Sessions {
     /// A dormant session's pause, as handed out: only the store keeps it. If the session
     /// woke up meanwhile, its current answer.
     async fn stored_answer(&self, session: &Arc<Session>) -> Result<Bytes, ApiError> {
-        match self.inner.store.state(&session.id).await {
-            Ok(Some(SessionState {
-                response: Some(json), ..
-            })) if session.lock().dormant.is_some() => Ok(Bytes::from(json)),
-            Ok(_) => session.current_json().map_err(serialize_failed),
-            Err(e) => Err(journal_failed(&e)),
+        let journal = match self.inner.store.load(&session.id).await {
+            Ok(Some(journal)) if journal.state.open && session.lock().dormant.is_some() => journal,
+            Ok(_) => return session.current_json().map_err(serialize_failed),
+            Err(e) => return Err(journal_failed(&e)),
+        };
+        let state = journal.state;
+        let mut calls: Vec<Option<ToolCall>> = vec![None; state.outstanding.len()];
+        for entry in journal.entries {
+            if let JournalEntry::Call {
+                call_id,
+                name,
+                arguments,
+                ..
+            } = entry
+            {
+                if let Some(i) = state.outstanding.iter().position(|c| *c == call_id) {
+                    calls[i] = Some(ToolCall::new(call_id, name, ToolArguments::new(arguments)));
+                }
+            }
+        }
+        let response = ProgrammaticResponse::ToolCallRequired {
+            session_id: session.id.clone(),
+            continuation_token: self.inner.key.sign(&session.id, state.pause),
+            tool_calls: calls.into_iter().flatten().collect(),
+            partial_stdout: state.partial_stdout,
+            partial_stderr: state.partial_stderr,
+            expires_at: state.expires_at,
+        };
+        match serialized(&response).await {
+            Some(json) => Ok(json),
+            None => Err(ApiError::internal(
+                error_type::INTERNAL,
+                "serializing a session's state failed",
+            )),
         }
     }
 
@@ -919,7 +947,8 @@ impl Sessions {
                     .any(|a| matches!(a, JournalEntry::Reply { call_id, .. } if call_id == c))
             });
             state.last_resume = Some((resumed.pause, hex(&resumed.digest)));
-            state.response = None;
+            state.partial_stdout.clear();
+            state.partial_stderr.clear();
             if !inner
                 .store
                 .consume(id, resumed.pause, &answered, &state)
@@ -1498,21 +1527,20 @@ impl Driver {
                                 loop_deadline.map_or(Duration::MAX, |d| d.saturating_duration_since(Instant::now())),
                             )),
                         };
-                        let json = match serialized(&response).await {
-                            Some(json) => json,
-                            None => Bytes::from(serde_json::to_vec(&response).unwrap_or_default()),
-                        };
+                        let json = serialized(&response).await;
                         // Journalled before the caller may see the token.
                         state.pause = pause;
                         state.open = true;
                         state.outstanding = outstanding.iter().map(|(c, ..)| c.clone()).collect();
-                        if let ProgrammaticResponse::ToolCallRequired { partial_stdout, partial_stderr, .. } = &response {
+                        if let ProgrammaticResponse::ToolCallRequired { partial_stdout, partial_stderr, expires_at, .. } = &response {
                             state.stdout_sent += partial_stdout.len() as u64;
                             state.stderr_sent += partial_stderr.len() as u64;
+                            state.partial_stdout.clone_from(partial_stdout);
+                            state.partial_stderr.clone_from(partial_stderr);
+                            state.expires_at.clone_from(expires_at);
                         }
                         state.calls_made = delivered;
                         state.paused_ms = now_ms();
-                        state.response = Some(String::from_utf8_lossy(&json).into_owned());
                         if let Err(e) = store.append(&id, &entries, &state).await {
                             tracing::error!(session = %id, error = %e, "could not journal a pause");
                             ending = Ending::Unjournalled;
@@ -1520,7 +1548,7 @@ impl Driver {
                             continue;
                         }
                         paused_at = Some(Instant::now());
-                        self.session.publish_json(Phase::Paused { pause, calls: handed }, response, Some(json));
+                        self.session.publish_json(Phase::Paused { pause, calls: handed }, response, json);
                         // Waiting for the caller takes no CPU: the slot goes to someone else.
                         run_slot = None;
                         paused_count.set(true);
@@ -1554,7 +1582,8 @@ impl Driver {
                         state.open = false;
                         state.outstanding.retain(|c| !entries.iter().any(|e| matches!(e, JournalEntry::Reply { call_id, .. } if call_id == c)));
                         state.last_resume = Some((pause, hex(&digest)));
-                        state.response = None;
+                        state.partial_stdout.clear();
+                        state.partial_stderr.clear();
                         if !matches!(store.consume(&id, pause, &entries, &state).await, Ok(true)) {
                             tracing::error!(session = %id, "could not journal a resume");
                             ending = Ending::Unjournalled;
@@ -1595,7 +1624,8 @@ impl Driver {
                         .collect();
                     state.open = false;
                     state.outstanding.clear();
-                    state.response = None;
+                    state.partial_stdout.clear();
+                    state.partial_stderr.clear();
                     if !matches!(store.consume(&id, pause, &entries, &state).await, Ok(true)) {
                         tracing::error!(session = %id, "could not journal a tool-call timeout");
                         ending = Ending::Unjournalled;

@@ -292,6 +292,9 @@ pub struct EmbeddedSessionStore {
     db: Arc<Database>,
 }
 
+/// The session database's page cache.
+const SESSION_CACHE_BYTES: usize = 4 << 20;
+
 /// id -> SessionStart as JSON (written once).
 const SESSION_STARTS: TableDefinition<&str, &[u8]> = TableDefinition::new("session_starts");
 /// id -> SessionState as JSON (replaced by each write).
@@ -315,7 +318,12 @@ struct StoredState {
 
 impl EmbeddedSessionStore {
     pub fn open(data_dir: &Path) -> Result<Self, StoreError> {
-        let db = Database::create(data_dir.join("sessions.redb")).map_err(db_err)?;
+        // A small cache: a journal is read back only to bring a session back, and redb's
+        // default cache (1 GiB) would keep every pause's arguments in the server's memory.
+        let db = redb::Builder::new()
+            .set_cache_size(SESSION_CACHE_BYTES)
+            .create(data_dir.join("sessions.redb"))
+            .map_err(db_err)?;
         let tx = db.begin_write().map_err(db_err)?;
         tx.open_table(SESSION_STARTS).map_err(db_err)?;
         tx.open_table(SESSION_STATES).map_err(db_err)?;

@@ -183,9 +183,15 @@ pub struct SessionState {
     /// that its retry is told from another use of the token.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_resume: Option<(u64, String)>,
-    /// The latest pause's answer as the caller received it (JSON), for GET.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub response: Option<String>,
+    /// The latest pause's output and end as the caller received them: with the
+    /// outstanding calls of the journal, its answer (for GET while the session has no
+    /// sandbox). Empty once the pause is over.
+    #[serde(default)]
+    pub partial_stdout: String,
+    #[serde(default)]
+    pub partial_stderr: String,
+    #[serde(default)]
+    pub expires_at: String,
 }
 
 /// One step of a session, in the order it happened.
