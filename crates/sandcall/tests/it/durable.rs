@@ -8,6 +8,10 @@ use std::time::{Duration, Instant};
 
 const ROUTE: &str = "/v1/exec/programmatic";
 
+/// For tests that count what is left on the machine: no warm sandboxes (CI may turn the
+/// pool on for a whole pass).
+const NO_POOL: (&str, &str) = ("SANDCALL_WARM_POOL_SIZE", "0");
+
 fn src(lines: &[&str]) -> String {
     let mut s = lines.join("\n");
     s.push('\n');
@@ -181,7 +185,7 @@ fn paused_sessions_survive_sigterm() {
 
 #[test]
 fn a_program_that_takes_another_path_on_replay_ends_with_replay_diverged() {
-    let s = Server::start();
+    let s = Server::start_with(&[NO_POOL], "");
     let code = src(&[
         "import os",
         "print('start')",
@@ -189,7 +193,7 @@ fn a_program_that_takes_another_path_on_replay_ends_with_replay_diverged() {
         "print('got', r)",
     ]);
     let p = start(&s, "python", code);
-    let (s, _) = s.restart(&[], true);
+    let (s, _) = s.restart(&[NO_POOL], true);
     let (code, v) = answer(&s, &p, |_| json!(1));
     assert_eq!(code, 200, "{v}");
     assert_eq!(v["status"], "error", "{v}");
@@ -218,7 +222,7 @@ fn wait_until_no_sandbox(s: &Server) {
 
 #[test]
 fn an_idle_paused_session_is_evicted_and_still_completes() {
-    let s = Server::start_with(&[("SANDCALL_SESSION_IDLE_EVICT_S", "1")], "");
+    let s = Server::start_with(&[NO_POOL, ("SANDCALL_SESSION_IDLE_EVICT_S", "1")], "");
     let p = start(&s, "python", looping_program());
     assert_eq!(p["partial_stdout"], "c0\n", "{p}");
     // Evicted: its sandbox is gone.
@@ -341,6 +345,7 @@ fn a_resume_cut_off_by_a_crash_is_answered_when_retried() {
 fn evicted_sessions_can_be_cancelled_and_expire() {
     let s = Server::start_with(
         &[
+            NO_POOL,
             ("SANDCALL_SESSION_IDLE_EVICT_S", "1"),
             ("SANDCALL_SESSION_EXPIRY_S", "4"),
         ],
@@ -377,7 +382,7 @@ fn evicted_sessions_can_be_cancelled_and_expire() {
 
 #[test]
 fn one_token_of_an_evicted_session_is_accepted_once_when_sent_twice_at_once() {
-    let s = Server::start_with(&[("SANDCALL_SESSION_IDLE_EVICT_S", "1")], "");
+    let s = Server::start_with(&[NO_POOL, ("SANDCALL_SESSION_IDLE_EVICT_S", "1")], "");
     let p = start(&s, "python", src(&["r = get(n=1)", "print('got', r)"]));
     std::thread::sleep(Duration::from_millis(1200));
     wait_until_no_sandbox(&s);
