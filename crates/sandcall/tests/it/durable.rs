@@ -402,3 +402,30 @@ fn one_token_of_an_evicted_session_is_accepted_once_when_sent_twice_at_once() {
     assert_eq!(lost.0, 409, "{answers:?}");
     assert_eq!(lost.1["error_type"], "continuation_token_used", "{answers:?}");
 }
+
+#[test]
+fn an_evicted_session_still_counts_among_its_principals_sessions() {
+    // It gives back its sandbox, not its place: what one principal keeps journalled is
+    // bounded by max_sessions_per_principal.
+    let s = Server::start_with(
+        &[
+            NO_POOL,
+            ("SANDCALL_SESSION_IDLE_EVICT_S", "1"),
+            ("SANDCALL_MAX_SESSIONS_PER_PRINCIPAL", "1"),
+        ],
+        "",
+    );
+    let code = src(&["r = get(n=1)", "print(r)"]);
+    let first = start(&s, "python", code.clone());
+    std::thread::sleep(Duration::from_millis(1200));
+    wait_until_no_sandbox(&s);
+    let body = json!({"language": "python", "code": code, "tools": [get_tool()]});
+    let (status_code, v) = s.post(ROUTE, &body);
+    assert_eq!(status_code, 429, "{v}");
+    assert_eq!(v["error_type"], "principal_at_capacity", "{v}");
+    // Its resume takes its place back; once it has ended, the place is free.
+    let end = completed(answer(&s, &first, |_| json!(1)));
+    assert_eq!(end["stdout"], "1\n", "{end}");
+    let (status_code, v) = s.post(ROUTE, &body);
+    assert_eq!(status_code, 200, "{v}");
+}

@@ -98,6 +98,10 @@ pub struct Session {
     version: watch::Sender<u64>,
     /// To the session's driver; a dormant session's leads nowhere.
     commands: Mutex<mpsc::UnboundedSender<DriverCommand>>,
+    /// A dormant session's place among its principal's sessions: it gives back its
+    /// sandbox and its `max_sessions` permit, not this, so that what one principal keeps
+    /// journalled stays bounded by `max_sessions_per_principal`.
+    parked: Mutex<Option<Held>>,
 }
 
 enum DriverCommand {
@@ -116,7 +120,19 @@ impl Session {
             shared: Mutex::new(shared),
             version: watch::channel(0).0,
             commands: Mutex::new(commands),
+            parked: Mutex::new(None),
         }
+    }
+
+    /// Keeps `held` while the session is dormant (else it is given back).
+    fn park(&self, held: Held) {
+        if self.lock().dormant.is_some() {
+            *self.parked.lock().unwrap_or_else(|p| p.into_inner()) = Some(held);
+        }
+    }
+
+    fn unpark(&self) -> Option<Held> {
+        self.parked.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
     fn send(&self, command: DriverCommand) -> bool {
@@ -442,8 +458,13 @@ impl Sessions {
     /// A place for one more session of `principal`: 429 when it holds its share, 503 when
     /// the server holds `max_sessions`.
     fn take_session_slot(&self, principal: &Principal) -> Result<SessionSlot, ApiError> {
+        self.take_session_slot_with(principal, None)
+    }
+
+    /// The same, with the principal's place already `held` (a dormant session's).
+    fn take_session_slot_with(&self, principal: &Principal, held: Option<Held>) -> Result<SessionSlot, ApiError> {
         let inner = &self.inner;
-        let held = inner.per_principal.take(&principal.0).ok_or_else(|| {
+        let held = held.or_else(|| inner.per_principal.take(&principal.0)).ok_or_else(|| {
             ApiError::principal_at_capacity(format!(
                 "this caller already holds {} sessions (max_sessions_per_principal); end one or retry later",
                 inner.per_principal.cap()
@@ -453,10 +474,7 @@ impl Sessions {
             message: "the server holds as many sessions as it may (max_sessions); retry later".into(),
             ..ApiError::at_capacity(1)
         })?;
-        Ok(SessionSlot {
-            _permit: permit,
-            _held: held,
-        })
+        Ok(SessionSlot { _permit: permit, held })
     }
 
     /// Sessions holding a sandbox now, and how many of them are paused.
@@ -537,7 +555,7 @@ impl Sessions {
             let run_slot = self.inner.admission.admit(principal.0.as_str()).await?;
             // A dormant session needs a sandbox again: a place among max_sessions too.
             let mut revive_slot = if session.lock().dormant.is_some() {
-                Some(self.take_session_slot(principal)?)
+                Some(self.take_session_slot_with(principal, session.unpark())?)
             } else {
                 None
             };
@@ -700,6 +718,7 @@ impl Sessions {
 
     /// Removes the session from the registry and its journal from the store.
     async fn forget(&self, session: &Arc<Session>) {
+        drop(session.unpark());
         self.remove(session);
         if let Err(e) = self.inner.store.remove(&session.id).await {
             tracing::warn!(session = %session.id, error = %e, "could not remove a session's journal");
@@ -843,6 +862,13 @@ impl Sessions {
                 }
             };
             let session = Arc::new(Session::new(id.clone(), principal.clone(), shared, commands));
+            if state.open {
+                // Counted among its principal's sessions, as before the restart (unless
+                // the cap was lowered meanwhile).
+                if let Some(held) = inner.per_principal.take(&principal) {
+                    session.park(held);
+                }
+            }
             self.map().insert(id.clone(), session.clone());
             recovered += 1;
             if !state.open {
@@ -1013,7 +1039,8 @@ impl Sessions {
 /// A session's place among `max_sessions` and among its principal's sessions.
 struct SessionSlot {
     _permit: OwnedSemaphorePermit,
-    _held: Held,
+    /// A dormant session keeps this one (`Session::parked`), not the permit.
+    held: Held,
 }
 
 /// Counts a session among the paused ones while it is; uncounted when dropped.
@@ -1683,7 +1710,8 @@ impl Driver {
             helper.wait().await;
             drop(run_slot);
             drop(paused_count);
-            drop(slot);
+            let SessionSlot { _permit, held } = slot;
+            self.session.park(held);
             let _ = tokio::fs::remove_dir_all(&self.outbox).await;
             return;
         }
