@@ -429,3 +429,47 @@ fn an_evicted_session_still_counts_among_its_principals_sessions() {
     let (status_code, v) = s.post(ROUTE, &body);
     assert_eq!(status_code, 200, "{v}");
 }
+
+#[test]
+fn an_evicted_session_still_gets_its_tool_call_timeout() {
+    // Eviction changes nothing the caller sees: an unanswered pause still times out at
+    // tool_call_timeout_ms, and the program goes on (brought back by replay for it).
+    let s = Server::start_with(
+        &[
+            NO_POOL,
+            ("SANDCALL_SESSION_IDLE_EVICT_S", "1"),
+            ("SANDCALL_TOOL_CALL_TIMEOUT_MS", "3000"),
+        ],
+        "",
+    );
+    let p = start(
+        &s,
+        "python",
+        src(&[
+            "print('before')",
+            "try:",
+            "    r = get(n=1)",
+            "    print('got', r)",
+            "except TimeoutError:",
+            "    print('timed out')",
+            "print('done')",
+        ]),
+    );
+    std::thread::sleep(Duration::from_millis(1200));
+    wait_until_no_sandbox(&s);
+    let t = Instant::now();
+    let end = loop {
+        let v = status(&s, &p);
+        if v["status"] == "completed" || v["status"] == "error" {
+            break v;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "not ended: {v}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(end["status"], "completed", "{end}");
+    assert_eq!(end["stdout"], "before\ntimed out\ndone\n", "{end}");
+    // The stale token gets the ending, as on a live session.
+    let (code, v) = answer(&s, &p, |_| json!(1));
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v, end);
+}

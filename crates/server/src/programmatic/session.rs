@@ -580,7 +580,11 @@ impl Sessions {
                     shared.dormant = None;
                     let (commands, rx) = mpsc::unbounded_channel();
                     *session.commands.lock().unwrap_or_else(|p| p.into_inner()) = commands;
-                    let resumed = Resumed { pause, digest, replies };
+                    let resumed = Resumed {
+                        pause,
+                        digest: Some(digest),
+                        replies,
+                    };
                     tokio::spawn(self.clone().revive(session.clone(), rx, slot, run_slot, Some(resumed)));
                 } else if !session.send(DriverCommand::Results(replies, run_slot, digest)) {
                     return Err(not_found());
@@ -746,7 +750,9 @@ impl Sessions {
 /// their digest.
 struct Resumed {
     pause: u64,
-    digest: [u8; 32],
+    /// None when the replies are the server's (tool_call_timeout_ms): no caller's resume
+    /// can be retried then.
+    digest: Option<[u8; 32]>,
     replies: Vec<(String, ToolReply)>,
 }
 
@@ -885,33 +891,93 @@ impl Sessions {
         }
     }
 
-    /// Ends dormant sessions whose pause outlived `session_expiry_s`, every second.
+    /// Every second: ends dormant sessions whose pause outlived `session_expiry_s`, and
+    /// brings back those whose pause outlived `tool_call_timeout_ms`, with the timeout
+    /// as their calls' results, as a live session's program would get it.
     pub async fn expire_dormant(self) {
         let mut shutdown = self.inner.shutdown.clone();
         let expiry_ms = self.inner.config.session_expiry_s.saturating_mul(1000);
+        let tool_timeout_ms = self.inner.config.tool_call_timeout_ms;
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
                 _ = shutdown.wait_for(|stop| *stop) => return,
             }
             let now = now_ms();
-            let dormant: Vec<Arc<Session>> = self
+            let due: Vec<(Arc<Session>, bool)> = self
                 .map()
                 .values()
-                .filter(|s| {
-                    s.lock()
-                        .dormant
-                        .is_some_and(|since| now.saturating_sub(since) > expiry_ms)
+                .filter_map(|s| {
+                    let waited = now.saturating_sub(s.lock().dormant?);
+                    if waited > expiry_ms {
+                        Some((s.clone(), true))
+                    } else if waited > tool_timeout_ms && tool_timeout_ms < expiry_ms {
+                        Some((s.clone(), false))
+                    } else {
+                        None
+                    }
                 })
-                .cloned()
                 .collect();
-            for session in dormant {
-                if session.lock().dormant.take().is_some() {
+            for (session, expired) in due {
+                if !expired {
+                    self.time_out_dormant(&session);
+                } else if session.lock().dormant.take().is_some() {
                     session.lock().phase = Phase::Done;
                     self.forget(&session).await;
                 }
             }
         }
+    }
+
+    /// `tool_call_timeout_ms` for a dormant session: its calls get the timeout, as they
+    /// would in a live one, and it is brought back by replay to go on. With no session
+    /// place free now, the next tick tries again.
+    fn time_out_dormant(&self, session: &Arc<Session>) {
+        let inner = &self.inner;
+        let Ok(permit) = inner.slots.clone().try_acquire_owned() else {
+            return;
+        };
+        let Some(held) = session
+            .unpark()
+            .or_else(|| inner.per_principal.take(&session.principal))
+        else {
+            return;
+        };
+        let slot = SessionSlot { _permit: permit, held };
+        let message = format!(
+            "no result within tool_call_timeout ({} ms)",
+            inner.config.tool_call_timeout_ms
+        );
+        let (commands, rx) = mpsc::unbounded_channel();
+        let resumed = {
+            let mut shared = session.lock();
+            let resumed = match &shared.phase {
+                Phase::Paused { pause, calls } if shared.dormant.is_some() => Resumed {
+                    pause: *pause,
+                    digest: None,
+                    replies: calls
+                        .iter()
+                        .map(|(call_id, _)| (call_id.clone(), ToolReply::error("timeout", message.clone())))
+                        .collect(),
+                },
+                _ => {
+                    drop(shared);
+                    session.park(slot.held);
+                    return;
+                }
+            };
+            // The pause's token is stale from now, as on a live session.
+            shared.dormant = None;
+            shared.phase = Phase::Running;
+            shared.response = ProgrammaticResponse::Running {
+                session_id: session.id.clone(),
+            }
+            .into();
+            *session.commands.lock().unwrap_or_else(|p| p.into_inner()) = commands;
+            resumed
+        };
+        let run_slot = inner.admission.admit_now(&session.principal);
+        tokio::spawn(self.clone().revive(session.clone(), rx, slot, run_slot, Some(resumed)));
     }
 
     /// Brings a dormant session back: runs its program again in a fresh sandbox, and
@@ -972,7 +1038,7 @@ impl Sessions {
                     .iter()
                     .any(|a| matches!(a, JournalEntry::Reply { call_id, .. } if call_id == c))
             });
-            state.last_resume = Some((resumed.pause, hex(&resumed.digest)));
+            state.last_resume = resumed.digest.map(|digest| (resumed.pause, hex(&digest)));
             state.partial_stdout.clear();
             state.partial_stderr.clear();
             if !inner
