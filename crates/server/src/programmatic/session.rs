@@ -6,7 +6,11 @@
 //!             │                                      │  tool_call_timeout: TimeoutError in the program ──> Running
 //!             │                                      │  session_expiry: sandbox killed ──> gone (404)
 //!             └──(program ends / timeout / cancel)──> Done
+//! Paused{n} ──(idle for session_idle_evict_s, or shutdown)──> Paused{n}, dormant (sandbox freed;
+//!             journalled) ──(resume with token n, or tool_call_timeout)──> Running, by replay
 //! ```
+//! Every step is journalled in the `SessionStore` before the answer that depends on it
+//! goes out; a session whose process is gone is brought back by replaying its journal.
 //! A token names a pause; it is good while the session sits in exactly that pause, and
 //! the check and the move to Running happen under one lock: of two concurrent resumes
 //! with one token, one wins and the other gets 409.
