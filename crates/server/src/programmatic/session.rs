@@ -100,8 +100,8 @@ pub struct Session {
     shared: Mutex<Shared>,
     /// Bumped every time `response` changes to a pause or an end.
     version: watch::Sender<u64>,
-    /// To the session's driver; a dormant session's leads nowhere.
-    commands: Mutex<mpsc::UnboundedSender<DriverCommand>>,
+    /// To the session's driver; none while the session is dormant.
+    commands: Mutex<Option<mpsc::UnboundedSender<DriverCommand>>>,
     /// A dormant session's place among its principal's sessions: it gives back its
     /// sandbox and its `max_sessions` permit, not this, so that what one principal keeps
     /// journalled stays bounded by `max_sessions_per_principal`.
@@ -116,7 +116,12 @@ enum DriverCommand {
 }
 
 impl Session {
-    fn new(id: String, principal: String, shared: Shared, commands: mpsc::UnboundedSender<DriverCommand>) -> Session {
+    fn new(
+        id: String,
+        principal: String,
+        shared: Shared,
+        commands: Option<mpsc::UnboundedSender<DriverCommand>>,
+    ) -> Session {
         Session {
             id,
             principal,
@@ -143,8 +148,12 @@ impl Session {
         self.commands
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .send(command)
-            .is_ok()
+            .as_ref()
+            .is_some_and(|c| c.send(command).is_ok())
+    }
+
+    fn set_commands(&self, commands: Option<mpsc::UnboundedSender<DriverCommand>>) {
+        *self.commands.lock().unwrap_or_else(|p| p.into_inner()) = commands;
     }
 
     /// Frees the pause's sandbox, keeping the pause (its token stays good): true unless
@@ -161,7 +170,7 @@ impl Session {
         if let Some(last) = shared.last_resume.as_mut() {
             last.answer = None;
         }
-        *self.commands.lock().unwrap_or_else(|p| p.into_inner()) = mpsc::unbounded_channel().0;
+        self.set_commands(None);
         true
     }
 
@@ -439,7 +448,7 @@ impl Sessions {
                 last_resume: None,
                 dormant: None,
             },
-            commands,
+            Some(commands),
         ));
         self.map().insert(id.clone(), session.clone());
         if let Some(request_id) = cmd.request_id {
@@ -583,7 +592,7 @@ impl Sessions {
                         .collect();
                     shared.dormant = None;
                     let (commands, rx) = mpsc::unbounded_channel();
-                    *session.commands.lock().unwrap_or_else(|p| p.into_inner()) = commands;
+                    session.set_commands(Some(commands));
                     let resumed = Resumed {
                         pause,
                         digest: Some(digest),
@@ -852,7 +861,6 @@ impl Sessions {
                     answer: None,
                 })
             });
-            let (commands, rx) = mpsc::unbounded_channel();
             let shared = if state.open {
                 Shared {
                     phase: Phase::Paused {
@@ -871,6 +879,12 @@ impl Sessions {
                     dormant: None,
                 }
             };
+            let (commands, rx) = if state.open {
+                (None, None)
+            } else {
+                let (commands, rx) = mpsc::unbounded_channel();
+                (Some(commands), Some(rx))
+            };
             let session = Arc::new(Session::new(id.clone(), principal.clone(), shared, commands));
             if state.open {
                 // Counted among its principal's sessions, as before the restart (unless
@@ -881,7 +895,7 @@ impl Sessions {
             }
             self.map().insert(id.clone(), session.clone());
             recovered += 1;
-            if !state.open {
+            if let Some(rx) = rx {
                 let Ok(slot) = self.take_session_slot(&Principal(principal.clone())) else {
                     self.forget(&session).await;
                     continue;
@@ -977,7 +991,7 @@ impl Sessions {
                 session_id: session.id.clone(),
             }
             .into();
-            *session.commands.lock().unwrap_or_else(|p| p.into_inner()) = commands;
+            session.set_commands(Some(commands));
             resumed
         };
         let run_slot = inner.admission.admit_now(&session.principal);
