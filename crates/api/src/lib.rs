@@ -53,6 +53,9 @@ pub mod error_type {
     pub const TIMEOUT: &str = "timeout";
     pub const CANCELLED: &str = "cancelled";
     pub const SESSION_EXPIRED: &str = "session_expired";
+    /// A session brought back by replay took another path than the journal's (another
+    /// call, other arguments, or an end before a journalled call).
+    pub const REPLAY_DIVERGED: &str = "replay_diverged";
     /// 507: the principal's stored files would go over its quota.
     pub const QUOTA_EXCEEDED: &str = "quota_exceeded";
     /// 429: the principal already holds as many sessions or runs as it may.

@@ -56,6 +56,10 @@ pub struct Config {
     /// Programmatic runs: a paused session not resumed within this many seconds is
     /// ended and its sandbox reclaimed. Default 600.
     pub session_expiry_s: u64,
+    /// Programmatic runs: a paused session idle this many seconds is written out (its
+    /// journal is already in the session store) and its sandbox freed; a resume brings it
+    /// back by replay. 0: never. Default 120.
+    pub session_idle_evict_s: u64,
     /// Tool calls one programmatic run may make: the default and the ceiling of the
     /// request's `max_tool_calls`. Default 100.
     pub max_tool_calls: u64,
@@ -462,6 +466,7 @@ impl Default for Config {
             cpus: 1.0,
             tool_call_timeout_ms: 300_000,
             session_expiry_s: 600,
+            session_idle_evict_s: 120,
             max_tool_calls: 100,
             max_tool_call_bytes: 1 << 20,
             max_sessions: cores() * 32,

@@ -454,7 +454,7 @@ pub(crate) async fn session_route(
     ApiPath(session_id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     // Already JSON: a paused session's answer is serialized once, not per GET.
-    let json = state.sessions.status(&principal, &session_id)?;
+    let json = state.sessions.status(&principal, &session_id).await?;
     Ok(([(header::CONTENT_TYPE, "application/json")], json).into_response())
 }
 

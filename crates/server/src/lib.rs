@@ -24,6 +24,7 @@ pub mod programmatic;
 pub mod python_runtime;
 pub mod runner;
 pub mod runtime;
+pub mod store;
 
 use admission::Admission;
 use config::Config;
@@ -223,7 +224,11 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
         .map_err(ServeError::Preflight)?;
     let shared_config = Arc::new(config.clone());
     let store: Arc<dyn files::FileStore> =
-        Arc::new(files::local::LocalStore::open(&host.data_dir).map_err(|e| ServeError::Preflight(e.to_string()))?);
+        Arc::new(store::embedded::LocalStore::open(&host.data_dir).map_err(|e| ServeError::Preflight(e.to_string()))?);
+    let session_store: Arc<dyn store::SessionStore> = Arc::new(
+        store::embedded::EmbeddedSessionStore::open(&host.data_dir)
+            .map_err(|e| ServeError::Preflight(e.to_string()))?,
+    );
     let outbox_dir = host.data_dir.join("outbox");
     // Outputs of runs a previous server did not finish storing are lost with it.
     let _ = std::fs::remove_dir_all(&outbox_dir);
@@ -246,8 +251,12 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
             admission: admission.clone(),
             files: store.clone(),
             outbox_dir: outbox_dir.clone(),
+            store: session_store,
         },
     );
+    // Sessions an earlier server left paused wait for their resume (replay).
+    sessions.recover().await;
+    tokio::spawn(sessions.clone().expire_dormant());
     let state = AppState {
         config: shared_config,
         runner: runner.clone(),

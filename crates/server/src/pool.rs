@@ -188,17 +188,24 @@ impl Refill {
                 }
                 continue;
             }
+            // Each warm Python program gets a hash seed of its own, as random as
+            // Python's own, but known: a programmatic session's replay uses it again.
+            let mut launch = self.launch.clone();
+            let hash_seed = (self.set.language == Language::Python).then(rand::random::<u32>);
+            if let Some(seed) = hash_seed {
+                launch.env.push(("PYTHONHASHSEED".into(), seed.to_string()));
+            }
             let prepared = self
                 .runner
-                .prepare_warm(
-                    ids::new_id(),
-                    self.limits.clone(),
-                    self.launch.clone(),
-                    self.tools.clone(),
-                )
+                .prepare_warm(ids::new_id(), self.limits.clone(), launch, self.tools.clone())
                 .await;
             match prepared {
-                Ok(helper) => self.pool.ready().entry(self.set).or_default().push(helper),
+                Ok(mut helper) => {
+                    if let Some(seed) = hash_seed {
+                        helper.set_hash_seed(seed);
+                    }
+                    self.pool.ready().entry(self.set).or_default().push(helper)
+                }
                 Err(e) => {
                     tracing::warn!(set = ?self.set, error = %e, "could not prepare a warm sandbox");
                     tokio::time::sleep(Duration::from_secs(1)).await;

@@ -303,6 +303,7 @@ impl Runner {
             stdin: Some(spawn_writer(stdin)),
             events: BufReader::new(stdout).lines(),
             parsing: None,
+            hash_seed: None,
             _guard: guard,
         };
 
@@ -351,6 +352,8 @@ pub struct Helper {
     /// `next_event`, so that a caller that drops that future (a `select!` whose other
     /// branch won) loses nothing: the next call takes the same parse up again.
     parsing: Option<tokio::task::JoinHandle<serde_json::Result<Event>>>,
+    /// The `PYTHONHASHSEED` a warm sandbox's program was started with, if it was set.
+    hash_seed: Option<u32>,
     _guard: ActiveGuard,
 }
 
@@ -359,6 +362,16 @@ impl Helper {
     /// as its session id.
     pub fn run_id(&self) -> &str {
         &self.run_id
+    }
+
+    /// The `PYTHONHASHSEED` the warm program started with (`Pool`), if any: a
+    /// programmatic session journals it, so that its replay hashes alike.
+    pub fn hash_seed(&self) -> Option<u32> {
+        self.hash_seed
+    }
+
+    pub fn set_hash_seed(&mut self, seed: u32) {
+        self.hash_seed = Some(seed);
     }
 
     /// The helper's next event. Cancel-safe: reading a line is, and a large line's parse

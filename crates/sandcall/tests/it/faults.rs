@@ -1,5 +1,5 @@
 //! Faults: a program killed from outside, a panic in a handler, a restart with paused
-//! sessions, a full data directory. The server must answer clearly and carry on.
+//! sessions (kept, by their journal), a full data directory. The server must answer clearly and carry on.
 
 use crate::common::{descendants, dir_names, processes_matching, run_cgroup_paths, run_cgroups, settle, Server};
 use serde_json::json;
@@ -74,26 +74,30 @@ fn paused_session(s: &Server) -> serde_json::Value {
     r
 }
 
+/// A paused session outlives the restart in its journal: its resume brings it back by
+/// replay in a sandbox of the new server (it/durable.rs tests replay itself).
 fn resume_after_restart(s: &Server, paused: &serde_json::Value) {
-    let call = &paused["tool_calls"][0]["id"];
-    let (status, v) = s.post(
-        "/v1/exec/programmatic",
-        &json!({"session_id": paused["session_id"], "continuation_token": paused["continuation_token"],
-                "tool_results": [{"call_id": call, "result": 1}]}),
-    );
-    assert_eq!(status, 404, "{v}");
-    assert_eq!(v["error_type"], "session_not_found");
     let (status, _, v) = s.request(
         "GET",
         &format!("/v1/exec/programmatic/{}", paused["session_id"].as_str().unwrap()),
         None,
         None,
     );
-    assert_eq!(status, 404, "{v}");
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["status"], "tool_call_required", "{v}");
+    let call = &paused["tool_calls"][0]["id"];
+    let (status, v) = s.post(
+        "/v1/exec/programmatic",
+        &json!({"session_id": paused["session_id"], "continuation_token": paused["continuation_token"],
+                "tool_results": [{"call_id": call, "result": 1}]}),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["status"], "completed", "{v}");
+    assert_eq!(v["stdout"], "1\n", "{v}");
 }
 
 #[test]
-fn a_restart_ends_paused_sessions_cleanly_and_leaves_nothing() {
+fn a_restart_keeps_paused_sessions_and_leaves_nothing_of_their_sandboxes() {
     for hard in [false, true] {
         let s = Server::start();
         let instance = s.instance();

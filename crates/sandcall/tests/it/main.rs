@@ -4,6 +4,7 @@
 mod bounded_work;
 mod common;
 mod compiled;
+mod durable;
 mod errors;
 mod exec;
 mod faults;

@@ -25,6 +25,13 @@ const MAX_TOOL_CONNECTIONS: usize = 64;
 
 /// Validates a first call into a command for `Sessions::start`.
 pub fn parse_start(req: ProgrammaticRequest, config: &Config) -> Result<StartCommand, ApiError> {
+    // What the session journal keeps of the request, to start the program again.
+    let request = ProgrammaticRequest {
+        session_id: None,
+        continuation_token: None,
+        tool_results: None,
+        ..req.clone()
+    };
     let language = exec::parse_language(req.language.as_deref(), req.lang.as_deref(), config)?;
     if runtime::languages::declaration(language).tools == runtime::languages::ToolStub::None {
         let name = runtime::languages::name(language, config);
@@ -79,6 +86,7 @@ pub fn parse_start(req: ProgrammaticRequest, config: &Config) -> Result<StartCom
         custom_limits,
         loop_timeout_ms,
         request_id: None,
+        request,
     })
 }
 

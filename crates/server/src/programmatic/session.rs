@@ -6,7 +6,11 @@
 //!             │                                      │  tool_call_timeout: TimeoutError in the program ──> Running
 //!             │                                      │  session_expiry: sandbox killed ──> gone (404)
 //!             └──(program ends / timeout / cancel)──> Done
+//! Paused{n} ──(idle for session_idle_evict_s, or shutdown)──> Paused{n}, dormant (sandbox freed;
+//!             journalled) ──(resume with token n, or tool_call_timeout)──> Running, by replay
 //! ```
+//! Every step is journalled in the `SessionStore` before the answer that depends on it
+//! goes out; a session whose process is gone is brought back by replaying its journal.
 //! A token names a pause; it is good while the session sits in exactly that pause, and
 //! the check and the move to Running happen under one lock: of two concurrent resumes
 //! with one token, one wins and the other gets 409.
@@ -17,10 +21,11 @@ use crate::admission::{Admission, Held, PerPrincipal, Slot};
 use crate::auth::Principal;
 use crate::config::Config;
 use crate::error::ApiError;
-use crate::files::{ops, FileStore};
+use crate::files::{now_ms, ops, FileStore};
 use crate::ids;
 use crate::pool::Pool;
 use crate::runner::{Helper, RunError, RunSpec, Runner};
+use crate::store::{JournalEntry, SessionStart, SessionState, SessionStore};
 use axum::body::Bytes;
 use axum::http::StatusCode;
 use sandcall_api::{error_type, OutputFile, ProgrammaticResponse, SkippedFile, ToolArguments, ToolCall, ToolResult};
@@ -52,6 +57,10 @@ struct Shared {
     /// The last resume accepted, so that a retry of it (same token, same results)
     /// answers what it answered. One per session: only the latest token can be retried.
     last_resume: Option<LastResume>,
+    /// The session is paused with no sandbox (evicted, or journalled by a server before
+    /// a restart): since when it has been paused, ms since the epoch. A resume brings it
+    /// back by replay (`Sessions::revive`).
+    dormant: Option<u64>,
 }
 
 /// An accepted resume: the pause it answered, a digest of its results, and its answer
@@ -91,16 +100,80 @@ pub struct Session {
     shared: Mutex<Shared>,
     /// Bumped every time `response` changes to a pause or an end.
     version: watch::Sender<u64>,
-    commands: mpsc::UnboundedSender<DriverCommand>,
+    /// To the session's driver; none while the session is dormant.
+    commands: Mutex<Option<mpsc::UnboundedSender<DriverCommand>>>,
+    /// A dormant session's place among its principal's sessions: it gives back its
+    /// sandbox and its `max_sessions` permit, not this, so that what one principal keeps
+    /// journalled stays bounded by `max_sessions_per_principal`.
+    parked: Mutex<Option<Held>>,
 }
 
 enum DriverCommand {
-    /// The caller's results, with the run slot the program runs on from now.
-    Results(Vec<(u64, ToolReply)>, Slot),
+    /// The caller's results, with the run slot the program runs on from now, and the
+    /// digest of the results (journalled, for a retry of the resume).
+    Results(Vec<(u64, ToolReply)>, Slot, [u8; 32]),
     Cancel,
 }
 
 impl Session {
+    fn new(
+        id: String,
+        principal: String,
+        shared: Shared,
+        commands: Option<mpsc::UnboundedSender<DriverCommand>>,
+    ) -> Session {
+        Session {
+            id,
+            principal,
+            request_id: Mutex::new(Ok(None)),
+            shared: Mutex::new(shared),
+            version: watch::channel(0).0,
+            commands: Mutex::new(commands),
+            parked: Mutex::new(None),
+        }
+    }
+
+    /// Keeps `held` while the session is dormant (else it is given back).
+    fn park(&self, held: Held) {
+        if self.lock().dormant.is_some() {
+            *self.parked.lock().unwrap_or_else(|p| p.into_inner()) = Some(held);
+        }
+    }
+
+    fn unpark(&self) -> Option<Held> {
+        self.parked.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    fn send(&self, command: DriverCommand) -> bool {
+        self.commands
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .is_some_and(|c| c.send(command).is_ok())
+    }
+
+    fn set_commands(&self, commands: Option<mpsc::UnboundedSender<DriverCommand>>) {
+        *self.commands.lock().unwrap_or_else(|p| p.into_inner()) = commands;
+    }
+
+    /// Frees the pause's sandbox, keeping the pause (its token stays good): true unless
+    /// the session has left the pause already (a resume got there first).
+    fn make_dormant(&self, since_ms: u64) -> bool {
+        let mut shared = self.lock();
+        if !matches!(shared.phase, Phase::Paused { .. }) || shared.dormant.is_some() {
+            return false;
+        }
+        shared.dormant = Some(since_ms);
+        // The pause's answer (its calls' arguments, its output) is in the store: a dormant
+        // session keeps nothing of it in memory.
+        shared.response = dormant_placeholder(&self.id);
+        if let Some(last) = shared.last_resume.as_mut() {
+            last.answer = None;
+        }
+        self.set_commands(None);
+        true
+    }
+
     fn lock(&self) -> MutexGuard<'_, Shared> {
         self.shared.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -191,6 +264,8 @@ pub struct StartCommand {
     pub loop_timeout_ms: Option<u64>,
     /// The start's `X-LibreChat-Code-Request-ID`.
     pub request_id: Option<String>,
+    /// The request as the session journal keeps it (no resume fields).
+    pub request: sandcall_api::ProgrammaticRequest,
 }
 
 #[derive(Clone)]
@@ -221,6 +296,8 @@ struct Inner {
     files: Arc<dyn FileStore>,
     outbox_dir: PathBuf,
     pool: Pool,
+    /// Every session's journal.
+    store: Arc<dyn SessionStore>,
 }
 
 fn not_found() -> ApiError {
@@ -239,6 +316,8 @@ pub struct Backing {
     pub files: Arc<dyn FileStore>,
     /// Where helpers put a run's output files before the store takes them.
     pub outbox_dir: PathBuf,
+    /// Where sessions are journalled.
+    pub store: Arc<dyn SessionStore>,
 }
 
 impl Sessions {
@@ -249,6 +328,7 @@ impl Sessions {
             admission,
             files,
             outbox_dir,
+            store,
         } = backing;
         let slots = Arc::new(Semaphore::new(config.max_sessions));
         let per_principal = PerPrincipal::new(config.sessions_per_principal());
@@ -270,6 +350,7 @@ impl Sessions {
                 files,
                 outbox_dir,
                 pool,
+                store,
             }),
         }
     }
@@ -315,36 +396,60 @@ impl Sessions {
         });
         let id = spec.run_id.clone();
         let loop_deadline = cmd.loop_timeout_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
+        // The program's random generators are seeded, and the seeds journalled, so that a
+        // replay draws the same numbers.
+        let seed: u32 = rand::random();
+        let hash_seed = warm.as_ref().and_then(Helper::hash_seed).unwrap_or_else(rand::random);
+        let record = SessionStart {
+            principal: principal.0.clone(),
+            request: cmd.request,
+            seed,
+            hash_seed,
+            loop_deadline_ms: cmd.loop_timeout_ms.map(|ms| now_ms() + ms),
+            created_ms: now_ms(),
+        };
+        // Journalled before the program starts: no answer about it goes out before.
+        if let Err(e) = inner.store.create(&id, &record, &SessionState::default()).await {
+            if let Some(mut helper) = warm {
+                helper.abort();
+                tokio::spawn(helper.wait());
+            }
+            return Err(journal_failed(&e));
+        }
         let started = match warm {
             Some(helper) => {
                 let names = cmd.tools.names();
                 let (go, files) = crate::runtime::warm_go(cmd.language, &cmd.args, Some(&names));
                 spec.go = Some(go);
                 spec.support_files = files;
+                seed_run(&mut spec, cmd.language, seed, None);
                 helper.begin(spec).await
             }
-            None => self.inner.runner.start(spec).await,
+            None => {
+                seed_run(&mut spec, cmd.language, seed, Some(hash_seed));
+                self.inner.runner.start(spec).await
+            }
         };
         let helper = match started {
             Ok(h) => h,
             Err(e) => {
                 self.inner.runner.record_failure(&e);
+                let _ = inner.store.remove(&id).await;
                 return Err(ApiError::internal(error_type::SANDBOX_FAILURE, &e.to_string()));
             }
         };
         let (commands, rx) = mpsc::unbounded_channel();
-        let session = Arc::new(Session {
-            id: id.clone(),
-            principal: principal.0.clone(),
-            request_id: Mutex::new(Ok(None)),
-            shared: Mutex::new(Shared {
+        let session = Arc::new(Session::new(
+            id.clone(),
+            principal.0.clone(),
+            Shared {
                 phase: Phase::Running,
                 response: ProgrammaticResponse::Running { session_id: id.clone() }.into(),
                 last_resume: None,
-            }),
-            version: watch::channel(0).0,
-            commands,
-        });
+                dormant: None,
+            },
+            Some(commands),
+        ));
         self.map().insert(id.clone(), session.clone());
         if let Some(request_id) = cmd.request_id {
             self.name_by_request_id(&session, request_id);
@@ -356,6 +461,8 @@ impl Sessions {
             max_tool_calls: cmd.max_tool_calls,
             outbox,
             loop_deadline,
+            replay: None,
+            state: SessionState::default(),
         };
         tokio::spawn(driver.run(helper, rx, slot, run_slot));
         session.next_outcome_json(0).await
@@ -364,8 +471,13 @@ impl Sessions {
     /// A place for one more session of `principal`: 429 when it holds its share, 503 when
     /// the server holds `max_sessions`.
     fn take_session_slot(&self, principal: &Principal) -> Result<SessionSlot, ApiError> {
+        self.take_session_slot_with(principal, None)
+    }
+
+    /// The same, with the principal's place already `held` (a dormant session's).
+    fn take_session_slot_with(&self, principal: &Principal, held: Option<Held>) -> Result<SessionSlot, ApiError> {
         let inner = &self.inner;
-        let held = inner.per_principal.take(&principal.0).ok_or_else(|| {
+        let held = held.or_else(|| inner.per_principal.take(&principal.0)).ok_or_else(|| {
             ApiError::principal_at_capacity(format!(
                 "this caller already holds {} sessions (max_sessions_per_principal); end one or retry later",
                 inner.per_principal.cap()
@@ -375,10 +487,7 @@ impl Sessions {
             message: "the server holds as many sessions as it may (max_sessions); retry later".into(),
             ..ApiError::at_capacity(1)
         })?;
-        Ok(SessionSlot {
-            _permit: permit,
-            _held: held,
-        })
+        Ok(SessionSlot { _permit: permit, held })
     }
 
     /// Sessions holding a sandbox now, and how many of them are paused.
@@ -438,6 +547,7 @@ impl Sessions {
                     Phase::Paused { calls, .. } if open => Step::Go(match_results(calls, results)?),
                     _ => match answer_again(&mut shared, *session.version.borrow(), pause, &digest) {
                         Again::Answer(json) => return json,
+                        Again::Stored => Step::Stored,
                         // Read under the lock that publishing takes: no answer can slip
                         // in between.
                         Again::Wait => Step::Wait(*session.version.borrow()),
@@ -447,6 +557,7 @@ impl Sessions {
             };
             let replies = match step {
                 Step::Go(replies) => replies,
+                Step::Stored => return self.stored_answer(&session).await,
                 Step::Wait(seen) => {
                     session.wait_past(seen).await;
                     continue;
@@ -455,18 +566,40 @@ impl Sessions {
             // The program runs again from here: it waits for a run slot like a new run.
             // A refusal here leaves the pause, and the token, as they were.
             let run_slot = self.inner.admission.admit(principal.0.as_str()).await?;
+            // A dormant session needs a sandbox again: a place among max_sessions too.
+            let mut revive_slot = if session.lock().dormant.is_some() {
+                Some(self.take_session_slot_with(principal, session.unpark())?)
+            } else {
+                None
+            };
             let seen = {
                 let mut shared = session.lock();
-                if !matches!(shared.phase, Phase::Paused { pause: current, .. } if current == pause) {
+                let calls = match &shared.phase {
+                    Phase::Paused { pause: current, calls } if *current == pause => calls.clone(),
                     // Another use of the token got there first: this one is its retry,
                     // or 409, as above.
-                    continue;
-                }
-                if session
-                    .commands
-                    .send(DriverCommand::Results(replies, run_slot))
-                    .is_err()
-                {
+                    _ => continue,
+                };
+                if shared.dormant.is_some() {
+                    // It went dormant meanwhile: look again, with a session slot.
+                    let Some(slot) = revive_slot.take() else { continue };
+                    let replies = replies
+                        .into_iter()
+                        .filter_map(|(key, reply)| {
+                            let (call_id, _) = calls.iter().find(|(_, k)| *k == key)?;
+                            Some((call_id.clone(), reply))
+                        })
+                        .collect();
+                    shared.dormant = None;
+                    let (commands, rx) = mpsc::unbounded_channel();
+                    session.set_commands(Some(commands));
+                    let resumed = Resumed {
+                        pause,
+                        digest: Some(digest),
+                        replies,
+                    };
+                    tokio::spawn(self.clone().revive(session.clone(), rx, slot, run_slot, Some(resumed)));
+                } else if !session.send(DriverCommand::Results(replies, run_slot, digest)) {
                     return Err(not_found());
                 }
                 shared.phase = Phase::Running;
@@ -521,23 +654,91 @@ impl Sessions {
 
     /// The session's state as the JSON of a `ProgrammaticResponse`. A paused session's
     /// answer is serialized once and shared by every GET that reads it.
-    pub fn status(&self, principal: &Principal, id: &str) -> Result<Bytes, ApiError> {
-        self.get(id, principal)?.current_json().map_err(serialize_failed)
+    pub async fn status(&self, principal: &Principal, id: &str) -> Result<Bytes, ApiError> {
+        let session = self.get(id, principal)?;
+        if session.lock().dormant.is_some() {
+            return self.stored_answer(&session).await;
+        }
+        session.current_json().map_err(serialize_failed)
+    }
+
+    /// A dormant session's pause, as handed out: only the store keeps it. If the session
+    /// woke up meanwhile, its current answer.
+    async fn stored_answer(&self, session: &Arc<Session>) -> Result<Bytes, ApiError> {
+        let journal = match self.inner.store.load(&session.id).await {
+            Ok(Some(journal)) if journal.state.open && session.lock().dormant.is_some() => journal,
+            Ok(_) => return session.current_json().map_err(serialize_failed),
+            Err(e) => return Err(journal_failed(&e)),
+        };
+        let state = journal.state;
+        let mut calls: Vec<Option<ToolCall>> = vec![None; state.outstanding.len()];
+        for entry in journal.entries {
+            if let JournalEntry::Call {
+                call_id,
+                name,
+                arguments,
+                ..
+            } = entry
+            {
+                if let Some(i) = state.outstanding.iter().position(|c| *c == call_id) {
+                    calls[i] = Some(ToolCall::new(call_id, name, ToolArguments::new(arguments)));
+                }
+            }
+        }
+        let response = ProgrammaticResponse::ToolCallRequired {
+            session_id: session.id.clone(),
+            continuation_token: self.inner.key.sign(&session.id, state.pause),
+            tool_calls: calls.into_iter().flatten().collect(),
+            partial_stdout: state.partial_stdout,
+            partial_stderr: state.partial_stderr,
+            expires_at: state.expires_at,
+        };
+        match serialized(&response).await {
+            Some(json) => Ok(json),
+            None => Err(ApiError::internal(
+                error_type::INTERNAL,
+                "serializing a session's state failed",
+            )),
+        }
     }
 
     /// Kills the program; answers with the session's end.
     pub async fn cancel(&self, principal: &Principal, id: &str) -> Result<ProgrammaticResponse, ApiError> {
         let session = self.get(id, principal)?;
         loop {
-            let seen = {
-                let shared = session.lock();
+            let (seen, dormant) = {
+                let mut shared = session.lock();
                 if matches!(shared.phase, Phase::Done) {
                     return Ok(shared.response.response.clone());
                 }
-                *session.version.borrow()
+                (*session.version.borrow(), shared.dormant.take().is_some())
             };
-            let _ = session.commands.send(DriverCommand::Cancel);
+            {
+                if dormant {
+                    // No sandbox to kill: the session ends here, and leaves the journal.
+                    let response = ProgrammaticResponse::Error {
+                        session_id: session.id.clone(),
+                        error: "the session was cancelled".into(),
+                        error_type: error_type::CANCELLED.into(),
+                        stdout: String::new(),
+                        stderr: String::new(),
+                    };
+                    session.publish(Phase::Done, response.clone());
+                    self.forget(&session).await;
+                    return Ok(response);
+                }
+            }
+            let _ = session.send(DriverCommand::Cancel);
             session.next_outcome(seen).await;
+        }
+    }
+
+    /// Removes the session from the registry and its journal from the store.
+    async fn forget(&self, session: &Arc<Session>) {
+        drop(session.unpark());
+        self.remove(session);
+        if let Err(e) = self.inner.store.remove(&session.id).await {
+            tracing::warn!(session = %session.id, error = %e, "could not remove a session's journal");
         }
     }
 
@@ -558,10 +759,372 @@ impl Sessions {
     }
 }
 
+/// A resume of a dormant session: the pause it answered, its results by call id, and
+/// their digest.
+struct Resumed {
+    pause: u64,
+    /// None when the replies are the server's (tool_call_timeout_ms): no caller's resume
+    /// can be retried then.
+    digest: Option<[u8; 32]>,
+    replies: Vec<(String, ToolReply)>,
+}
+
+/// What a replay still has to meet: the journalled calls the program has not made
+/// again yet, the replies known for calls, and the output the caller already has.
+struct Replay {
+    /// (pause, call id, name, arguments), in the order they were handed out.
+    calls: std::collections::VecDeque<(u64, String, String, Value)>,
+    replies: HashMap<String, ToolReply>,
+    skip_stdout: u64,
+    skip_stderr: u64,
+}
+
+impl Replay {
+    fn new(entries: Vec<JournalEntry>, state: &SessionState) -> Replay {
+        let mut calls = std::collections::VecDeque::new();
+        let mut replies = HashMap::new();
+        for entry in entries {
+            match entry {
+                JournalEntry::Call {
+                    pause,
+                    call_id,
+                    name,
+                    arguments,
+                } => {
+                    let arguments = serde_json::from_str(arguments.get()).unwrap_or(Value::Null);
+                    calls.push_back((pause, call_id, name, arguments));
+                }
+                JournalEntry::Reply { call_id, reply } => {
+                    replies.insert(call_id, reply);
+                }
+            }
+        }
+        Replay {
+            calls,
+            replies,
+            skip_stdout: state.stdout_sent,
+            skip_stderr: state.stderr_sent,
+        }
+    }
+
+    /// The journalled call a call of the replayed program is: one of the earliest
+    /// pause's calls not met yet, with the same name and arguments (the calls of one
+    /// pause may come in any order, as Bash's background jobs make them). None: the
+    /// program took another path.
+    fn meet(&mut self, name: &str, arguments: &str) -> Option<String> {
+        let first = self.calls.front()?.0;
+        let arguments: Value = serde_json::from_str(arguments).ok()?;
+        let at = self
+            .calls
+            .iter()
+            .take_while(|(pause, ..)| *pause == first)
+            .position(|(_, _, n, a)| n == name && *a == arguments)?;
+        self.calls.remove(at).map(|(_, call_id, ..)| call_id)
+    }
+}
+
+impl Sessions {
+    /// Brings the sessions journalled by an earlier server back: a paused one waits,
+    /// dormant, for its resume; one whose program was running (its last resume
+    /// accepted, its next pause not reached) runs again to its next pause, which a retry
+    /// of that resume then answers. A session that never paused is forgotten: nobody
+    /// holds a token of it.
+    pub async fn recover(&self) {
+        let inner = &self.inner;
+        let listed = match inner.store.list().await {
+            Ok(listed) => listed,
+            Err(e) => {
+                tracing::error!(error = %e, "could not read the session store: no session recovered");
+                return;
+            }
+        };
+        let expiry_ms = inner.config.session_expiry_s.saturating_mul(1000);
+        let mut recovered = 0usize;
+        for (id, principal, state) in listed {
+            let expired = state.open && now_ms().saturating_sub(state.paused_ms) > expiry_ms;
+            if state.pause == 0 || expired {
+                let _ = inner.store.remove(&id).await;
+                continue;
+            }
+            // Each outstanding call is named by its place in the pause (a dormant session
+            // has no helper keys); `revive` maps the results back to call ids.
+            let calls = state
+                .outstanding
+                .iter()
+                .enumerate()
+                .map(|(i, call_id)| (call_id.clone(), i as u64))
+                .collect();
+            let last_resume = state.last_resume.as_ref().and_then(|(pause, digest)| {
+                Some(LastResume {
+                    pause: *pause,
+                    digest: unhex(digest)?,
+                    answer: None,
+                })
+            });
+            let shared = if state.open {
+                Shared {
+                    phase: Phase::Paused {
+                        pause: state.pause,
+                        calls,
+                    },
+                    response: dormant_placeholder(&id),
+                    last_resume,
+                    dormant: Some(state.paused_ms),
+                }
+            } else {
+                Shared {
+                    phase: Phase::Running,
+                    response: ProgrammaticResponse::Running { session_id: id.clone() }.into(),
+                    last_resume,
+                    dormant: None,
+                }
+            };
+            let (commands, rx) = if state.open {
+                (None, None)
+            } else {
+                let (commands, rx) = mpsc::unbounded_channel();
+                (Some(commands), Some(rx))
+            };
+            let session = Arc::new(Session::new(id.clone(), principal.clone(), shared, commands));
+            if state.open {
+                // Counted among its principal's sessions, as before the restart (unless
+                // the cap was lowered meanwhile).
+                if let Some(held) = inner.per_principal.take(&principal) {
+                    session.park(held);
+                }
+            }
+            self.map().insert(id.clone(), session.clone());
+            recovered += 1;
+            if let Some(rx) = rx {
+                let Ok(slot) = self.take_session_slot(&Principal(principal.clone())) else {
+                    self.forget(&session).await;
+                    continue;
+                };
+                let run_slot = inner.admission.admit_now(&principal);
+                tokio::spawn(self.clone().revive(session, rx, slot, run_slot, None));
+            }
+        }
+        if recovered > 0 {
+            tracing::info!(recovered, "programmatic sessions recovered from the session store");
+        }
+    }
+
+    /// Every second: ends dormant sessions whose pause outlived `session_expiry_s`, and
+    /// brings back those whose pause outlived `tool_call_timeout_ms`, with the timeout
+    /// as their calls' results, as a live session's program would get it.
+    pub async fn expire_dormant(self) {
+        let mut shutdown = self.inner.shutdown.clone();
+        let expiry_ms = self.inner.config.session_expiry_s.saturating_mul(1000);
+        let tool_timeout_ms = self.inner.config.tool_call_timeout_ms;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = shutdown.wait_for(|stop| *stop) => return,
+            }
+            let now = now_ms();
+            let due: Vec<(Arc<Session>, bool)> = self
+                .map()
+                .values()
+                .filter_map(|s| {
+                    let waited = now.saturating_sub(s.lock().dormant?);
+                    if waited > expiry_ms {
+                        Some((s.clone(), true))
+                    } else if waited > tool_timeout_ms && tool_timeout_ms < expiry_ms {
+                        Some((s.clone(), false))
+                    } else {
+                        None
+                    }
+                })
+                .collect();
+            for (session, expired) in due {
+                if !expired {
+                    self.time_out_dormant(&session);
+                } else if session.lock().dormant.take().is_some() {
+                    session.lock().phase = Phase::Done;
+                    self.forget(&session).await;
+                }
+            }
+        }
+    }
+
+    /// `tool_call_timeout_ms` for a dormant session: its calls get the timeout, as they
+    /// would in a live one, and it is brought back by replay to go on. With no session
+    /// place free now, the next tick tries again.
+    fn time_out_dormant(&self, session: &Arc<Session>) {
+        let inner = &self.inner;
+        let Ok(permit) = inner.slots.clone().try_acquire_owned() else {
+            return;
+        };
+        let Some(held) = session
+            .unpark()
+            .or_else(|| inner.per_principal.take(&session.principal))
+        else {
+            return;
+        };
+        let slot = SessionSlot { _permit: permit, held };
+        let message = format!(
+            "no result within tool_call_timeout ({} ms)",
+            inner.config.tool_call_timeout_ms
+        );
+        let (commands, rx) = mpsc::unbounded_channel();
+        let resumed = {
+            let mut shared = session.lock();
+            let resumed = match &shared.phase {
+                Phase::Paused { pause, calls } if shared.dormant.is_some() => Resumed {
+                    pause: *pause,
+                    digest: None,
+                    replies: calls
+                        .iter()
+                        .map(|(call_id, _)| (call_id.clone(), ToolReply::error("timeout", message.clone())))
+                        .collect(),
+                },
+                _ => {
+                    drop(shared);
+                    session.park(slot.held);
+                    return;
+                }
+            };
+            // The pause's token is stale from now, as on a live session.
+            shared.dormant = None;
+            shared.phase = Phase::Running;
+            shared.response = ProgrammaticResponse::Running {
+                session_id: session.id.clone(),
+            }
+            .into();
+            session.set_commands(Some(commands));
+            resumed
+        };
+        let run_slot = inner.admission.admit_now(&session.principal);
+        tokio::spawn(self.clone().revive(session.clone(), rx, slot, run_slot, Some(resumed)));
+    }
+
+    /// Brings a dormant session back: runs its program again in a fresh sandbox, and
+    /// drives it as a replay (`Driver::run`), after journalling `resumed` (the resume
+    /// that woke it; none when it was running as the server stopped).
+    async fn revive(
+        self,
+        session: Arc<Session>,
+        rx: mpsc::UnboundedReceiver<DriverCommand>,
+        slot: SessionSlot,
+        run_slot: Slot,
+        resumed: Option<Resumed>,
+    ) {
+        match self.replay_driver(&session, resumed).await {
+            Ok((driver, helper)) => driver.run(helper, rx, slot, run_slot).await,
+            Err(e) => {
+                tracing::error!(session = %session.id, error = %e, "a session could not be brought back");
+                drop((slot, run_slot));
+                self.forget(&session).await;
+                session.publish(
+                    Phase::Done,
+                    ProgrammaticResponse::Error {
+                        session_id: session.id.clone(),
+                        error: format!("the session could not be brought back: {e}"),
+                        error_type: error_type::SANDBOX_FAILURE.into(),
+                        stdout: String::new(),
+                        stderr: String::new(),
+                    },
+                );
+            }
+        }
+    }
+
+    async fn replay_driver(
+        &self,
+        session: &Arc<Session>,
+        resumed: Option<Resumed>,
+    ) -> Result<(Driver, Helper), String> {
+        let inner = &self.inner;
+        let id = &session.id;
+        let journal = inner
+            .store
+            .load(id)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("it is no longer journalled")?;
+        let mut state = journal.state.clone();
+        let mut entries = journal.entries;
+        if let Some(resumed) = resumed {
+            let answered: Vec<JournalEntry> = resumed
+                .replies
+                .into_iter()
+                .map(|(call_id, reply)| JournalEntry::Reply { call_id, reply })
+                .collect();
+            state.open = false;
+            state.outstanding.retain(|c| {
+                !answered
+                    .iter()
+                    .any(|a| matches!(a, JournalEntry::Reply { call_id, .. } if call_id == c))
+            });
+            state.last_resume = resumed.digest.map(|digest| (resumed.pause, hex(&digest)));
+            state.partial_stdout.clear();
+            state.partial_stderr.clear();
+            if !inner
+                .store
+                .consume(id, resumed.pause, &answered, &state)
+                .await
+                .map_err(|e| e.to_string())?
+            {
+                return Err("its token was used already".into());
+            }
+            entries.extend(answered);
+        }
+        let replay = Replay::new(entries, &state);
+        let config = inner.config.clone();
+        let request = journal.start.request.clone();
+        let cmd = tokio::task::spawn_blocking(move || super::parse_start(request, &config))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.message)?;
+        let mut spec = cmd.spec;
+        spec.inputs = ops::resolve_inputs(
+            &*inner.files,
+            &session.principal,
+            &cmd.files,
+            spec.limits.workspace_bytes,
+        )
+        .await
+        .map_err(|e| e.message)?;
+        let outbox = inner.outbox_dir.join(&spec.run_id);
+        spec.collect = Some(Collect {
+            outbox: outbox.clone(),
+            max_files: inner.config.max_output_files,
+            max_file_bytes: inner.config.max_file_bytes,
+            max_total_bytes: spec.limits.workspace_bytes,
+        });
+        seed_run(
+            &mut spec,
+            cmd.language,
+            journal.start.seed,
+            Some(journal.start.hash_seed),
+        );
+        let helper = inner.runner.start(spec).await.map_err(|e| {
+            inner.runner.record_failure(&e);
+            e.to_string()
+        })?;
+        let loop_deadline = journal
+            .start
+            .loop_deadline_ms
+            .map(|at| Instant::now() + Duration::from_millis(at.saturating_sub(now_ms())));
+        let driver = Driver {
+            sessions: self.clone(),
+            session: session.clone(),
+            tools: cmd.tools,
+            max_tool_calls: cmd.max_tool_calls,
+            outbox,
+            loop_deadline,
+            replay: Some(replay),
+            state,
+        };
+        Ok((driver, helper))
+    }
+}
+
 /// A session's place among `max_sessions` and among its principal's sessions.
 struct SessionSlot {
     _permit: OwnedSemaphorePermit,
-    _held: Held,
+    /// A dormant session keeps this one (`Session::parked`), not the permit.
+    held: Held,
 }
 
 /// Counts a session among the paused ones while it is; uncounted when dropped.
@@ -609,6 +1172,69 @@ async fn serialized(response: &ProgrammaticResponse) -> Option<Bytes> {
     json.ok().and_then(Result::ok).map(Bytes::from)
 }
 
+/// Seeds the program's random generators from `seed`: Python's `random` and numpy's
+/// global generator (`runner.py`), JavaScript's `Math.random` (`runner.mjs`), both from
+/// the `seed` file, and Bash's `$RANDOM` (`tools.sh`). A cold Python program also gets
+/// `hash_seed` as its `PYTHONHASHSEED` (a warm one started with its own, `Pool`).
+fn seed_run(spec: &mut RunSpec, language: sandcall_api::Language, seed: u32, hash_seed: Option<u32>) {
+    spec.support_files.push(("seed".into(), seed.to_string()));
+    if let Some((_, script)) = spec.support_files.iter_mut().find(|(name, _)| name == "tools.sh") {
+        script.push_str(&format!("RANDOM={seed}\n"));
+    }
+    if let Some(hash_seed) = hash_seed.filter(|_| language == sandcall_api::Language::Python) {
+        spec.env.push(("PYTHONHASHSEED".into(), hash_seed.to_string()));
+    }
+}
+
+fn journal_failed(e: &crate::store::StoreError) -> ApiError {
+    tracing::error!(error = %e, "the session store failed");
+    ApiError::internal(
+        error_type::INTERNAL,
+        "the session could not be written to the session store",
+    )
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Option<[u8; 32]> {
+    let mut out = [0u8; 32];
+    if text.len() != 64 {
+        return None;
+    }
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// `text` without its first `*skip` bytes (the output the caller already has), cut at a
+/// character boundary; `*skip` goes down by what was cut.
+fn skip_sent(text: &str, skip: &mut u64) -> String {
+    let mut cut = (*skip).min(text.len() as u64) as usize;
+    while !text.is_char_boundary(cut) {
+        cut += 1;
+    }
+    *skip -= (cut as u64).min(*skip);
+    text[cut..].to_owned()
+}
+
+/// A call's checked arguments as the journal keeps them.
+fn arguments_box(arguments: &ToolArguments) -> Box<serde_json::value::RawValue> {
+    serde_json::value::RawValue::from_string(arguments.get().to_owned())
+        .unwrap_or_else(|_| serde_json::value::RawValue::from_string("null".into()).unwrap_or_default())
+}
+
+/// What a dormant session holds for its response: nothing of its pause (GET and a
+/// retried resume read that from the store).
+fn dormant_placeholder(id: &str) -> Published {
+    ProgrammaticResponse::Running {
+        session_id: id.to_owned(),
+    }
+    .into()
+}
+
 fn token_used() -> ApiError {
     ApiError::new(
         StatusCode::CONFLICT,
@@ -623,6 +1249,8 @@ enum Step {
     Go(Vec<(u64, ToolReply)>),
     /// Wait past this version, then look again.
     Wait(u64),
+    /// Answer the dormant session's pause, from the store.
+    Stored,
 }
 
 /// What a use of a token whose pause is no longer open gets.
@@ -633,12 +1261,18 @@ enum Again {
     Wait,
     /// 409.
     Used,
+    /// The answer is the pause of a dormant session, kept only in the store.
+    Stored,
 }
 
 fn answer_again(shared: &mut Shared, version: u64, pause: u64, digest: &[u8; 32]) -> Again {
     if let Some(last) = shared.last_resume.as_mut().filter(|l| l.pause == pause) {
         if last.digest != *digest {
             return Again::Used;
+        }
+        // A dormant session paused after its last resume: that pause is the answer.
+        if shared.dormant.is_some() {
+            return Again::Stored;
         }
         return match last.answer.as_mut() {
             // Still the current response: its JSON is the one every request shares.
@@ -762,6 +1396,10 @@ struct Driver {
     /// `timeout` with `programmatic_timeout_scope = "loop"`). The program's own
     /// running time is the helper's clock, which stops while it waits.
     loop_deadline: Option<Instant>,
+    /// Set when the program runs again from its journal.
+    replay: Option<Replay>,
+    /// The session's state as journalled.
+    state: SessionState,
 }
 
 /// Appends `add`, keeping at most `cap` bytes (cut at a character boundary).
@@ -784,6 +1422,12 @@ enum Ending {
     Expired,
     /// The loop's deadline passed.
     LoopTimeout,
+    /// The replayed program took another path than the journal's.
+    Diverged,
+    /// The session store refused a write.
+    Unjournalled,
+    /// Paused and left dormant (evicted, or the server stops): the journal keeps it.
+    Dormant,
 }
 
 impl Driver {
@@ -840,7 +1484,7 @@ impl Driver {
     }
 
     async fn run(
-        self,
+        mut self,
         mut helper: Helper,
         mut commands: mpsc::UnboundedReceiver<DriverCommand>,
         slot: SessionSlot,
@@ -878,9 +1522,14 @@ impl Driver {
         // resume answers only some of them.
         let mut outstanding: Vec<(String, u64, String, ToolArguments)> = Vec::new();
         let mut loop_deadline = self.loop_deadline;
+        let mut replay = self.replay.take();
+        // The journal's view of the session, written before each answer that depends on it.
+        let mut state = std::mem::take(&mut self.state);
+        let store = self.sessions.inner.store.clone();
+        let evict = Duration::from_secs(config.session_idle_evict_s);
         let mut accepted = 0u64;
-        let mut delivered = 0u64;
-        let mut pause = 0u64;
+        let mut delivered = state.calls_made;
+        let mut pause = state.pause;
         let mut carry = (String::new(), String::new());
         let mut paused_at: Option<Instant> = None;
         let mut ending = Ending::Normal;
@@ -908,8 +1557,29 @@ impl Driver {
                         match verdict {
                             Ok(checked) => {
                                 accepted += 1;
-                                pending_bytes += checked.size;
                                 session_bytes += checked.size;
+                                // A replay answers the journalled calls from the journal.
+                                if let Some(replay) = replay.as_mut().filter(|r| !r.calls.is_empty()) {
+                                    match replay.meet(&name, checked.arguments.get()) {
+                                        Some(call_id) => match replay.replies.remove(&call_id) {
+                                            Some(reply) => {
+                                                let _ = helper.send(&Command::Reply { key, reply }).await;
+                                            }
+                                            // Handed out before and not answered yet: it is
+                                            // handed out again at the next pause.
+                                            None => outstanding.push((call_id, key, name, ToolArguments::new(checked.arguments))),
+                                        },
+                                        None => {
+                                            tracing::info!(session = %id, call = %name, "the replayed program took another path");
+                                            if ending == Ending::Normal {
+                                                ending = Ending::Diverged;
+                                            }
+                                            helper.abort();
+                                        }
+                                    }
+                                    continue;
+                                }
+                                pending_bytes += checked.size;
                                 pending.push((key, name, ToolArguments::new(checked.arguments)));
                             }
                             Err(reason) => {
@@ -917,7 +1587,12 @@ impl Driver {
                             }
                         }
                     }
-                    Ok(Event::Blocked { partial_stdout, partial_stderr }) => {
+                    Ok(Event::Blocked { mut partial_stdout, mut partial_stderr }) => {
+                        if let Some(replay) = replay.as_mut() {
+                            // What the caller already has is not sent twice.
+                            partial_stdout = skip_sent(&partial_stdout, &mut replay.skip_stdout);
+                            partial_stderr = skip_sent(&partial_stderr, &mut replay.skip_stderr);
+                        }
                         let cap = config.max_output_bytes as usize;
                         push_capped(&mut carry.0, &partial_stdout, cap);
                         push_capped(&mut carry.1, &partial_stderr, cap);
@@ -936,10 +1611,17 @@ impl Driver {
                             handed.push((call_id.clone(), *key));
                             calls.push(ToolCall::new(call_id.clone(), name.clone(), arguments.clone()));
                         }
+                        let mut entries = Vec::with_capacity(pending.len());
                         for (key, name, arguments) in pending.drain(..) {
                             let call_id = ids::new_id();
                             handed.push((call_id.clone(), key));
                             outstanding.push((call_id.clone(), key, name.clone(), arguments.clone()));
+                            entries.push(JournalEntry::Call {
+                                pause,
+                                call_id: call_id.clone(),
+                                name: name.clone(),
+                                arguments: arguments_box(&arguments),
+                            });
                             calls.push(ToolCall::new(call_id, name, arguments));
                         }
                         pending_bytes = 0;
@@ -957,23 +1639,68 @@ impl Driver {
                             )),
                         };
                         let json = serialized(&response).await;
+                        // Journalled before the caller may see the token.
+                        state.pause = pause;
+                        state.open = true;
+                        state.outstanding = outstanding.iter().map(|(c, ..)| c.clone()).collect();
+                        if let ProgrammaticResponse::ToolCallRequired { partial_stdout, partial_stderr, expires_at, .. } = &response {
+                            state.stdout_sent += partial_stdout.len() as u64;
+                            state.stderr_sent += partial_stderr.len() as u64;
+                            state.partial_stdout.clone_from(partial_stdout);
+                            state.partial_stderr.clone_from(partial_stderr);
+                            state.expires_at.clone_from(expires_at);
+                        }
+                        state.calls_made = delivered;
+                        state.paused_ms = now_ms();
+                        if let Err(e) = store.append(&id, &entries, &state).await {
+                            tracing::error!(session = %id, error = %e, "could not journal a pause");
+                            ending = Ending::Unjournalled;
+                            helper.abort();
+                            continue;
+                        }
                         paused_at = Some(Instant::now());
                         self.session.publish_json(Phase::Paused { pause, calls: handed }, response, json);
                         // Waiting for the caller takes no CPU: the slot goes to someone else.
                         run_slot = None;
                         paused_count.set(true);
                     }
-                    Ok(Event::Finished { result }) => break Ok(result),
+                    Ok(Event::Finished { result }) => {
+                        // A replay that ends before meeting every journalled call took
+                        // another path.
+                        if replay.as_ref().is_some_and(|r| !r.calls.is_empty()) && ending == Ending::Normal {
+                            ending = Ending::Diverged;
+                        }
+                        break Ok(result);
+                    }
                     Ok(Event::Failed { message }) => break Err(RunError::Sandbox(message)),
                     Ok(Event::Ready) => {}
                     Err(e) => break Err(e),
                 },
                 command = commands.recv() => match command {
-                    Some(DriverCommand::Results(replies, slot)) => {
+                    Some(DriverCommand::Results(replies, slot, digest)) => {
                         paused_at = None;
                         results_on_their_way = false;
                         run_slot = Some(slot);
                         paused_count.set(false);
+                        // Journalled before the program gets them: the token is used.
+                        let entries: Vec<JournalEntry> = replies
+                            .iter()
+                            .filter_map(|(key, reply)| {
+                                let (call_id, ..) = outstanding.iter().find(|(_, k, _, _)| k == key)?;
+                                Some(JournalEntry::Reply { call_id: call_id.clone(), reply: reply.clone() })
+                            })
+                            .collect();
+                        state.open = false;
+                        state.outstanding.retain(|c| !entries.iter().any(|e| matches!(e, JournalEntry::Reply { call_id, .. } if call_id == c)));
+                        state.last_resume = Some((pause, hex(&digest)));
+                        state.partial_stdout.clear();
+                        state.partial_stderr.clear();
+                        if !matches!(store.consume(&id, pause, &entries, &state).await, Ok(true)) {
+                            tracing::error!(session = %id, "could not journal a resume");
+                            ending = Ending::Unjournalled;
+                            helper.abort();
+                            continue;
+                        }
                         for (key, reply) in replies {
                             outstanding.retain(|(_, k, _, _)| *k != key);
                             let _ = helper.send(&Command::Reply { key, reply }).await;
@@ -999,6 +1726,23 @@ impl Driver {
                     run_slot = Some(admission.admit_now(&self.session.principal));
                     paused_count.set(false);
                     let message = format!("no result within tool_call_timeout ({} ms)", config.tool_call_timeout_ms);
+                    let entries: Vec<JournalEntry> = outstanding
+                        .iter()
+                        .map(|(call_id, ..)| JournalEntry::Reply {
+                            call_id: call_id.clone(),
+                            reply: ToolReply::error("timeout", message.clone()),
+                        })
+                        .collect();
+                    state.open = false;
+                    state.outstanding.clear();
+                    state.partial_stdout.clear();
+                    state.partial_stderr.clear();
+                    if !matches!(store.consume(&id, pause, &entries, &state).await, Ok(true)) {
+                        tracing::error!(session = %id, "could not journal a tool-call timeout");
+                        ending = Ending::Unjournalled;
+                        helper.abort();
+                        continue;
+                    }
                     for (_, key, _, _) in outstanding.drain(..) {
                         let _ = helper.send(&Command::Reply { key, reply: ToolReply::error("timeout", message.clone()) }).await;
                     }
@@ -1015,6 +1759,16 @@ impl Driver {
                     self.sessions.remove(&self.session);
                     helper.abort();
                 },
+                _ = until(paused_at.filter(|_| !evict.is_zero()).map(|t| t + evict)) => {
+                    // Idle for session_idle_evict_s: the sandbox goes, the journal stays.
+                    paused_at = None;
+                    if !self.session.make_dormant(state.paused_ms) {
+                        results_on_their_way = true;
+                        continue;
+                    }
+                    ending = Ending::Dormant;
+                    helper.abort();
+                },
                 _ = until(loop_deadline) => {
                     // The whole loop's budget is spent, waits included.
                     loop_deadline = None;
@@ -1024,9 +1778,27 @@ impl Driver {
                     self.session.unpause();
                     helper.abort();
                 },
-                _ = async { let _ = shutdown.wait_for(|stop| *stop).await; }, if !helper.aborted() => helper.abort(),
+                _ = async { let _ = shutdown.wait_for(|stop| *stop).await; }, if !helper.aborted() => {
+                    // A paused session outlives the server in its journal.
+                    if paused_at.is_some() && self.session.make_dormant(state.paused_ms) {
+                        ending = Ending::Dormant;
+                    }
+                    helper.abort();
+                },
             }
         };
+        if ending == Ending::Dormant {
+            // The session stays paused, in the registry and the journal; its resume
+            // brings it back by replay (`Sessions::revive`).
+            drop(commands);
+            helper.wait().await;
+            drop(run_slot);
+            drop(paused_count);
+            let SessionSlot { _permit, held } = slot;
+            self.session.park(held);
+            let _ = tokio::fs::remove_dir_all(&self.outbox).await;
+            return;
+        }
         // No resume reaches the program from here: one that comes later finds the session
         // no longer paused (409), and results already queued are dropped with the
         // receiver, and with them the run slots their resumes took.
@@ -1037,6 +1809,12 @@ impl Driver {
         drop(run_slot);
         drop(paused_count);
         drop(slot);
+        // The session has ended: its journal goes.
+        if let Err(e) = store.remove(&id).await {
+            tracing::warn!(session = %id, error = %e, "could not remove a session's journal");
+        }
+        // The ending holds the whole run's output, as a live one does: the replay
+        // printed all of it again, once.
         let response = match outcome {
             // Only a completed run has output files to give: an `error` answer has no
             // field for them, so nothing is stored that nobody would be told about.
@@ -1083,8 +1861,11 @@ impl Driver {
     ) -> ProgrammaticResponse {
         let session_id = self.session.id.clone();
         let mut result = result;
-        let notes = crate::exec::sandbox_notes(&result, self.sessions.inner.config.max_output_bytes);
-        crate::exec::append_notes(&mut result.stderr, &notes);
+        // A diverged replay was stopped by the server: no note about it on stderr.
+        if ending != Ending::Diverged {
+            let notes = crate::exec::sandbox_notes(&result, self.sessions.inner.config.max_output_bytes);
+            crate::exec::append_notes(&mut result.stderr, &notes);
+        }
         let error = |error_type: &str, error: String| ProgrammaticResponse::Error {
             session_id: session_id.clone(),
             error,
@@ -1106,7 +1887,21 @@ impl Driver {
                     "the session did not finish within its loop timeout".into(),
                 )
             }
-            Ending::Normal => {}
+            Ending::Diverged => {
+                return error(
+                    error_type::REPLAY_DIVERGED,
+                    "the program, run again from its journal, took another path (another tool call, other \
+                     arguments, or an end before a journalled call); its earlier answers no longer apply"
+                        .into(),
+                )
+            }
+            Ending::Unjournalled => {
+                return error(
+                    error_type::INTERNAL,
+                    "the session could not be written to the session store".into(),
+                )
+            }
+            Ending::Normal | Ending::Dormant => {}
         }
         if result.timed_out {
             // The same words as the note on stderr: LibreChat shows the model `error`.

@@ -55,6 +55,26 @@ if (process.env.SANDCALL_WARM === "1") {
 }
 process.argv = [process.argv[0], MAIN, ...args];
 
+// A programmatic session's program draws the same numbers from Math.random when
+// sandcall runs it again (replay, docs/scaling.md): seeded from /run/sandcall/seed
+// (mulberry32, 32 bits of state).
+if (withTools) {
+  let seed = null;
+  try {
+    seed = Number.parseInt(fs.readFileSync("/run/sandcall/seed", "ascii"), 10);
+  } catch {}
+  if (Number.isInteger(seed)) {
+    let state = seed >>> 0;
+    Math.random = function random() {
+      state = (state + 0x6d2b79f5) >>> 0;
+      let t = state;
+      t = Math.imul(t ^ (t >>> 15), t | 1);
+      t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+      return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+    };
+  }
+}
+
 // An error nothing caught is printed here, and the process ends with status 1 as Node
 // would end it; Node's own report would come after the "exit" event, which in a warm
 // sandbox ends the run at once, so it could be lost. The runner's own frames are left

@@ -354,6 +354,44 @@ def _warm_figures():
         plt.close("all")
 
 
+def _seed_generators():
+    """A programmatic session's program draws the same random numbers when sandcall
+    runs it again (replay, docs/scaling.md): `random` and numpy's global generator are
+    seeded from /run/sandcall/seed, numpy once it is imported."""
+    try:
+        with open("/run/sandcall/seed", encoding="ascii") as f:
+            seed = int(f.read())
+    except (OSError, ValueError):
+        return
+    import random
+
+    random.seed(seed)
+    if "numpy.random" in sys.modules:
+        sys.modules["numpy.random"].seed(seed)
+        return
+
+    class SeedNumpy:
+        def find_spec(self, name, path=None, target=None):
+            if name != "numpy.random":
+                return None
+            sys.meta_path.remove(self)
+            from importlib.machinery import PathFinder
+
+            spec = PathFinder.find_spec(name, path)
+            if spec is None or spec.loader is None:
+                return spec
+            exec_module = spec.loader.exec_module
+
+            def exec_and_seed(module):
+                exec_module(module)
+                module.seed(seed)
+
+            spec.loader.exec_module = exec_and_seed
+            return spec
+
+    sys.meta_path.insert(0, SeedNumpy())
+
+
 def main():
     if os.environ.get("SANDCALL_WARM") == "1":
         _warm_up()
@@ -373,6 +411,7 @@ def main():
         args, with_tools = sys.argv[1:], True
     tools = []
     if with_tools:
+        _seed_generators()
         with open(_TOOLS, encoding="utf-8") as f:
             tools = json.load(f)
         ToolError, _tool, _Policy = _tools_api()

@@ -1,12 +1,17 @@
-//! The embedded file store: bytes in `<data_dir>/files/objects/<session>/<id>`, metadata
-//! in a redb database `<data_dir>/files/meta.redb`. Nothing external is needed.
+//! The embedded stores, the default: nothing external is needed.
+//!
+//! Files (`LocalStore`): bytes in `<data_dir>/files/objects/<session>/<id>`, metadata
+//! in a redb database `<data_dir>/files/meta.redb`. Session journals
+//! (`EmbeddedSessionStore`): `<data_dir>/sessions.redb`.
 //!
 //! Each principal's usage (bytes, files) is a row of its own, changed in the same write
 //! transaction as the file's row: by `insert` (which checks the quota there first),
 //! `delete` and so `sweep`. redb runs one write transaction at a time, so the check and
 //! the change cannot interleave with another principal's or the same one's.
 
-use super::{FileMeta, FileStore, Quota, StoreError, Usage};
+use super::{
+    FileMeta, FileStore, Journal, JournalEntry, Quota, SessionStart, SessionState, SessionStore, StoreError, Usage,
+};
 use async_trait::async_trait;
 use redb::{Database, ReadableTable, TableDefinition, TableHandle, WriteTransaction};
 use std::collections::HashMap;
@@ -168,7 +173,7 @@ impl FileStore for LocalStore {
 
     async fn get(&self, principal: &str, session_id: &str, id: &str) -> Result<Option<FileMeta>, StoreError> {
         let k = key(principal, session_id, id);
-        let now = super::now_ms();
+        let now = crate::files::now_ms();
         let meta = self.blocking(move |db| read_meta(db, &k)).await?;
         // Past its time, a file is gone even before the sweeper comes by.
         Ok(meta.filter(|m| m.expires_ms > now))
@@ -185,7 +190,7 @@ impl FileStore for LocalStore {
 
     async fn list(&self, principal: &str, session_id: &str) -> Result<Vec<FileMeta>, StoreError> {
         let prefix = format!("{principal}\0{session_id}\0");
-        let now = super::now_ms();
+        let now = crate::files::now_ms();
         self.blocking(move |db| {
             let tx = db.begin_read().map_err(db_err)?;
             let table = tx.open_table(FILES).map_err(db_err)?;
@@ -279,10 +284,273 @@ impl FileStore for LocalStore {
     }
 }
 
+/// The embedded session store: every session's journal in a redb database,
+/// `<data_dir>/sessions.redb`. Each operation is one write transaction (redb runs one
+/// at a time), committed before it returns: a session written here survives the
+/// server's SIGKILL.
+pub struct EmbeddedSessionStore {
+    db: Arc<Database>,
+}
+
+/// The session database's page cache.
+const SESSION_CACHE_BYTES: usize = 4 << 20;
+
+/// id -> SessionStart as JSON (written once).
+const SESSION_STARTS: TableDefinition<&str, &[u8]> = TableDefinition::new("session_starts");
+/// id -> SessionState as JSON (replaced by each write).
+const SESSION_STATES: TableDefinition<&str, &[u8]> = TableDefinition::new("session_states");
+/// (id, sequence number) -> JournalEntry as JSON.
+const SESSION_ENTRIES: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("session_entries");
+/// id -> (owner, lease end in ms since the epoch).
+const SESSION_OWNERS: TableDefinition<&str, (&str, u64)> = TableDefinition::new("session_owners");
+
+fn to_json<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
+    serde_json::to_vec(value).map_err(db_err)
+}
+
+/// The state stored with the start: the start names the principal, which `list` gives.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct StoredState {
+    principal: String,
+    #[serde(flatten)]
+    state: SessionState,
+}
+
+impl EmbeddedSessionStore {
+    pub fn open(data_dir: &Path) -> Result<Self, StoreError> {
+        // A small cache: a journal is read back only to bring a session back, and redb's
+        // default cache (1 GiB) would keep every pause's arguments in the server's memory.
+        let db = redb::Builder::new()
+            .set_cache_size(SESSION_CACHE_BYTES)
+            .create(data_dir.join("sessions.redb"))
+            .map_err(db_err)?;
+        let tx = db.begin_write().map_err(db_err)?;
+        tx.open_table(SESSION_STARTS).map_err(db_err)?;
+        tx.open_table(SESSION_STATES).map_err(db_err)?;
+        tx.open_table(SESSION_ENTRIES).map_err(db_err)?;
+        tx.open_table(SESSION_OWNERS).map_err(db_err)?;
+        tx.commit().map_err(db_err)?;
+        Ok(EmbeddedSessionStore { db: Arc::new(db) })
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Database) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || f(&db)).await.map_err(db_err)?
+    }
+}
+
+/// Appends `entries` after the session's last one, and replaces its state (keeping
+/// its principal).
+fn write_step(tx: &WriteTransaction, id: &str, entries: &[Vec<u8>], state: &SessionState) -> Result<(), StoreError> {
+    let mut states = tx.open_table(SESSION_STATES).map_err(db_err)?;
+    let principal = match states.get(id).map_err(db_err)? {
+        Some(v) => {
+            serde_json::from_slice::<StoredState>(v.value())
+                .map_err(db_err)?
+                .principal
+        }
+        None => return Err(StoreError::Io(format!("session {id} is not journalled"))),
+    };
+    let stored = to_json(&StoredState {
+        principal,
+        state: state.clone(),
+    })?;
+    states.insert(id, stored.as_slice()).map_err(db_err)?;
+    let mut table = tx.open_table(SESSION_ENTRIES).map_err(db_err)?;
+    let next = match table.range((id, 0)..=(id, u64::MAX)).map_err(db_err)?.next_back() {
+        Some(last) => last.map_err(db_err)?.0.value().1 + 1,
+        None => 0,
+    };
+    for (seq, entry) in (next..).zip(entries) {
+        table.insert((id, seq), entry.as_slice()).map_err(db_err)?;
+    }
+    Ok(())
+}
+
+fn stored_state(db: &Database, id: &str) -> Result<Option<StoredState>, StoreError> {
+    let tx = db.begin_read().map_err(db_err)?;
+    let table = tx.open_table(SESSION_STATES).map_err(db_err)?;
+    match table.get(id).map_err(db_err)? {
+        Some(v) => Ok(Some(serde_json::from_slice(v.value()).map_err(db_err)?)),
+        None => Ok(None),
+    }
+}
+
+fn entries_json(entries: &[JournalEntry]) -> Result<Vec<Vec<u8>>, StoreError> {
+    entries.iter().map(to_json).collect()
+}
+
+#[async_trait]
+impl SessionStore for EmbeddedSessionStore {
+    async fn create(&self, id: &str, start: &SessionStart, state: &SessionState) -> Result<(), StoreError> {
+        let (id, start_json) = (id.to_owned(), to_json(start)?);
+        let state_json = to_json(&StoredState {
+            principal: start.principal.clone(),
+            state: state.clone(),
+        })?;
+        self.blocking(move |db| {
+            let tx = db.begin_write().map_err(db_err)?;
+            tx.open_table(SESSION_STARTS)
+                .map_err(db_err)?
+                .insert(id.as_str(), start_json.as_slice())
+                .map_err(db_err)?;
+            tx.open_table(SESSION_STATES)
+                .map_err(db_err)?
+                .insert(id.as_str(), state_json.as_slice())
+                .map_err(db_err)?;
+            tx.commit().map_err(db_err)
+        })
+        .await
+    }
+
+    async fn append(&self, id: &str, entries: &[JournalEntry], state: &SessionState) -> Result<(), StoreError> {
+        let (id, entries, state) = (id.to_owned(), entries_json(entries)?, state.clone());
+        self.blocking(move |db| {
+            let tx = db.begin_write().map_err(db_err)?;
+            write_step(&tx, &id, &entries, &state)?;
+            tx.commit().map_err(db_err)
+        })
+        .await
+    }
+
+    async fn consume(
+        &self,
+        id: &str,
+        pause: u64,
+        entries: &[JournalEntry],
+        state: &SessionState,
+    ) -> Result<bool, StoreError> {
+        let (id, entries, state) = (id.to_owned(), entries_json(entries)?, state.clone());
+        self.blocking(move |db| {
+            let tx = db.begin_write().map_err(db_err)?;
+            let current = {
+                let states = tx.open_table(SESSION_STATES).map_err(db_err)?;
+                let value = states.get(id.as_str()).map_err(db_err)?;
+                match value {
+                    Some(v) => Some(serde_json::from_slice::<StoredState>(v.value()).map_err(db_err)?.state),
+                    None => None,
+                }
+            };
+            if !current.is_some_and(|c| c.open && c.pause == pause) {
+                return Ok(false);
+            }
+            write_step(&tx, &id, &entries, &state)?;
+            tx.commit().map_err(db_err)?;
+            Ok(true)
+        })
+        .await
+    }
+
+    async fn load(&self, id: &str) -> Result<Option<Journal>, StoreError> {
+        let id = id.to_owned();
+        self.blocking(move |db| {
+            let Some(stored) = stored_state(db, &id)? else {
+                return Ok(None);
+            };
+            let tx = db.begin_read().map_err(db_err)?;
+            let starts = tx.open_table(SESSION_STARTS).map_err(db_err)?;
+            let Some(start) = starts.get(id.as_str()).map_err(db_err)? else {
+                return Ok(None);
+            };
+            let start: SessionStart = serde_json::from_slice(start.value()).map_err(db_err)?;
+            let table = tx.open_table(SESSION_ENTRIES).map_err(db_err)?;
+            let mut entries = Vec::new();
+            for row in table
+                .range((id.as_str(), 0)..=(id.as_str(), u64::MAX))
+                .map_err(db_err)?
+            {
+                let (_, v) = row.map_err(db_err)?;
+                entries.push(serde_json::from_slice(v.value()).map_err(db_err)?);
+            }
+            Ok(Some(Journal {
+                start,
+                state: stored.state,
+                entries,
+            }))
+        })
+        .await
+    }
+
+    async fn state(&self, id: &str) -> Result<Option<SessionState>, StoreError> {
+        let id = id.to_owned();
+        self.blocking(move |db| Ok(stored_state(db, &id)?.map(|s| s.state)))
+            .await
+    }
+
+    async fn list(&self) -> Result<Vec<(String, String, SessionState)>, StoreError> {
+        self.blocking(|db| {
+            let tx = db.begin_read().map_err(db_err)?;
+            let table = tx.open_table(SESSION_STATES).map_err(db_err)?;
+            let mut all = Vec::new();
+            for row in table.iter().map_err(db_err)? {
+                let (k, v) = row.map_err(db_err)?;
+                // An unreadable record is left out: it cannot be brought back.
+                if let Ok(stored) = serde_json::from_slice::<StoredState>(v.value()) {
+                    all.push((k.value().to_owned(), stored.principal, stored.state));
+                }
+            }
+            Ok(all)
+        })
+        .await
+    }
+
+    async fn remove(&self, id: &str) -> Result<(), StoreError> {
+        let id = id.to_owned();
+        self.blocking(move |db| {
+            let tx = db.begin_write().map_err(db_err)?;
+            tx.open_table(SESSION_STARTS)
+                .map_err(db_err)?
+                .remove(id.as_str())
+                .map_err(db_err)?;
+            tx.open_table(SESSION_STATES)
+                .map_err(db_err)?
+                .remove(id.as_str())
+                .map_err(db_err)?;
+            tx.open_table(SESSION_OWNERS)
+                .map_err(db_err)?
+                .remove(id.as_str())
+                .map_err(db_err)?;
+            {
+                let mut table = tx.open_table(SESSION_ENTRIES).map_err(db_err)?;
+                table
+                    .retain_in((id.as_str(), 0)..=(id.as_str(), u64::MAX), |_, _| false)
+                    .map_err(db_err)?;
+            }
+            tx.commit().map_err(db_err)
+        })
+        .await
+    }
+
+    async fn claim(&self, id: &str, owner: &str, now_ms: u64, until_ms: u64) -> Result<bool, StoreError> {
+        let (id, owner) = (id.to_owned(), owner.to_owned());
+        self.blocking(move |db| {
+            let tx = db.begin_write().map_err(db_err)?;
+            {
+                let mut table = tx.open_table(SESSION_OWNERS).map_err(db_err)?;
+                let held = table.get(id.as_str()).map_err(db_err)?.map(|v| {
+                    let (o, until) = v.value();
+                    (o.to_owned(), until)
+                });
+                if held.is_some_and(|(o, until)| o != owner && until > now_ms) {
+                    return Ok(false);
+                }
+                table.insert(id.as_str(), (owner.as_str(), until_ms)).map_err(db_err)?;
+            }
+            tx.commit().map_err(db_err)?;
+            Ok(true)
+        })
+        .await
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::super::{now_ms, QuotaExceeded};
+    use super::super::QuotaExceeded;
     use super::*;
+    use crate::files::now_ms;
 
     const ROOMY: Quota = Quota {
         max_bytes: 1 << 30,
@@ -459,6 +727,96 @@ mod tests {
         assert_eq!(usage(&store, "alice").await, (50, 10));
         assert_eq!(store.list("alice", "s1").await.unwrap().len(), 10);
         drop(store);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+    fn session_start() -> SessionStart {
+        SessionStart {
+            principal: "p".into(),
+            request: sandcall_api::ProgrammaticRequest {
+                code: Some("print(1)".into()),
+                ..Default::default()
+            },
+            seed: 7,
+            hash_seed: 9,
+            loop_deadline_ms: None,
+            created_ms: 1,
+        }
+    }
+
+    fn call(id: &str) -> JournalEntry {
+        JournalEntry::Call {
+            pause: 1,
+            call_id: id.into(),
+            name: "t".into(),
+            arguments: serde_json::value::RawValue::from_string(r#"{"x":1}"#.into()).unwrap(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_journal_keeps_its_steps_in_order_and_a_token_is_consumed_once() {
+        let dir = test_dir("journal");
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = EmbeddedSessionStore::open(&dir).unwrap();
+        store
+            .create("S", &session_start(), &SessionState::default())
+            .await
+            .unwrap();
+        let paused = SessionState {
+            pause: 1,
+            open: true,
+            outstanding: vec!["a".into(), "b".into()],
+            stdout_sent: 3,
+            ..Default::default()
+        };
+        store.append("S", &[call("a"), call("b")], &paused).await.unwrap();
+        let answered = SessionState {
+            open: false,
+            outstanding: vec![],
+            ..paused.clone()
+        };
+        let reply = JournalEntry::Reply {
+            call_id: "a".into(),
+            reply: sandcall_sandbox::protocol::ToolReply::error("tool_error", "no"),
+        };
+        // Only the current, open pause's token is consumed, and only once.
+        assert!(!store
+            .consume("S", 2, std::slice::from_ref(&reply), &answered)
+            .await
+            .unwrap());
+        assert!(store
+            .consume("S", 1, std::slice::from_ref(&reply), &answered)
+            .await
+            .unwrap());
+        assert!(!store
+            .consume("S", 1, std::slice::from_ref(&reply), &answered)
+            .await
+            .unwrap());
+        drop(store);
+        // It survives a reopen, in order.
+        let store = EmbeddedSessionStore::open(&dir).unwrap();
+        let journal = store.load("S").await.unwrap().unwrap();
+        assert_eq!(journal.state, answered);
+        assert_eq!(store.state("S").await.unwrap(), Some(answered.clone()));
+        assert_eq!(journal.start.seed, 7);
+        let ids: Vec<String> = journal
+            .entries
+            .iter()
+            .map(|e| match e {
+                JournalEntry::Call { call_id, .. } => format!("call {call_id}"),
+                JournalEntry::Reply { call_id, .. } => format!("reply {call_id}"),
+            })
+            .collect();
+        assert_eq!(ids, ["call a", "call b", "reply a"]);
+        let listed = store.list().await.unwrap();
+        assert_eq!(listed, vec![("S".to_string(), "p".to_string(), answered)]);
+        // Ownership: another owner waits for the lease to run out.
+        assert!(store.claim("S", "n1", 100, 200).await.unwrap());
+        assert!(!store.claim("S", "n2", 150, 300).await.unwrap());
+        assert!(store.claim("S", "n1", 150, 300).await.unwrap());
+        assert!(store.claim("S", "n2", 301, 400).await.unwrap());
+        store.remove("S").await.unwrap();
+        assert!(store.load("S").await.unwrap().is_none());
+        assert!(store.list().await.unwrap().is_empty());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

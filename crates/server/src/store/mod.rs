@@ -1,0 +1,263 @@
+//! Where sandcall keeps what must outlive a request: files (`FileStore`) and
+//! programmatic sessions' journals (`SessionStore`). The routes and the session driver
+//! see only these traits; each backend is one file: `embedded` (the data dir, with
+//! redb) is the default and the only one today; `redis` (sessions) and `s3` (files) are
+//! to come, and the traits' operations are shaped so that they map onto them (see each
+//! operation's note).
+//!
+//! Every principal has a quota of stored bytes and files (`Quota`). The file store, not
+//! the routes, enforces it: `insert` checks and records the principal's usage in one
+//! step, so concurrent inserts cannot pass it together, and answers `StoreError::Quota`.
+
+pub mod embedded;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use tokio::io::AsyncRead;
+
+/// What is known about one stored file.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct FileMeta {
+    pub principal: String,
+    pub session_id: String,
+    pub id: String,
+    /// The name the file had (a relative path for output files).
+    pub name: String,
+    pub size: u64,
+    pub content_type: String,
+    pub sha256: String,
+    /// Milliseconds since the Unix epoch.
+    pub created_ms: u64,
+    pub expires_ms: u64,
+    /// The upload's `kind` field (`user`, `skill`, ...), if it had one. Records of a data
+    /// dir from before these fields read as none (`serde(default)`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// The upload's `id` field: the entity the file belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entity_id: Option<String>,
+    /// The upload's `version` field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// Uploaded with `read_only=true`: staged, but never returned as an output.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_only: bool,
+}
+
+/// How much one principal may have stored at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    pub max_bytes: u64,
+    pub max_files: u64,
+}
+
+impl Quota {
+    /// The quota every principal has (`max_stored_bytes_per_principal`,
+    /// `max_stored_files_per_principal`).
+    pub fn of(config: &crate::config::Config) -> Quota {
+        Quota {
+            max_bytes: config.max_stored_bytes_per_principal,
+            max_files: config.max_stored_files_per_principal,
+        }
+    }
+}
+
+/// What one principal has stored: the sizes of its files added up, and their number.
+/// Expired files count until the sweep deletes them, since their bytes are still on disk.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub bytes: u64,
+    pub files: u64,
+}
+
+impl Usage {
+    /// Which quota `files` more files of `bytes` more bytes would go over, if any.
+    pub fn check(&self, quota: Quota, bytes: u64, files: u64) -> Result<(), QuotaExceeded> {
+        if self.files.saturating_add(files) > quota.max_files {
+            return Err(QuotaExceeded::Files(quota.max_files));
+        }
+        if self.bytes.saturating_add(bytes) > quota.max_bytes {
+            return Err(QuotaExceeded::Bytes(quota.max_bytes));
+        }
+        Ok(())
+    }
+}
+
+/// The quota a store refused to go over, with its value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum QuotaExceeded {
+    #[error("storing this would take the caller over its quota of {0} bytes (max_stored_bytes_per_principal)")]
+    Bytes(u64),
+    #[error("storing this would take the caller over its quota of {0} files (max_stored_files_per_principal)")]
+    Files(u64),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("storage is full")]
+    Full,
+    #[error(transparent)]
+    Quota(#[from] QuotaExceeded),
+    #[error("storage: {0}")]
+    Io(String),
+}
+
+impl From<std::io::Error> for StoreError {
+    fn from(e: std::io::Error) -> Self {
+        if e.raw_os_error() == Some(libc_enospc()) {
+            StoreError::Full
+        } else {
+            StoreError::Io(e.to_string())
+        }
+    }
+}
+
+const fn libc_enospc() -> i32 {
+    28 // ENOSPC on Linux
+}
+
+#[async_trait]
+pub trait FileStore: Send + Sync {
+    /// A directory where files being received are written before `insert`.
+    fn incoming_dir(&self) -> PathBuf;
+    /// Takes ownership of the finished file at `temp` (moved, not copied), if the
+    /// principal's usage with it stays within `quota`; otherwise `StoreError::Quota`.
+    /// Checking and recording the usage are one step: concurrent inserts of a principal
+    /// never pass the quota together. On any error nothing is stored.
+    async fn insert(&self, meta: FileMeta, temp: &Path, quota: Quota) -> Result<(), StoreError>;
+    /// What the principal has stored now.
+    async fn usage(&self, principal: &str) -> Result<Usage, StoreError>;
+    async fn get(&self, principal: &str, session_id: &str, id: &str) -> Result<Option<FileMeta>, StoreError>;
+    async fn open(&self, meta: &FileMeta) -> Result<Box<dyn AsyncRead + Send + Unpin>, StoreError>;
+    /// A host path holding the bytes, for the sandbox helper to copy from.
+    async fn local_path(&self, meta: &FileMeta) -> Result<PathBuf, StoreError>;
+    async fn list(&self, principal: &str, session_id: &str) -> Result<Vec<FileMeta>, StoreError>;
+    /// Deletes one file and frees its share of its principal's usage; false if there
+    /// was no such file.
+    async fn delete(&self, principal: &str, session_id: &str, id: &str) -> Result<bool, StoreError>;
+    /// Deletes every file whose time is up, and frees its part of its principal's usage;
+    /// returns how many.
+    async fn sweep(&self, now_ms: u64) -> Result<usize, StoreError>;
+}
+
+/// What a programmatic session was started with: enough to start its program again,
+/// the same way (`SessionStore::create`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SessionStart {
+    pub principal: String,
+    /// The first request as the caller sent it: code, language, args, tools, limits,
+    /// timeouts, and the input files by id (their bytes stay in the file store).
+    pub request: sandcall_api::ProgrammaticRequest,
+    /// The seed of the program's random generators (Python's `random` and numpy's
+    /// global generator, JavaScript's `Math.random`, Bash's `$RANDOM`).
+    pub seed: u32,
+    /// The `PYTHONHASHSEED` the program started with.
+    pub hash_seed: u32,
+    /// When the whole loop must have ended (`loop_timeout`), ms since the epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loop_deadline_ms: Option<u64>,
+    pub created_ms: u64,
+}
+
+/// Where a session is, as the store knows it: small, replaced as a whole by each write.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct SessionState {
+    /// The number of the latest pause handed out (0: none yet). Its token is the only
+    /// one that can still be good; every earlier one is used.
+    pub pause: u64,
+    /// The session waits for its caller: the token of `pause` is good.
+    pub open: bool,
+    /// Calls handed out and not answered yet, in the order they were handed out.
+    #[serde(default)]
+    pub outstanding: Vec<String>,
+    /// Bytes of stdout and stderr the caller has been given (the pauses'
+    /// `partial_stdout` and `partial_stderr`).
+    pub stdout_sent: u64,
+    pub stderr_sent: u64,
+    /// Calls handed out so far (`tool_calls_made`).
+    pub calls_made: u64,
+    /// When the latest pause began, ms since the epoch.
+    pub paused_ms: u64,
+    /// The latest accepted resume: its pause and the digest of its results (hex), so
+    /// that its retry is told from another use of the token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_resume: Option<(u64, String)>,
+    /// The latest pause's output and end as the caller received them: with the
+    /// outstanding calls of the journal, its answer (for GET while the session has no
+    /// sandbox). Empty once the pause is over.
+    #[serde(default)]
+    pub partial_stdout: String,
+    #[serde(default)]
+    pub partial_stderr: String,
+    #[serde(default)]
+    pub expires_at: String,
+}
+
+/// One step of a session, in the order it happened.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JournalEntry {
+    /// A call handed out to the caller: its id, the declared name, the arguments as
+    /// checked (the JSON text the caller received).
+    Call {
+        /// The pause that handed it out.
+        pause: u64,
+        call_id: String,
+        name: String,
+        arguments: Box<serde_json::value::RawValue>,
+    },
+    /// What the program received for a call: the caller's result, or the server's
+    /// `timeout`.
+    Reply {
+        call_id: String,
+        reply: sandcall_sandbox::protocol::ToolReply,
+    },
+}
+
+/// A session's whole journal.
+#[derive(Debug, Clone)]
+pub struct Journal {
+    pub start: SessionStart,
+    pub state: SessionState,
+    pub entries: Vec<JournalEntry>,
+}
+
+/// The journals of programmatic sessions: a session is written here before any answer
+/// that depends on it goes out, so that a caller never holds a token the store does
+/// not know, and a session whose process is gone (a restart, an eviction) can be
+/// brought back by replay (`programmatic::session`).
+///
+/// Each operation is one atomic step of the backend: one redb write transaction in the
+/// embedded store; for Redis, `append` is a MULTI of RPUSH and SET, `consume` a script
+/// that compares the state's pause before it writes, and `claim` a SET of the owner key
+/// with NX and PX (or a script comparing the owner), so that two nodes cannot both
+/// consume one token or both own one session.
+#[async_trait]
+pub trait SessionStore: Send + Sync {
+    /// Records a new session; nothing of it is journalled before.
+    async fn create(&self, id: &str, start: &SessionStart, state: &SessionState) -> Result<(), StoreError>;
+    /// Appends `entries` and replaces the state, in one step.
+    async fn append(&self, id: &str, entries: &[JournalEntry], state: &SessionState) -> Result<(), StoreError>;
+    /// Consumes the token of pause `pause`: if, and only if, the stored state is at
+    /// that pause and open, appends `entries` and replaces the state; true if it did.
+    /// Of two uses of one token, one gets true.
+    async fn consume(
+        &self,
+        id: &str,
+        pause: u64,
+        entries: &[JournalEntry],
+        state: &SessionState,
+    ) -> Result<bool, StoreError>;
+    /// The session's journal, if it is journalled.
+    async fn load(&self, id: &str) -> Result<Option<Journal>, StoreError>;
+    /// The session's state alone, if it is journalled.
+    async fn state(&self, id: &str) -> Result<Option<SessionState>, StoreError>;
+    /// Every journalled session: its id, principal and state.
+    async fn list(&self) -> Result<Vec<(String, String, SessionState)>, StoreError>;
+    /// Forgets the session (it ended or expired).
+    async fn remove(&self, id: &str) -> Result<(), StoreError>;
+    /// Makes `owner` the session's owner until `until_ms`, unless another owner's lease
+    /// is still good at `now_ms`; true if `owner` owns it now.
+    async fn claim(&self, id: &str, owner: &str, now_ms: u64, until_ms: u64) -> Result<bool, StoreError>;
+}
