@@ -1682,14 +1682,21 @@ impl Driver {
                         results_on_their_way = false;
                         run_slot = Some(slot);
                         paused_count.set(false);
-                        // Journalled before the program gets them: the token is used.
-                        let entries: Vec<JournalEntry> = replies
-                            .iter()
-                            .filter_map(|(key, reply)| {
-                                let (call_id, ..) = outstanding.iter().find(|(_, k, _, _)| k == key)?;
-                                Some(JournalEntry::Reply { call_id: call_id.clone(), reply: reply.clone() })
-                            })
-                            .collect();
+                        // Journalled before the program gets them: the token is used. The
+                        // replies move into the journal's entries and back out, never
+                        // copied (a resume may carry many MiB of results).
+                        let mut keys = Vec::with_capacity(replies.len());
+                        let mut unjournalled = Vec::new();
+                        let mut entries: Vec<JournalEntry> = Vec::with_capacity(replies.len());
+                        for (key, reply) in replies {
+                            match outstanding.iter().find(|(_, k, _, _)| *k == key) {
+                                Some((call_id, ..)) => {
+                                    keys.push(key);
+                                    entries.push(JournalEntry::Reply { call_id: call_id.clone(), reply });
+                                }
+                                None => unjournalled.push((key, reply)),
+                            }
+                        }
                         state.open = false;
                         state.outstanding.retain(|c| !entries.iter().any(|e| matches!(e, JournalEntry::Reply { call_id, .. } if call_id == c)));
                         state.last_resume = Some((pause, hex(&digest)));
@@ -1701,7 +1708,11 @@ impl Driver {
                             helper.abort();
                             continue;
                         }
-                        for (key, reply) in replies {
+                        let journalled = keys.into_iter().zip(entries).filter_map(|(key, entry)| match entry {
+                            JournalEntry::Reply { reply, .. } => Some((key, reply)),
+                            JournalEntry::Call { .. } => None,
+                        });
+                        for (key, reply) in journalled.chain(unjournalled) {
                             outstanding.retain(|(_, k, _, _)| *k != key);
                             let _ = helper.send(&Command::Reply { key, reply }).await;
                         }
