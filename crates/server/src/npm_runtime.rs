@@ -166,45 +166,28 @@ fn npm_for(node: &Path) -> Option<PathBuf> {
 /// there), reporting each stage and the download's progress through `progress`.
 pub fn install(runtime_dir: &Path, node: &Path, progress: &mut dyn FnMut(&str)) -> Result<Installed, InstallError> {
     let listed = packages(PACKAGE_JSON, LOCK).map_err(InstallError::Manifest)?;
-    std::fs::create_dir_all(runtime_dir).map_err(io(format!("create {}", runtime_dir.display())))?;
-    let runtime_dir = std::fs::canonicalize(runtime_dir).map_err(io("resolve the runtime directory"))?;
-    let id = set_id(PACKAGE_JSON, LOCK);
-    let lock_path = runtime_dir.join(format!(".{id}.lock"));
-    let lock_file = std::fs::File::create(&lock_path).map_err(io(format!("create {}", lock_path.display())))?;
-    let _guard = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| io(format!("lock {}", lock_path.display()))(e.into()))?;
-    if let Some(found) = find(&runtime_dir) {
+    let (installed, already) = crate::python_runtime::install_once(
+        runtime_dir,
+        &set_id(PACKAGE_JSON, LOCK),
+        find,
+        |tmp, _| {
+            let npm = npm_for(node)
+                .ok_or_else(|| InstallError::NoNpm(format!("none beside {} or on PATH", node.display())))?;
+            build(tmp, &npm, listed.len(), progress)
+        },
+        |final_dir| InstallError::Npm {
+            status: "missing".into(),
+            output: format!("{} has no node_modules", final_dir.display()),
+        },
+        |what, source| InstallError::Io { what, source },
+    )?;
+    if already {
         progress(&format!(
             "the npm packages are already installed in {}",
-            found.dir.display()
+            installed.dir.display()
         ));
-        return Ok(found);
     }
-    let npm = npm_for(node).ok_or_else(|| InstallError::NoNpm(format!("none beside {} or on PATH", node.display())))?;
-    if let Ok(entries) = std::fs::read_dir(&runtime_dir) {
-        for entry in entries.flatten() {
-            if entry
-                .file_name()
-                .to_string_lossy()
-                .starts_with(&format!(".{id}.partial-"))
-            {
-                let _ = std::fs::remove_dir_all(entry.path());
-            }
-        }
-    }
-    let tmp = runtime_dir.join(format!(".{id}.partial-{}", std::process::id()));
-    let final_dir = runtime_dir.join(&id);
-    std::fs::create_dir_all(&tmp).map_err(io(format!("create {}", tmp.display())))?;
-    let result = build(&tmp, &npm, listed.len(), progress)
-        .and_then(|()| std::fs::rename(&tmp, &final_dir).map_err(io(format!("rename into {}", final_dir.display()))));
-    if let Err(e) = result {
-        let _ = std::fs::remove_dir_all(&tmp);
-        return Err(e);
-    }
-    find(&runtime_dir).ok_or_else(|| InstallError::Npm {
-        status: "missing".into(),
-        output: format!("{} has no node_modules", final_dir.display()),
-    })
+    Ok(installed)
 }
 
 fn build(tmp: &Path, npm: &Path, top: usize, progress: &mut dyn FnMut(&str)) -> Result<(), InstallError> {

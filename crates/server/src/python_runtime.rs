@@ -205,47 +205,77 @@ fn count_packages() -> usize {
 /// there), reporting each stage and each package through `progress`.
 pub fn install(runtime_dir: &Path, python: &Path, progress: &mut dyn FnMut(&str)) -> Result<Installed, InstallError> {
     parse_lock(LOCK).map_err(InstallError::Lock)?;
+    let (installed, already) = install_once(
+        runtime_dir,
+        &runtime_id(LOCK, python),
+        |dir| find(dir, python),
+        |tmp, final_dir| build(tmp, final_dir, python, progress),
+        |final_dir| InstallError::Step {
+            step: "checking the installed runtime".into(),
+            status: "missing".into(),
+            output: format!("{} has no interpreter", final_dir.display()),
+        },
+        |what, source| InstallError::Io { what, source },
+    )?;
+    if already {
+        progress(&format!(
+            "the Python runtime is already installed in {}",
+            installed.dir.display()
+        ));
+    }
+    Ok(installed)
+}
+
+/// How every managed runtime (this one, and the npm set) is installed into
+/// `runtime_dir/<id>`: one installer at a time per id (a lock file; the others wait, then
+/// find it installed), partial installs of interrupted installers removed, the new one
+/// built by `build(tmp, final_dir)` in `.<id>.partial-<pid>` and renamed into place only
+/// when complete, so `find` (given the canonical `runtime_dir`) never sees a half
+/// install. Answers what `find` then gives, and whether it was there already;
+/// `missing(final_dir)` is the error when `find` gives nothing after a build.
+pub(crate) fn install_once<T, E>(
+    runtime_dir: &Path,
+    id: &str,
+    find: impl Fn(&Path) -> Option<T>,
+    build: impl FnOnce(&Path, &Path) -> Result<(), E>,
+    missing: impl FnOnce(&Path) -> E,
+    io_error: impl Fn(String, std::io::Error) -> E,
+) -> Result<(T, bool), E> {
+    let io = |what: String| {
+        let io_error = &io_error;
+        move |source| io_error(what, source)
+    };
     std::fs::create_dir_all(runtime_dir).map_err(io(format!("create {}", runtime_dir.display())))?;
-    let runtime_dir = std::fs::canonicalize(runtime_dir).map_err(io("resolve the runtime directory"))?;
-    let id = runtime_id(LOCK, python);
-    // One installer at a time per runtime; the others wait, then find it installed.
+    let runtime_dir = std::fs::canonicalize(runtime_dir).map_err(io("resolve the runtime directory".into()))?;
     let lock_path = runtime_dir.join(format!(".{id}.lock"));
     let lock_file = std::fs::File::create(&lock_path).map_err(io(format!("create {}", lock_path.display())))?;
     let _guard = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive)
         .map_err(|(_, e)| io(format!("lock {}", lock_path.display()))(e.into()))?;
-    if let Some(found) = find(&runtime_dir, python) {
-        progress(&format!(
-            "the Python runtime is already installed in {}",
-            found.dir.display()
-        ));
-        return Ok(found);
+    if let Some(found) = find(&runtime_dir) {
+        return Ok((found, true));
     }
-    let final_dir = runtime_dir.join(&id);
     // Partial installs of earlier, interrupted installers: nobody else holds the lock.
+    let partial = format!(".{id}.partial-");
     if let Ok(entries) = std::fs::read_dir(&runtime_dir) {
         for entry in entries.flatten() {
-            if entry
-                .file_name()
-                .to_string_lossy()
-                .starts_with(&format!(".{id}.partial-"))
-            {
+            if entry.file_name().to_string_lossy().starts_with(&partial) {
                 let _ = std::fs::remove_dir_all(entry.path());
             }
         }
     }
-    let tmp = runtime_dir.join(format!(".{id}.partial-{}", std::process::id()));
+    let tmp = runtime_dir.join(format!("{partial}{}", std::process::id()));
+    let final_dir = runtime_dir.join(id);
     std::fs::create_dir_all(&tmp).map_err(io(format!("create {}", tmp.display())))?;
-    let result = build(&tmp, &final_dir, python, progress)
+    let result = build(&tmp, &final_dir)
         .and_then(|()| std::fs::rename(&tmp, &final_dir).map_err(io(format!("rename into {}", final_dir.display()))));
     if let Err(e) = result {
         let _ = std::fs::remove_dir_all(&tmp);
         return Err(e);
     }
-    find(&runtime_dir, python).ok_or_else(|| InstallError::Step {
-        step: "checking the installed runtime".into(),
-        status: "missing".into(),
-        output: format!("{} has no interpreter", final_dir.display()),
-    })
+    match find(&runtime_dir) {
+        Some(found) => Ok((found, false)),
+        None => Err(missing(&final_dir)),
+    }
 }
 
 fn build(tmp: &Path, final_dir: &Path, python: &Path, progress: &mut dyn FnMut(&str)) -> Result<(), InstallError> {
