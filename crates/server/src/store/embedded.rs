@@ -342,23 +342,33 @@ impl EmbeddedSessionStore {
     }
 }
 
+/// The session's stored state, read inside a write transaction.
+fn state_in(tx: &WriteTransaction, id: &str) -> Result<Option<StoredState>, StoreError> {
+    let states = tx.open_table(SESSION_STATES).map_err(db_err)?;
+    let value = states.get(id).map_err(db_err)?;
+    match value {
+        Some(v) => Ok(Some(serde_json::from_slice(v.value()).map_err(db_err)?)),
+        None => Ok(None),
+    }
+}
+
 /// Appends `entries` after the session's last one, and replaces its state (keeping
-/// its principal).
-fn write_step(tx: &WriteTransaction, id: &str, entries: &[Vec<u8>], state: &SessionState) -> Result<(), StoreError> {
-    let mut states = tx.open_table(SESSION_STATES).map_err(db_err)?;
-    let principal = match states.get(id).map_err(db_err)? {
-        Some(v) => {
-            serde_json::from_slice::<StoredState>(v.value())
-                .map_err(db_err)?
-                .principal
-        }
-        None => return Err(StoreError::Io(format!("session {id} is not journalled"))),
-    };
+/// `principal`, read from the stored one).
+fn write_step(
+    tx: &WriteTransaction,
+    id: &str,
+    principal: String,
+    entries: &[Vec<u8>],
+    state: &SessionState,
+) -> Result<(), StoreError> {
     let stored = to_json(&StoredState {
         principal,
         state: state.clone(),
     })?;
-    states.insert(id, stored.as_slice()).map_err(db_err)?;
+    tx.open_table(SESSION_STATES)
+        .map_err(db_err)?
+        .insert(id, stored.as_slice())
+        .map_err(db_err)?;
     let mut table = tx.open_table(SESSION_ENTRIES).map_err(db_err)?;
     let next = match table.range((id, 0)..=(id, u64::MAX)).map_err(db_err)?.next_back() {
         Some(last) => last.map_err(db_err)?.0.value().1 + 1,
@@ -410,7 +420,10 @@ impl SessionStore for EmbeddedSessionStore {
         let (id, entries, state) = (id.to_owned(), entries_json(entries)?, state.clone());
         self.blocking(move |db| {
             let tx = db.begin_write().map_err(db_err)?;
-            write_step(&tx, &id, &entries, &state)?;
+            let Some(stored) = state_in(&tx, &id)? else {
+                return Err(StoreError::Io(format!("session {id} is not journalled")));
+            };
+            write_step(&tx, &id, stored.principal, &entries, &state)?;
             tx.commit().map_err(db_err)
         })
         .await
@@ -426,18 +439,10 @@ impl SessionStore for EmbeddedSessionStore {
         let (id, entries, state) = (id.to_owned(), entries_json(entries)?, state.clone());
         self.blocking(move |db| {
             let tx = db.begin_write().map_err(db_err)?;
-            let current = {
-                let states = tx.open_table(SESSION_STATES).map_err(db_err)?;
-                let value = states.get(id.as_str()).map_err(db_err)?;
-                match value {
-                    Some(v) => Some(serde_json::from_slice::<StoredState>(v.value()).map_err(db_err)?.state),
-                    None => None,
-                }
-            };
-            if !current.is_some_and(|c| c.open && c.pause == pause) {
+            let Some(stored) = state_in(&tx, &id)?.filter(|s| s.state.open && s.state.pause == pause) else {
                 return Ok(false);
-            }
-            write_step(&tx, &id, &entries, &state)?;
+            };
+            write_step(&tx, &id, stored.principal, &entries, &state)?;
             tx.commit().map_err(db_err)?;
             Ok(true)
         })
