@@ -19,6 +19,10 @@ pub struct ErrorBody {
     /// with that language).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub code: Option<String>,
+    /// With a 429 or 503 that may pass later: how many seconds to wait before retrying,
+    /// the same as the `Retry-After` header.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_seconds: Option<u64>,
 }
 
 /// Values of `ErrorBody::code`.
@@ -60,6 +64,9 @@ pub mod error_type {
     pub const QUOTA_EXCEEDED: &str = "quota_exceeded";
     /// 429: the principal already holds as many sessions or runs as it may.
     pub const PRINCIPAL_AT_CAPACITY: &str = "principal_at_capacity";
+    /// 429: the principal sent more requests of a route group than its rate allows
+    /// (`rate_limit_*`).
+    pub const RATE_LIMITED: &str = "rate_limited";
     /// 408: the request's body did not arrive in time.
     pub const REQUEST_TIMEOUT: &str = "request_timeout";
     /// 403 (local mode): the request comes from a web page of another origin.

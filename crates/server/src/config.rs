@@ -186,6 +186,15 @@ pub struct Config {
     pub max_stored_bytes_per_principal: u64,
     /// Files one principal may have stored at once. Default 10000.
     pub max_stored_files_per_principal: u64,
+    /// Requests one principal may make to start programs (`POST /v1/exec`, programmatic
+    /// starts), as `N/s`, `N/min` or `N/h`: a burst of N, then one more every period /
+    /// N; past it 429 `rate_limited`. Default: none (not limited).
+    pub rate_limit_exec: Option<String>,
+    /// The same for driving sessions (resumes, `GET` of a session, cancels). Default:
+    /// none.
+    pub rate_limit_sessions: Option<String>,
+    /// The same for the file routes (uploads, downloads, lists, deletes). Default: none.
+    pub rate_limit_files: Option<String>,
     /// Longest time a client may take to send a request's headers, in ms; then the
     /// connection is closed. Default 10000.
     pub header_read_timeout_ms: u64,
@@ -506,6 +515,9 @@ impl Default for Config {
             max_runs_per_principal: None,
             max_stored_bytes_per_principal: 2 << 30,
             max_stored_files_per_principal: 10_000,
+            rate_limit_exec: None,
+            rate_limit_sessions: None,
+            rate_limit_files: None,
             header_read_timeout_ms: 10_000,
             body_read_timeout_ms: 120_000,
             keep_alive_timeout_ms: 20_000,
@@ -714,6 +726,15 @@ impl Config {
             }
         }
         self.validate_languages()?;
+        for group in [
+            crate::rate_limit::Group::Exec,
+            crate::rate_limit::Group::Sessions,
+            crate::rate_limit::Group::Files,
+        ] {
+            if let Some(Err(e)) = self.rate_limit_text(group).map(str::parse::<crate::rate_limit::Rate>) {
+                return bad(format!("{}: {e}", group.config_key()));
+            }
+        }
         for m in &self.warm_preload {
             let ok = !m.is_empty()
                 && m.split('.').all(|part| {
@@ -819,6 +840,21 @@ impl Config {
             (self.max_sessions / 4).max(1)
         };
         self.max_sessions_per_principal.unwrap_or(default)
+    }
+
+    /// The rate of a group of routes, as written (`rate_limit_*`).
+    fn rate_limit_text(&self, group: crate::rate_limit::Group) -> Option<&str> {
+        use crate::rate_limit::Group;
+        match group {
+            Group::Exec => self.rate_limit_exec.as_deref(),
+            Group::Sessions => self.rate_limit_sessions.as_deref(),
+            Group::Files => self.rate_limit_files.as_deref(),
+        }
+    }
+
+    /// The rate of a group of routes, if it has one (checked by `validate`).
+    pub fn rate_limit(&self, group: crate::rate_limit::Group) -> Option<crate::rate_limit::Rate> {
+        self.rate_limit_text(group)?.parse().ok()
     }
 
     /// Runs one principal may have running or queued (`max_runs_per_principal`).

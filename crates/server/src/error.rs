@@ -80,6 +80,7 @@ impl IntoResponse for ApiError {
             error: self.message,
             error_type: self.error_type.to_string(),
             code: self.code.map(str::to_owned),
+            retry_after_seconds: self.retry_after_s,
         };
         let mut response = (self.status, axum::Json(body)).into_response();
         if let Some(s) = self.retry_after_s {

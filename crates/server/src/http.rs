@@ -266,6 +266,11 @@ pub fn router(state: AppState) -> Router {
         )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        // Inside authentication: the rate is the principal's.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::rate_limit::limit,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             crate::auth::authenticate,
@@ -334,6 +339,8 @@ pub(crate) async fn health(State(state): State<AppState>, principal: Option<Exte
     tag = "exec",
     request_body = ExecRequest,
     responses(
+        (status = 429, description = "`principal_at_capacity`: the caller holds as many sessions or runs as it may; or `rate_limited`: over its rate (`rate_limit_*`).", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds to wait."))),
         (status = 200, description = "The program ran; `status` says how it ended.", body = ExecResponse,
             headers(("sandcall-sandbox" = String, description = "`warm` or `cold`: which kind of sandbox ran it."))),
         (status = 400, description = "`invalid_json`, `invalid_request` or `unsupported_language`.", body = ErrorBody),
@@ -370,6 +377,8 @@ pub(crate) async fn exec_route(
     params(("X-LibreChat-Code-Request-ID" = Option<String>, Header,
         description = "An id (1 to 256 visible ASCII characters) by which `POST /v1/exec/programmatic/cancel` can name this session as `request_id`: the latest one sent with a first call or a resume of the session.")),
     responses(
+        (status = 429, description = "`principal_at_capacity`: the caller holds as many sessions or runs as it may; or `rate_limited`: over its rate (`rate_limit_*`).", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds to wait."))),
         (status = 200, description = "The program paused on tool calls, completed, or ended in an error.", body = ProgrammaticResponse),
         (status = 400, description = "`invalid_json`, `invalid_request`, `unsupported_language`, `invalid_tool_schema` or `invalid_tool_results`.", body = ErrorBody),
         (status = 404, description = "`session_not_found` or `file_not_found`.", body = ErrorBody),
@@ -386,6 +395,11 @@ pub(crate) async fn programmatic_route(
     JsonBody(req): JsonBody<ProgrammaticRequest>,
 ) -> Result<Response, ApiError> {
     let request_id = programmatic::request_id(&headers)?;
+    let group = match req.continuation_token {
+        Some(_) => crate::rate_limit::Group::Sessions,
+        None => crate::rate_limit::Group::Exec,
+    };
+    state.rate_limits.check(group, &principal)?;
     let json = match req.continuation_token.as_deref() {
         Some(token) => {
             let results = req.tool_results.unwrap_or_default();
@@ -418,6 +432,8 @@ pub(crate) async fn programmatic_route(
     tag = "programmatic",
     request_body = CancelRequest,
     responses(
+        (status = 429, description = "`rate_limited`: the caller is over its rate for these routes (`rate_limit_*`).", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds to wait."))),
         (status = 200, description = "The session's outcome: `error` / `cancelled`, or how it had already ended.", body = ProgrammaticResponse),
         (status = 400, description = "`invalid_json` or `invalid_request` (neither `session_id` nor `request_id`).", body = ErrorBody),
         (status = 404, description = "`session_not_found`: no such session, or no session started or resumed with this `request_id`, for this caller.", body = ErrorBody),
@@ -444,6 +460,8 @@ pub(crate) async fn cancel_route(
     tag = "programmatic",
     params(("session_id" = String, Path, description = "The session's id.")),
     responses(
+        (status = 429, description = "`rate_limited`: the caller is over its rate for these routes (`rate_limit_*`).", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds to wait."))),
         (status = 200, description = "The session's state.", body = ProgrammaticResponse),
         (status = 404, description = "`session_not_found`.", body = ErrorBody),
     ),

@@ -22,6 +22,7 @@ pub mod openapi;
 pub mod pool;
 pub mod programmatic;
 pub mod python_runtime;
+pub mod rate_limit;
 pub mod runner;
 pub mod runtime;
 pub mod store;
@@ -48,6 +49,8 @@ pub struct AppState {
     pub files: Arc<dyn files::FileStore>,
     /// Where helpers put a run's output files before the store takes them.
     pub outbox_dir: std::path::PathBuf,
+    /// Per-principal request rates (`rate_limit_*`).
+    pub rate_limits: rate_limit::RateLimits,
 }
 
 impl AppState {
@@ -267,7 +270,12 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
         auth,
         files: store.clone(),
         outbox_dir,
+        rate_limits: rate_limit::RateLimits::new(&config),
     };
+    tokio::spawn(rate_limit::forget_idle_every(
+        state.rate_limits.clone(),
+        Duration::from_secs(60),
+    ));
     let stale_outbox = Duration::from_millis(config.max_run_timeout_ms) + Duration::from_secs(600);
     tokio::spawn(sweep_files(
         store,

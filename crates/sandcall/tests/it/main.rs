@@ -18,6 +18,7 @@ mod npm;
 mod openapi;
 mod principals;
 mod programmatic;
+mod rate_limits;
 mod readme;
 mod runtime;
 mod soak;

@@ -278,6 +278,8 @@ impl Received {
     tag = "files",
     request_body(content = crate::openapi::UploadForm, content_type = "multipart/form-data"),
     responses(
+        (status = 429, description = "`rate_limited`: the caller is over its rate for these routes (`rate_limit_*`).", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds to wait."))),
         (status = 200, description = "Every file was stored, under one new `storage_session_id`.", body = UploadResponse),
         (status = 400, description = "`invalid_request`: no file part, more than 100, a name against the rules, a bad field, or a malformed body.", body = ErrorBody),
         (status = 413, description = "`payload_too_large`: a file over `max_file_bytes`, or the body over its limit.", body = ErrorBody),
@@ -372,6 +374,8 @@ pub async fn upload(
     tag = "files",
     request_body(content = crate::openapi::BatchUploadForm, content_type = "multipart/form-data"),
     responses(
+        (status = 429, description = "`rate_limited`: the caller is over its rate for these routes (`rate_limit_*`).", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds to wait."))),
         (status = 200, description = "At least one file was stored: `message` is `success`, or `partial_success` with the refused files marked `error`.", body = BatchUploadResponse),
         (status = 400, description = "Every file failed: the same body with `message: \"error\"`, plus `error` and `error_type` (`invalid_request`). Also the plain error body for no file part, more than 200, a bad field, or a malformed body.", body = BatchUploadResponse),
         (status = 413, description = "`payload_too_large`: the body over its limit.", body = ErrorBody),
@@ -601,6 +605,8 @@ fn etag(meta: &FileMeta) -> String {
     tag = "files",
     params(FilePath),
     responses(
+        (status = 429, description = "`rate_limited`: the caller is over its rate for these routes (`rate_limit_*`).", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds to wait."))),
         (status = 200, description = "The file's bytes, with its stored content type.", content_type = "*/*", body = Vec<u8>,
             headers(
                 ("Content-Disposition" = String, description = "`attachment; filename=\"NAME\"`."),
@@ -739,6 +745,8 @@ fn listing(files: Vec<FileMeta>, detail: Detail) -> serde_json::Value {
     tag = "files",
     params(("session_id" = String, Path, description = "A `storage_session_id`."), ListQuery),
     responses(
+        (status = 429, description = "`rate_limited`: the caller is over its rate for these routes (`rate_limit_*`).", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds to wait."))),
         (status = 200, description = "The caller's files of the session, oldest first; `[]` for an unknown session. `simple`: object names `{session_id}/{file_id}[.ext]` (strings); `summary`: `FileSummary`; `full`: `FileFull`; `normalized`: `FileNormalized`.",
             body = Vec<String>),
         (status = 400, description = "`invalid_request`: an unknown `detail`.", body = ErrorBody),
@@ -776,6 +784,8 @@ pub async fn list(
     tag = "files",
     params(FilePath),
     responses(
+        (status = 429, description = "`rate_limited`: the caller is over its rate for these routes (`rate_limit_*`).", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds to wait."))),
         (status = 200, description = "The file's metadata.", body = ObjectInfo),
         (status = 404, description = "`file_not_found`.", body = ErrorBody),
     ),
@@ -802,6 +812,8 @@ pub async fn object(
     tag = "files",
     params(FilePath),
     responses(
+        (status = 429, description = "`rate_limited`: the caller is over its rate for these routes (`rate_limit_*`).", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds to wait."))),
         (status = 200, description = "The file is deleted.", body = DeleteFileResponse),
         (status = 404, description = "`file_not_found`.", body = ErrorBody),
     ),
