@@ -414,6 +414,18 @@ pub enum ExecStatus {
     Killed,
 }
 
+impl ExecStatus {
+    /// The status as the wire writes it.
+    pub fn label(self) -> &'static str {
+        match self {
+            ExecStatus::Ok => "ok",
+            ExecStatus::Failed => "failed",
+            ExecStatus::TimedOut => "timed_out",
+            ExecStatus::Killed => "killed",
+        }
+    }
+}
+
 /// An output file of a run: a file it created, a changed input (a new file, with
 /// `modified_from`), or an input it left as it was or that is read-only (the input's own
 /// id and storage session, with `inherited: true`).

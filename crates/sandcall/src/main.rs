@@ -105,10 +105,18 @@ fn main() -> ExitCode {
 }
 
 fn run_async(fut: impl std::future::Future<Output = anyhow::Result<ExitCode>>) -> ExitCode {
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("SANDCALL_LOG").unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    // One JSON object per line, with the request's span (route, session id) in it.
+    match std::env::var("SANDCALL_LOG_FORMAT").as_deref() {
+        Ok("json") => logs.json().with_current_span(true).with_span_list(false).init(),
+        Ok("text") | Err(_) => logs.init(),
+        Ok(other) => {
+            eprintln!("sandcall: SANDCALL_LOG_FORMAT must be text or json, not {other:?}");
+            return ExitCode::FAILURE;
+        }
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

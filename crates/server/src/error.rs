@@ -76,6 +76,7 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        crate::telemetry::refused(&self);
         let body = ErrorBody {
             error: self.message,
             error_type: self.error_type.to_string(),

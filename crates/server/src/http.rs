@@ -234,6 +234,7 @@ pub fn router(state: AppState) -> Router {
     }
     router
         .route("/v1/health", get(health))
+        .route("/metrics", get(crate::telemetry::scrape))
         .route("/openapi.json", get(openapi_route))
         .route("/v1/runtimes", get(runtimes_route))
         .route("/v1/exec", post(exec_route))
@@ -275,6 +276,7 @@ pub fn router(state: AppState) -> Router {
             state.clone(),
             crate::auth::authenticate,
         ))
+        .layer(axum::middleware::from_fn(crate::telemetry::observe))
         .layer(axum::middleware::from_fn_with_state(state.clone(), body_deadline))
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response))
@@ -400,6 +402,9 @@ pub(crate) async fn programmatic_route(
         None => crate::rate_limit::Group::Exec,
     };
     state.rate_limits.check(group, &principal)?;
+    if let Some(id) = req.session_id.as_deref() {
+        tracing::Span::current().record("session_id", id);
+    }
     let json = match req.continuation_token.as_deref() {
         Some(token) => {
             let results = req.tool_results.unwrap_or_default();
@@ -449,6 +454,7 @@ pub(crate) async fn cancel_route(
         (None, Some(request_id)) => state.sessions.by_request_id(&principal, &request_id)?,
         (None, None) => return Err(ApiError::bad_request("`session_id` or `request_id` is required")),
     };
+    tracing::Span::current().record("session_id", id.as_str());
     Ok(Json(state.sessions.cancel(&principal, &id).await?))
 }
 
@@ -471,6 +477,7 @@ pub(crate) async fn session_route(
     Extension(principal): Extension<Principal>,
     ApiPath(session_id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
+    tracing::Span::current().record("session_id", session_id.as_str());
     // Already JSON: a paused session's answer is serialized once, not per GET.
     let json = state.sessions.status(&principal, &session_id).await?;
     Ok(([(header::CONTENT_TYPE, "application/json")], json).into_response())

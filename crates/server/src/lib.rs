@@ -26,6 +26,7 @@ pub mod rate_limit;
 pub mod runner;
 pub mod runtime;
 pub mod store;
+pub mod telemetry;
 
 use admission::Admission;
 use config::Config;
@@ -85,7 +86,9 @@ impl AppState {
     ) -> Result<(ExecResponse, bool), ApiError> {
         let inputs =
             files::ops::resolve_inputs(&*self.files, &principal.0, &cmd.files, cmd.limits.workspace_bytes).await?;
+        let queued = std::time::Instant::now();
         let slot = self.admission.admit(&principal.0).await?;
+        telemetry::elapsed(telemetry::QUEUE_SECONDS, queued);
         // A warm sandbox serves requests that keep the default limits.
         let warm = if cmd.custom_limits {
             None
@@ -93,6 +96,8 @@ impl AppState {
             self.pool.take(cmd.language, &cmd.code)
         };
         let session_id = warm.as_ref().map_or_else(ids::new_id, |h| h.run_id().to_owned());
+        tracing::Span::current().record("session_id", session_id.as_str());
+        let language = cmd.language;
         let launch = exec::launch_for(&cmd, &self.config);
         let outbox = self.outbox_dir.join(&session_id);
         // Whatever happens to this request (a client that goes away drops it mid-way),
@@ -136,7 +141,14 @@ impl AppState {
             &mut result,
         )
         .await;
+        let wall_ms = result.wall_time_ms;
         let mut response = exec::to_response(session_id, result, stderr_cap);
+        telemetry::run_ended(
+            "exec",
+            runtime::languages::name(language, &self.config),
+            response.status.label(),
+            wall_ms,
+        );
         response.files = files;
         response.files_skipped = skipped;
         response.files_skipped_total = skipped_total;
@@ -197,6 +209,7 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
         return Err(ServeError::Preflight(report.failures()));
     }
     let host = host::prepare(&config).map_err(ServeError::Preflight)?;
+    telemetry::install().map_err(ServeError::Preflight)?;
     warn_if_sandboxes_outgrow_memory(&config);
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
     let runner = Runner::new(

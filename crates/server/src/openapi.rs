@@ -36,6 +36,7 @@ use utoipa::{Modify, OpenApi, ToSchema};
         file_routes::remove,
         http::openapi_route,
         http::runtimes_route,
+        crate::telemetry::scrape,
     ),
     components(schemas(
         ErrorBody,

@@ -134,6 +134,14 @@ impl Pool {
         helper
     }
 
+    /// Warm sandboxes ready now, by set: language, preloaded, how many (empty sets too).
+    pub fn idle_by_set(&self) -> Vec<(Language, bool, usize)> {
+        self.ready()
+            .iter()
+            .map(|(set, ready)| (set.language, set.preloaded, ready.len()))
+            .collect()
+    }
+
     /// Warm sandboxes ready now, all sets together.
     pub fn idle(&self) -> usize {
         self.ready().values().map(Vec::len).sum()

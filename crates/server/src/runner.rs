@@ -279,6 +279,7 @@ impl Runner {
 
     /// Spawns a helper and has it build a sandbox.
     async fn prepare(&self, prepare: &Prepare) -> Result<Helper, RunError> {
+        let started = std::time::Instant::now();
         let s = &self.settings;
         let guard = ActiveGuard::new(self.active.clone());
         let mut child = Command::new(&s.helper_exe)
@@ -317,7 +318,12 @@ impl Runner {
         }
         .await;
         match ready {
-            Ok(()) => Ok(helper),
+            Ok(()) => {
+                let warm = prepare.launch.is_some().to_string();
+                metrics::histogram!(crate::telemetry::BUILD_SECONDS, "warm" => warm)
+                    .record(started.elapsed().as_secs_f64());
+                Ok(helper)
+            }
             Err(e) => Err(helper.reclaim(e).await),
         }
     }

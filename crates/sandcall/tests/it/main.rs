@@ -13,6 +13,7 @@ mod hostile;
 mod jwt;
 mod leaks;
 mod lifecycle;
+mod metrics;
 mod node;
 mod npm;
 mod openapi;

@@ -164,6 +164,7 @@ impl Session {
             return false;
         }
         shared.dormant = Some(since_ms);
+        metrics::counter!(crate::telemetry::EVICTIONS).increment(1);
         // The pause's answer (its calls' arguments, its output) is in the store: a dormant
         // session keeps nothing of it in memory.
         shared.response = dormant_placeholder(&self.id);
@@ -395,6 +396,7 @@ impl Sessions {
             max_total_bytes: spec.limits.workspace_bytes,
         });
         let id = spec.run_id.clone();
+        tracing::Span::current().record("session_id", id.as_str());
         let loop_deadline = cmd.loop_timeout_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
         // The program's random generators are seeded, and the seeds journalled, so that a
         // replay draws the same numbers.
@@ -495,6 +497,12 @@ impl Sessions {
         let inner = &self.inner;
         let alive = inner.config.max_sessions - inner.slots.available_permits();
         (alive, inner.paused.load(std::sync::atomic::Ordering::SeqCst))
+    }
+
+    /// Paused sessions that hold no sandbox: evicted, or left paused by an earlier server.
+    pub fn dormant_count(&self) -> usize {
+        let map = self.inner.map.lock().unwrap_or_else(|p| p.into_inner());
+        map.values().filter(|s| s.lock().dormant.is_some()).count()
     }
 
     /// Hands the caller's results to the paused program and answers with what comes next.
