@@ -323,11 +323,12 @@ mod tests {
             ("/v1/sessions/{session_id}/objects/{file_id}", "get"),
             ("/openapi.json", "get"),
             ("/v1/runtimes", "get"),
+            ("/metrics", "get"),
         ] {
             let op = &paths[path][method];
             assert!(op.is_object(), "{method} {path} is missing");
             assert!(op["responses"]["401"].is_object(), "{method} {path} lacks 401");
         }
-        assert_eq!(paths.len(), 13, "a route in the document that the test does not know");
+        assert_eq!(paths.len(), 14, "a route in the document that the test does not know");
     }
 }
