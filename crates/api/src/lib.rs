@@ -286,6 +286,64 @@ pub struct ProgrammaticRequest {
     pub tool_results: Option<Vec<ToolResult>>,
 }
 
+/// GET /v1/exec/programmatic/{session_id}/calls (extension): the session's tool calls,
+/// oldest first.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CallsResponse {
+    pub session_id: String,
+    pub calls: Vec<AuditCall>,
+    /// Records that gave way to newer ones (a session keeps its latest 10,000).
+    pub calls_dropped: u64,
+}
+
+/// One tool call of a session, as the audit trail keeps it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct AuditCall {
+    /// The id it was handed out under (the same in every retry of a resume, so a tool
+    /// with side effects can use it as an idempotency key); none while it waits for its
+    /// pause, and for a refused call.
+    pub call_id: Option<String>,
+    pub name: String,
+    /// SHA-256 (hex) and size of the arguments as checked (the JSON text the caller
+    /// receives); none for a refused call, whose arguments were not accepted.
+    pub arguments_sha256: Option<String>,
+    pub arguments_bytes: Option<u64>,
+    /// When the program made the call (RFC 3339).
+    pub requested_at: String,
+    /// Listed again by the replay of the session (docs/scaling.md): the record made
+    /// when it was first handed out went with an earlier server.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub replayed: bool,
+    pub outcome: AuditOutcome,
+}
+
+/// What became of a tool call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum AuditOutcome {
+    /// Made, and not answered yet.
+    Pending,
+    /// The server refused it, and the program got the refusal; the caller never saw it.
+    Refused { reason: String },
+    /// The caller answered it: its result's size (or its error message's), whether it
+    /// was an error, and how long after it was handed out.
+    Answered {
+        is_error: bool,
+        result_bytes: u64,
+        answered_at: String,
+        latency_ms: u64,
+    },
+    /// No result within `tool_call_timeout_ms`: the program got a TimeoutError.
+    TimedOut { answered_at: String, latency_ms: u64 },
+}
+
+impl AuditOutcome {
+    /// Refused, answered or timed out: nothing more will happen to the call.
+    pub fn is_settled(&self) -> bool {
+        !matches!(self, AuditOutcome::Pending)
+    }
+}
+
 /// POST /v1/exec/programmatic/cancel: names the session by its id, or by the
 /// `X-LibreChat-Code-Request-ID` header of the request that started it.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]

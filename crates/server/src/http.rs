@@ -246,6 +246,7 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/v1/exec/programmatic/cancel", post(cancel_route))
         .route("/v1/exec/programmatic/{session_id}", get(session_route))
+        .route("/v1/exec/programmatic/{session_id}/calls", get(calls_route))
         .route(
             "/v1/upload",
             post(files::routes::upload).layer(axum::extract::DefaultBodyLimit::max(files::routes::upload_limit(
@@ -481,6 +482,31 @@ pub(crate) async fn session_route(
     // Already JSON: a paused session's answer is serialized once, not per GET.
     let json = state.sessions.status(&principal, &session_id).await?;
     Ok(([(header::CONTENT_TYPE, "application/json")], json).into_response())
+}
+
+/// A session's tool calls, oldest first: each as requested, refused or answered
+/// (extension). Kept as long as the session is (its ending stays readable for
+/// `session_expiry_s`).
+#[utoipa::path(
+    get,
+    path = "/v1/exec/programmatic/{session_id}/calls",
+    operation_id = "get_session_calls",
+    tag = "programmatic",
+    params(("session_id" = String, Path, description = "The session's id.")),
+    responses(
+        (status = 200, description = "The session's tool calls.", body = sandcall_api::CallsResponse),
+        (status = 404, description = "`session_not_found`.", body = ErrorBody),
+        (status = 429, description = "`rate_limited`: the caller is over its rate for these routes (`rate_limit_*`).", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds to wait."))),
+    ),
+)]
+pub(crate) async fn calls_route(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    ApiPath(session_id): ApiPath<String>,
+) -> Result<Json<sandcall_api::CallsResponse>, ApiError> {
+    tracing::Span::current().record("session_id", session_id.as_str());
+    Ok(Json(state.sessions.calls(&principal, &session_id)?))
 }
 
 /// This API's OpenAPI document.

@@ -28,6 +28,7 @@ use utoipa::{Modify, OpenApi, ToSchema};
         http::programmatic_route,
         http::cancel_route,
         http::session_route,
+        http::calls_route,
         file_routes::upload,
         file_routes::upload_batch,
         file_routes::download,
@@ -40,6 +41,9 @@ use utoipa::{Modify, OpenApi, ToSchema};
     ),
     components(schemas(
         ErrorBody,
+        sandcall_api::CallsResponse,
+        sandcall_api::AuditCall,
+        sandcall_api::AuditOutcome,
         ExecRequest,
         ExecResponse,
         Health,
@@ -324,11 +328,12 @@ mod tests {
             ("/openapi.json", "get"),
             ("/v1/runtimes", "get"),
             ("/metrics", "get"),
+            ("/v1/exec/programmatic/{session_id}/calls", "get"),
         ] {
             let op = &paths[path][method];
             assert!(op.is_object(), "{method} {path} is missing");
             assert!(op["responses"]["401"].is_object(), "{method} {path} lacks 401");
         }
-        assert_eq!(paths.len(), 14, "a route in the document that the test does not know");
+        assert_eq!(paths.len(), 15, "a route in the document that the test does not know");
     }
 }

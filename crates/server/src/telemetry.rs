@@ -109,7 +109,9 @@ fn describe() {
 }
 
 /// One run that ended.
-pub fn run_ended(kind: &'static str, language: &str, status: &'static str, wall_ms: u64) {
+/// `status`: an exec run's (`ok`, `failed`, ...), or a session's ending (`completed`, or
+/// its `error_type`).
+pub fn run_ended(kind: &'static str, language: &str, status: &str, wall_ms: u64) {
     let labels = [("kind", kind.to_owned()), ("language", language.to_owned())];
     metrics::counter!(
         RUNS,

@@ -1,6 +1,7 @@
 //! sandcall's integration tests: each test starts the real `sandcall serve` binary on a
 //! free port, as root, and talks HTTP to it. Hostile programs live in `tests/hostile/`.
 
+mod audit;
 mod bounded_work;
 mod common;
 mod compiled;

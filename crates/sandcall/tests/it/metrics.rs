@@ -66,7 +66,12 @@ fn a_scrape_after_known_traffic_shows_its_counts() {
     assert_eq!(Client::anonymous(&s).get("/metrics").status, 401);
     s.wait_warm(2);
 
-    for code in ["print(1)", "print(2)", "print(3)", "raise SystemExit(3)"] {
+    for code in [
+        "print(1)",
+        "print(2)",
+        "open('out.txt', 'w').write('12345')",
+        "raise SystemExit(3)",
+    ] {
         let r = alice.post_json("/v1/exec", &json!({"lang": "py", "code": code}));
         assert_eq!(r.status, 200, "{r}");
     }
@@ -135,6 +140,9 @@ fn a_scrape_after_known_traffic_shows_its_counts() {
         1.0,
     );
     assert_eq!(value(&m, "sandcall_sessions_live", &[]), 0.0);
+    // The one output file.
+    assert_eq!(value(&m, "sandcall_stored_files_total", &[]), 1.0);
+    assert_eq!(value(&m, "sandcall_stored_bytes_total", &[]), 5.0);
 }
 
 #[test]

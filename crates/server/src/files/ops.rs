@@ -174,8 +174,12 @@ pub async fn ingest_outputs(
             }),
         };
         let name = meta.name.clone();
+        let size = meta.size;
         match store.insert(meta, &out.path, quota).await {
-            Ok(()) => files.push(entry),
+            Ok(()) => {
+                crate::telemetry::stored(1, size);
+                files.push(entry)
+            }
             Err(e) => {
                 let reason = match e {
                     StoreError::Full => "storage_full",

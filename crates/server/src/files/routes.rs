@@ -344,6 +344,7 @@ pub async fn upload(
             }
             return Err(storage_error(e));
         }
+        crate::telemetry::stored(1, meta.size);
         stored.push(meta);
     }
     let files = stored
@@ -434,7 +435,11 @@ pub async fn upload_batch(
             PartOutcome::Received(r) => {
                 let meta = r.meta(&principal, &session_id, &fields, &state.config, created);
                 let temp = state.files.incoming_dir().join(&r.id);
+                let size = meta.size;
                 let outcome = state.files.insert(meta, &temp, quota).await.map_err(storage_error);
+                if outcome.is_ok() {
+                    crate::telemetry::stored(1, size);
+                }
                 (r.name.clone(), outcome.map(|()| r.id.clone()))
             }
             PartOutcome::Refused(name, e) => (name, Err(e)),

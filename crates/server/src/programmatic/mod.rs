@@ -4,6 +4,7 @@
 //! - `token`: signed continuation tokens;
 //! - `session`: the pause/resume state machine and the task that owns each sandbox.
 
+pub mod audit;
 pub mod session;
 pub mod token;
 pub mod tools;

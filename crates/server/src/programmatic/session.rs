@@ -106,6 +106,8 @@ pub struct Session {
     /// sandbox and its `max_sessions` permit, not this, so that what one principal keeps
     /// journalled stays bounded by `max_sessions_per_principal`.
     parked: Mutex<Option<Held>>,
+    /// Every tool call of the session, for `GET .../calls` (`audit`).
+    audit: Mutex<super::audit::Audit>,
 }
 
 enum DriverCommand {
@@ -130,7 +132,12 @@ impl Session {
             version: watch::channel(0).0,
             commands: Mutex::new(commands),
             parked: Mutex::new(None),
+            audit: Mutex::new(Default::default()),
         }
+    }
+
+    fn audit(&self) -> MutexGuard<'_, super::audit::Audit> {
+        self.audit.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Keeps `held` while the session is dormant (else it is given back).
@@ -461,6 +468,7 @@ impl Sessions {
             session: session.clone(),
             tools: cmd.tools,
             max_tool_calls: cmd.max_tool_calls,
+            language: cmd.language,
             outbox,
             loop_deadline,
             replay: None,
@@ -497,6 +505,17 @@ impl Sessions {
         let inner = &self.inner;
         let alive = inner.config.max_sessions - inner.slots.available_permits();
         (alive, inner.paused.load(std::sync::atomic::Ordering::SeqCst))
+    }
+
+    /// The session's tool calls as the audit trail keeps them (`audit`).
+    pub fn calls(&self, principal: &Principal, id: &str) -> Result<sandcall_api::CallsResponse, ApiError> {
+        let session = self.get(id, principal)?;
+        let (calls, calls_dropped) = session.audit().list();
+        Ok(sandcall_api::CallsResponse {
+            session_id: session.id.clone(),
+            calls,
+            calls_dropped,
+        })
     }
 
     /// Paused sessions that hold no sandbox: evicted, or left paused by an earlier server.
@@ -1119,6 +1138,7 @@ impl Sessions {
             session: session.clone(),
             tools: cmd.tools,
             max_tool_calls: cmd.max_tool_calls,
+            language: cmd.language,
             outbox,
             loop_deadline,
             replay: Some(replay),
@@ -1399,6 +1419,7 @@ struct Driver {
     session: Arc<Session>,
     tools: ToolSet,
     max_tool_calls: u64,
+    language: sandcall_api::Language,
     outbox: PathBuf,
     /// When the whole loop must have ended, waits included (`loop_timeout`, or
     /// `timeout` with `programmatic_timeout_scope = "loop"`). The program's own
@@ -1571,11 +1592,19 @@ impl Driver {
                                     match replay.meet(&name, checked.arguments.get()) {
                                         Some(call_id) => match replay.replies.remove(&call_id) {
                                             Some(reply) => {
+                                                {
+                                                    let mut audit = self.session.audit();
+                                                    audit.replayed(key, &call_id, &name, checked.arguments.get());
+                                                    audit.answered(&id, key, &reply);
+                                                }
                                                 let _ = helper.send(&Command::Reply { key, reply }).await;
                                             }
                                             // Handed out before and not answered yet: it is
                                             // handed out again at the next pause.
-                                            None => outstanding.push((call_id, key, name, ToolArguments::new(checked.arguments))),
+                                            None => {
+                                                self.session.audit().replayed(key, &call_id, &name, checked.arguments.get());
+                                                outstanding.push((call_id, key, name, ToolArguments::new(checked.arguments)));
+                                            }
                                         },
                                         None => {
                                             tracing::info!(session = %id, call = %name, "the replayed program took another path");
@@ -1588,9 +1617,15 @@ impl Driver {
                                     continue;
                                 }
                                 pending_bytes += checked.size;
+                                self.session.audit().requested(&id, key, &name, checked.arguments.get());
                                 pending.push((key, name, ToolArguments::new(checked.arguments)));
                             }
                             Err(reason) => {
+                                // A replay meets again the refusals the first run met
+                                // before its last journalled call: listed once.
+                                if replay.as_ref().is_none_or(|r| r.calls.is_empty()) {
+                                    self.session.audit().refused(&id, &name, &reason);
+                                }
                                 let _ = helper.send(&Command::Reply { key, reply: ToolReply::error("refused", reason) }).await;
                             }
                         }
@@ -1622,6 +1657,7 @@ impl Driver {
                         let mut entries = Vec::with_capacity(pending.len());
                         for (key, name, arguments) in pending.drain(..) {
                             let call_id = ids::new_id();
+                            self.session.audit().handed_out(&id, key, &call_id);
                             handed.push((call_id.clone(), key));
                             outstanding.push((call_id.clone(), key, name.clone(), arguments.clone()));
                             entries.push(JournalEntry::Call {
@@ -1722,6 +1758,7 @@ impl Driver {
                         });
                         for (key, reply) in journalled.chain(unjournalled) {
                             outstanding.retain(|(_, k, _, _)| *k != key);
+                            self.session.audit().answered(&id, key, &reply);
                             let _ = helper.send(&Command::Reply { key, reply }).await;
                         }
                     }
@@ -1763,7 +1800,9 @@ impl Driver {
                         continue;
                     }
                     for (_, key, _, _) in outstanding.drain(..) {
-                        let _ = helper.send(&Command::Reply { key, reply: ToolReply::error("timeout", message.clone()) }).await;
+                        let reply = ToolReply::error("timeout", message.clone());
+                        self.session.audit().answered(&id, key, &reply);
+                        let _ = helper.send(&Command::Reply { key, reply }).await;
                     }
                 },
                 _ = until(paused_at.map(|t| t + expiry)) => {
@@ -1806,6 +1845,7 @@ impl Driver {
                 },
             }
         };
+        self.session.audit().run_ended();
         if ending == Ending::Dormant {
             // The session stays paused, in the registry and the journal; its resume
             // brings it back by replay (`Sessions::revive`).
@@ -1834,6 +1874,7 @@ impl Driver {
         }
         // The ending holds the whole run's output, as a live one does: the replay
         // printed all of it again, once.
+        let wall_ms = outcome.as_ref().map_or(0, |r| r.wall_time_ms);
         let response = match outcome {
             // Only a completed run has output files to give: an `error` answer has no
             // field for them, so nothing is stored that nobody would be told about.
@@ -1859,6 +1900,18 @@ impl Driver {
                 self.failure(&e)
             }
         };
+        let status = match &response {
+            ProgrammaticResponse::Completed { .. } => "completed",
+            ProgrammaticResponse::Error { error_type, .. } => error_type.as_str(),
+            ProgrammaticResponse::ToolCallRequired { .. } | ProgrammaticResponse::Running { .. } => "paused",
+        };
+        let config = &self.sessions.inner.config;
+        crate::telemetry::run_ended(
+            "programmatic",
+            crate::runtime::languages::name(self.language, config),
+            status,
+            wall_ms,
+        );
         if ending == Ending::Expired {
             // An expired session is gone: resuming it gets 404.
             self.session.publish(Phase::Done, response);
