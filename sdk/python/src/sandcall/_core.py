@@ -131,7 +131,7 @@ def retry_delay(attempt: int, backoff: float, retry_after: Optional[float] = Non
     one, else exponential backoff with jitter; never more than MAX_RETRY_DELAY."""
     if retry_after is not None:
         return min(retry_after, MAX_RETRY_DELAY)
-    return min(backoff * (2**attempt) * random.uniform(0.5, 1.0), MAX_RETRY_DELAY)
+    return min(float(backoff * (2**attempt) * random.uniform(0.5, 1.0)), MAX_RETRY_DELAY)
 
 
 def api_error(status: int, headers: Mapping[str, str], text: str) -> APIError:

@@ -17,16 +17,16 @@ import re
 import typing
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-try:  # Python 3.10+: `int | None`
-    from types import UnionType as _UnionType  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - Python 3.9
-    _UnionType = None  # type: ignore[assignment,misc]
-
+import sys
 from typing import Annotated, Literal, get_args, get_origin
 
-try:
-    from typing import is_typeddict as _is_typeddict  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - Python 3.9
+if sys.version_info >= (3, 10):
+    from types import UnionType
+    from typing import is_typeddict as _is_typeddict
+
+    _UNION_TYPES: Tuple[type, ...] = (UnionType,)  # `int | None`
+else:  # pragma: no cover - Python 3.9
+    _UNION_TYPES = ()
 
     def _is_typeddict(tp: Any) -> bool:
         return isinstance(tp, type) and issubclass(tp, dict) and hasattr(tp, "__total__")
@@ -210,9 +210,7 @@ def schema_from_signature(fn: Callable[..., Any], param_docs: Optional[Dict[str,
     try:
         hints = typing.get_type_hints(fn, include_extras=True)
     except Exception:
-        # Hints that do not evaluate here (a name only a type checker sees, or `X | Y`
-        # on Python 3.9): those parameters take any value.
-        hints = {}
+        hints = _hints_one_by_one(fn, signature)
     properties: Dict[str, JSONSchema] = {}
     required: List[str] = []
     extra = False
@@ -245,8 +243,25 @@ def schema_from_signature(fn: Callable[..., Any], param_docs: Optional[Dict[str,
     return schema_out
 
 
+def _hints_one_by_one(fn: Callable[..., Any], signature: inspect.Signature) -> Dict[str, Any]:
+    """The hints that evaluate, when some do not (a name only a type checker sees, or
+    `X | Y` on Python 3.9): those parameters take any value."""
+    namespace = dict(getattr(fn, "__globals__", {}))
+    hints: Dict[str, Any] = {}
+    for param in signature.parameters.values():
+        annotation = param.annotation
+        if isinstance(annotation, str):
+            try:
+                annotation = eval(annotation, namespace)  # noqa: S307 - the caller's own annotation
+            except Exception:
+                continue
+        hints[param.name] = annotation
+    return hints
+
+
 def schema_for_type(tp: Any) -> JSONSchema:
     """The JSON Schema of one type hint; ``{}`` (any value) for what has no JSON form."""
+    schema: JSONSchema
     if tp is Any or tp is inspect.Parameter.empty or tp is object:
         return {}
     if tp is None or tp is type(None):
@@ -259,7 +274,7 @@ def schema_for_type(tp: Any) -> JSONSchema:
         if notes:
             schema["description"] = " ".join(notes)
         return schema
-    if origin is Union or (_UnionType is not None and isinstance(tp, _UnionType)):
+    if origin is Union or isinstance(tp, _UNION_TYPES):
         options = [schema_for_type(a) for a in args]
         if any(o == {} for o in options):
             return {}
@@ -316,9 +331,9 @@ def schema_for_type(tp: Any) -> JSONSchema:
     if container is dict or container in _ABC_MAPPINGS:
         schema = {"type": "object"}
         if len(args) == 2:
-            values = schema_for_type(args[1])
-            if values:
-                schema["additionalProperties"] = values
+            value_schema = schema_for_type(args[1])
+            if value_schema:
+                schema["additionalProperties"] = value_schema
         return schema
     return {}
 
