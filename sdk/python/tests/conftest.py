@@ -42,15 +42,26 @@ def _binary() -> Path:
 
 @pytest.fixture(scope="session")
 def server() -> Iterator[Server]:
+    """A server with an API key."""
+    yield from _serve("sdk-" + secrets.token_hex(16))
+
+
+@pytest.fixture(scope="session")
+def local_server() -> Iterator[Server]:
+    """A server in local mode (no keys), as the docs' examples expect."""
+    yield from _serve(None)
+
+
+def _serve(key: Optional[str]) -> Iterator[Server]:
     if os.geteuid() != 0:
         pytest.exit("the SDK's tests start a real sandcall server, which builds sandboxes and needs root", returncode=2)
     work = Path(tempfile.mkdtemp(prefix="sandcall-sdk-"))
-    key = "sdk-" + secrets.token_hex(16)
     log = work / "server.log"
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k not in ("SANDCALL_API_KEYS", "SANDCALL_API_KEY")}
+    if key is not None:
+        env["SANDCALL_API_KEYS"] = f"sdk:{key}"
     env.update(
         {
-            "SANDCALL_API_KEYS": f"sdk:{key}",
             "SANDCALL_LOG": "warn",
             "SANDCALL_INSTALL_RUNTIME": "false",
             "SANDCALL_RUNTIME_DIR": os.environ.get("SANDCALL_RUNTIME_DIR", str(ROOT / "target" / "runtimes")),
@@ -67,7 +78,7 @@ def server() -> Iterator[Server]:
             env=env,
         )
     base_url = _wait_listening(process, log)
-    yield Server(base_url, key, process, log)
+    yield Server(base_url, key or "", process, log)
     process.terminate()
     try:
         process.wait(timeout=30)
