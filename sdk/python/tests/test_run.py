@@ -213,3 +213,22 @@ def test_exec_runs_a_program_to_its_end(client: Sandcall) -> None:
     assert result.cpu_time is not None and result.memory_peak is not None
     ok = client.exec("echo $((6 * 7))", language="bash")
     assert (ok.status, ok.stdout, ok.ok) == ("ok", "42\n", True)
+
+
+def test_javascript_programs_gather_calls_with_promise_all(client: Sandcall) -> None:
+    both_ran = threading.Barrier(2, timeout=10)
+
+    def get_rate(base: str, quote: str = "EUR") -> float:
+        both_ran.wait()  # only passes when the two calls run at the same time
+        return {"USD": 0.92, "GBP": 1.17}[base]
+
+    code = "\n".join(
+        [
+            "const [usd, gbp] = await Promise.all([get_rate({base: 'USD'}), get_rate({base: 'GBP'})]);",
+            "console.log(usd, gbp);",
+            "try { await get_rate({base: 'XYZ', quote: 1}); } catch (e) { console.log(e instanceof ToolError); }",
+        ]
+    )
+    result = client.run(code, tools=[get_rate], language="javascript")
+    assert result.stdout == "0.92 1.17\ntrue\n", result
+    assert result.pauses == 1 and len(result.tool_calls) == 2
