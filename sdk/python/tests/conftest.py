@@ -13,7 +13,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Iterator, List, Optional
+from typing import Dict, Iterator, List, Optional
 
 import pytest
 
@@ -52,7 +52,14 @@ def local_server() -> Iterator[Server]:
     yield from _serve(None)
 
 
-def _serve(key: Optional[str]) -> Iterator[Server]:
+@pytest.fixture(scope="session")
+def one_session_server() -> Iterator[Server]:
+    """A server where a principal holds at most one session at a time: a second start
+    gets `429 principal_at_capacity` with Retry-After."""
+    yield from _serve("sdk-" + secrets.token_hex(16), {"SANDCALL_MAX_SESSIONS_PER_PRINCIPAL": "1"})
+
+
+def _serve(key: Optional[str], extra_env: Optional[Dict[str, str]] = None) -> Iterator[Server]:
     if os.geteuid() != 0:
         pytest.exit("the SDK's tests start a real sandcall server, which builds sandboxes and needs root", returncode=2)
     work = Path(tempfile.mkdtemp(prefix="sandcall-sdk-"))
@@ -70,6 +77,7 @@ def _serve(key: Optional[str]) -> Iterator[Server]:
             "SANDCALL_WARM_PRELOAD_POOL_SIZE": "0",
         }
     )
+    env.update(extra_env or {})
     with open(log, "wb") as log_file:
         process = subprocess.Popen(
             [str(_binary()), "serve", "--listen", "127.0.0.1:0", "--data-dir", str(work / "data")],

@@ -49,3 +49,41 @@ def test_the_async_client_retries_a_dropped_resume_too(server, dropping_proxy) -
     assert result.stdout == "charged 5 charged 7\n", result
     assert dropping_proxy.dropped == 1 and dropping_proxy.resumes == 3
     assert charged == [5, 7]
+
+
+def test_a_start_refused_with_429_is_sent_again_after_retry_after(one_session_server) -> None:
+    import threading
+    import time
+
+    from sandcall import APIError
+
+    server = one_session_server
+    release = threading.Event()
+
+    def hold() -> str:
+        release.wait(30)
+        return "released"
+
+    with Sandcall(server.base_url, api_key=server.api_key, max_retries=0) as impatient, Sandcall(
+        server.base_url, api_key=server.api_key
+    ) as patient:
+        # The principal's one session, paused in `hold` until released.
+        first = threading.Thread(target=lambda: impatient.run("print(hold())", tools=[hold]))
+        first.start()
+        deadline = time.monotonic() + 30
+        while impatient.health()["paused_sessions"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # Without retries, a second session is refused at once.
+        try:
+            impatient.run("print(1)")
+        except APIError as e:
+            assert (e.status_code, e.error_type, e.retry_after) == (429, "principal_at_capacity", 1.0)
+        else:
+            raise AssertionError("the second session was not refused")
+        # With them, it waits as Retry-After says, and starts once the first has ended.
+        threading.Timer(1.5, release.set).start()
+        started = time.monotonic()
+        result = patient.run("print('second')")
+        first.join(30)
+    assert result.stdout == "second\n", result
+    assert time.monotonic() - started >= 1.0
