@@ -103,6 +103,10 @@ def test_async_tool_errors_become_is_error(server) -> None:
 
 def test_async_files_exec_and_errors(server, tmp_path) -> None:
     async def body(sc: AsyncSandcall):
+        local = tmp_path / "big.bin"
+        local.write_bytes(b"y" * (2 << 20))
+        [big] = await sc.upload(local)  # streamed from disk
+        assert big.size == 2 << 20 and await big.download() == local.read_bytes()
         stored = await sc.upload({"in.txt": "abc"})
         result = await sc.exec("open('out.txt', 'w').write(open('in.txt').read().upper())", files=stored)
         out = [f for f in result.files if f.name == "out.txt"][0]

@@ -201,9 +201,7 @@ class AsyncSandcall:
         read_only: bool = False,
     ) -> List[AsyncFile]:
         """Stores files (``POST /v1/upload``); see ``Sandcall.upload``."""
-        # httpx's async multipart needs the bytes in memory: read paths first.
-        items = [(n, Path(c).read_bytes() if isinstance(c, os.PathLike) else c) for n, c in _core.upload_items(files)]
-        parts, opened = _core.upload_parts(items)
+        parts, opened = _core.upload_parts(_core.upload_items(files))
         data: Dict[str, str] = {}
         if kind is not None:
             data["kind"] = kind
