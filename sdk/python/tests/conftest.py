@@ -59,6 +59,12 @@ def one_session_server() -> Iterator[Server]:
     yield from _serve("sdk-" + secrets.token_hex(16), {"SANDCALL_MAX_SESSIONS_PER_PRINCIPAL": "1"})
 
 
+@pytest.fixture(scope="session")
+def short_pause_server() -> Iterator[Server]:
+    """A server whose pauses end after 1 s without an answer (tool_call_timeout_ms)."""
+    yield from _serve("sdk-" + secrets.token_hex(16), {"SANDCALL_TOOL_CALL_TIMEOUT_MS": "1000"})
+
+
 def _serve(key: Optional[str], extra_env: Optional[Dict[str, str]] = None) -> Iterator[Server]:
     if os.geteuid() != 0:
         pytest.exit("the SDK's tests start a real sandcall server, which builds sandboxes and needs root", returncode=2)

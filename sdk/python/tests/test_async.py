@@ -160,3 +160,16 @@ def test_a_cancelled_run_cancels_its_session(server) -> None:
     state = asyncio.run(main())
     assert state["status"] == "error", state
     assert state["error_type"] == "cancelled"
+
+
+def test_an_async_tool_slower_than_the_pause_gets_the_program_a_timeout(short_pause_server) -> None:
+    async def slow() -> str:
+        await asyncio.sleep(2)  # the server's pause ends after 1 s
+        return "too late"
+
+    # The program runs on for 2 s after the timeout (at 1 s): the late resume (at 2 s)
+    # finds it running, is refused, and the SDK waits for its end.
+    code = "import time\ntry:\n    slow()\nexcept TimeoutError:\n    print('timed out')\ntime.sleep(2)\nprint('went on')"
+    result = run_with(short_pause_server, lambda sc: sc.run(code, tools=[slow]))
+    assert result.stdout == "timed out\nwent on\n", result
+    assert [(c.result, c.delivered) for c in result.tool_calls] == [("too late", False)]

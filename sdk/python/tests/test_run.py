@@ -232,3 +232,38 @@ def test_javascript_programs_gather_calls_with_promise_all(client: Sandcall) -> 
     result = client.run(code, tools=[get_rate], language="javascript")
     assert result.stdout == "0.92 1.17\ntrue\n", result
     assert result.pauses == 1 and len(result.tool_calls) == 2
+
+
+def test_a_tool_slower_than_the_pause_gets_the_program_a_timeout_and_the_loop_goes_on(short_pause_server) -> None:
+    import time
+
+    def slow() -> str:
+        time.sleep(2)  # the server's pause ends after 1 s
+        return "too late"
+
+    def fast() -> str:
+        return "in time"
+
+    # After the timeout (at 1 s) the program runs on for 1.5 s, so the late resume (at
+    # 2 s) finds it running and is refused; the SDK then waits for the next pause (at
+    # 2.5 s, ending at 3.5 s) and answers it.
+    code = "\n".join(
+        [
+            "import time",
+            "try:",
+            "    print(slow())",
+            "except TimeoutError:",
+            "    print('slow timed out')",
+            "time.sleep(1.5)",
+            "print(fast())",
+        ]
+    )
+    server = short_pause_server
+    with Sandcall(server.base_url, api_key=server.api_key) as sc:
+        result = sc.run(code, tools=[slow, fast])
+    assert result.status == "completed", result
+    assert result.stdout == "slow timed out\nin time\n", result
+    assert [(c.name, c.result, c.delivered) for c in result.tool_calls] == [
+        ("slow", "too late", False),
+        ("fast", "in time", True),
+    ]

@@ -158,9 +158,17 @@ class AsyncSandcall:
                 every, fresh = _core.new_calls(raw, pauses, known)
                 order.extend(fresh)
                 await asyncio.gather(*(_run_call(c, declared) for c in fresh))
-                raw = await self._json(
-                    "POST", "/exec/programmatic", json=_core.resume_body(raw, every), long=True, resend=True
-                )
+                try:
+                    raw = await self._json(
+                        "POST", "/exec/programmatic", json=_core.resume_body(raw, every), long=True, resend=True
+                    )
+                except APIError as e:
+                    if not _core.pause_timed_out(e):
+                        raise
+                    # The program saw a timeout for these calls and went on: carry on
+                    # from where it stands now.
+                    _core.undelivered(every)
+                    raw = await self._settled(str(raw.get("session_id")))
         except BaseException:
             # Shielded: a cancelled task still tells the server to end the session.
             await asyncio.shield(self._abandon(raw.get("session_id")))
@@ -168,6 +176,16 @@ class AsyncSandcall:
         if raw.get("status") not in ("completed", "error"):
             raise APIError(200, f"unexpected session status {raw.get('status')!r}", "invalid_response", raw)
         return _core.run_result(raw, order, pauses, AsyncFile, self)
+
+    async def _settled(self, session_id: str) -> Dict[str, Any]:
+        """The session's state once it is no longer running: paused again, or ended."""
+        attempt = 0
+        while True:
+            state = await self.session(session_id)
+            if state.get("status") != "running":
+                return state
+            await asyncio.sleep(_core.poll_delay(attempt))
+            attempt += 1
 
     async def _abandon(self, session_id: Any) -> None:
         if not isinstance(session_id, str) or not session_id:

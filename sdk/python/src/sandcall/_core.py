@@ -436,6 +436,23 @@ def resume_body(raw: Dict[str, Any], calls: List[ToolCall]) -> Dict[str, Any]:
     }
 
 
+def pause_timed_out(error: APIError) -> bool:
+    """A resume refused because its pause had already ended: the server's
+    ``tool_call_timeout_ms`` passed while the tools ran, the program got a timeout for
+    those calls and went on. (A retry of an accepted resume is never refused so.)"""
+    return error.status_code == 409 and error.error_type == "continuation_token_used"
+
+
+def undelivered(calls: List[ToolCall]) -> None:
+    for call in calls:
+        call.delivered = False
+
+
+def poll_delay(attempt: int) -> float:
+    """Seconds between two looks at a running session: 50 ms, doubling up to 1 s."""
+    return float(min(0.05 * (2**attempt), 1.0))
+
+
 def unknown_tool(name: str, known: Mapping[str, Any]) -> Callable[..., Any]:
     def missing(**_: Any) -> Any:
         raise LookupError(f"no tool named {name!r} was given to run (tools: {', '.join(sorted(known)) or 'none'})")

@@ -176,13 +176,33 @@ class Sandcall:
                 every, fresh = _core.new_calls(raw, pauses, known)
                 order.extend(fresh)
                 self._answer(fresh, declared)
-                raw = self._json("POST", "/exec/programmatic", json=_core.resume_body(raw, every), long=True, resend=True)
+                try:
+                    raw = self._json(
+                        "POST", "/exec/programmatic", json=_core.resume_body(raw, every), long=True, resend=True
+                    )
+                except APIError as e:
+                    if not _core.pause_timed_out(e):
+                        raise
+                    # The program saw a timeout for these calls and went on: carry on
+                    # from where it stands now.
+                    _core.undelivered(every)
+                    raw = self._settled(str(raw.get("session_id")))
         except BaseException:
             self._abandon(raw.get("session_id"))
             raise
         if raw.get("status") not in ("completed", "error"):
             raise APIError(200, f"unexpected session status {raw.get('status')!r}", "invalid_response", raw)
         return _core.run_result(raw, order, pauses, File, self)
+
+    def _settled(self, session_id: str) -> Dict[str, Any]:
+        """The session's state once it is no longer running: paused again, or ended."""
+        attempt = 0
+        while True:
+            state = self.session(session_id)
+            if state.get("status") != "running":
+                return state
+            time.sleep(_core.poll_delay(attempt))
+            attempt += 1
 
     def _answer(self, calls: List[ToolCall], tools: Mapping[str, Tool]) -> None:
         if not calls:

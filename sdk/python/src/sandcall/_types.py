@@ -106,6 +106,9 @@ class ToolCall:
     error_message: Optional[str] = None
     #: Which pause (1, 2, ...) of the session handed this call out.
     pause: int = 0
+    #: False when the pause ended (the server's ``tool_call_timeout_ms``) before the
+    #: result reached the program, which then got a timeout for this call instead.
+    delivered: bool = True
     #: How long the tool ran, in seconds.
     duration: float = 0.0
 
