@@ -4,6 +4,7 @@ one machine, reported as ratios so the figures hold on a noisy machine.
 
   python3 bench/bench.py [--quick] [--guard] [--binary target/release/sandcall]
   python3 bench/bench.py --runtimes [--binary target/release/sandcall]
+  python3 bench/bench.py --evicted [--binary target/release/sandcall]
 
 Writes docs/benchmarks.md and bench/results.json. With --runtimes, measures only the
 managed runtimes (a pandas + matplotlib snippet against a fresh process and a warm
@@ -273,6 +274,7 @@ def main():
     ap.add_argument("--guard", action="store_true", help="fail unless Python p50 <= 0.5 x fresh python3 p50")
     ap.add_argument("--guard-only", action="store_true", help="only the guard's measurement")
     ap.add_argument("--runtimes", action="store_true", help="only the managed runtimes' section")
+    ap.add_argument("--evicted", action="store_true", help="only the evicted sessions' section")
     ap.add_argument("--binary", default=os.path.join(ROOT, "target/release/sandcall"))
     ap.add_argument("--out", default=os.path.join(ROOT, "docs/benchmarks.md"))
     ap.add_argument("--json", default=os.path.join(ROOT, "bench/results.json"))
@@ -287,6 +289,11 @@ def main():
         import bench_runtimes  # noqa: E402 (beside this file)
 
         bench_runtimes.main(args, sys.modules[__name__])
+        return
+    if args.evicted:
+        import bench_evicted  # noqa: E402 (beside this file)
+
+        bench_evicted.main(args, sys.modules[__name__])
         return
 
     server = Server(args.binary)
@@ -377,6 +384,8 @@ Measured with strace and timers in the helper and the runner, 2 cores, cgroup v1
 # The runtimes' section of docs/benchmarks.md starts at this line; bench_runtimes.py writes
 # it, and a full run keeps it.
 RUNTIMES_MARK = "<!-- bench.py --runtimes writes from here on -->"
+# The same for bench_evicted.py's section, after it.
+EVICTED_MARK = "<!-- bench.py --evicted writes from here on -->"
 
 
 def kept_runtimes_section(path):

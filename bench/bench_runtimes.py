@@ -383,8 +383,11 @@ Memory (PSS: each shared page counted once, split between the processes that map
             doc = f.read()
     except FileNotFoundError:
         doc = "# Benchmarks\n"
+    # Replaces its own section, up to the next one another run writes (`--evicted`).
     at = doc.find(mark)
-    doc = (doc[:at].rstrip("\n") if at >= 0 else doc.rstrip("\n")) + "\n\n" + text
+    end = doc.find("\n<!-- bench.py", at + len(mark)) if at >= 0 else -1
+    rest = doc[end:] if end >= 0 else ""
+    doc = (doc[:at].rstrip("\n") if at >= 0 else doc.rstrip("\n")) + "\n\n" + text.rstrip("\n") + "\n" + rest
     with open(path, "w") as f:
         f.write(doc)
 
