@@ -699,6 +699,10 @@ pub struct Health {
     /// Of those, the ones paused, waiting for their caller (extension).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub paused_sessions: Option<usize>,
+    /// Paused sessions that hold no sandbox (evicted, or left paused by an earlier
+    /// server), kept only in the session store (extension).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub dormant_sessions: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub max_sessions: Option<usize>,
     /// Warm sandboxes ready now (extension).

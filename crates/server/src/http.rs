@@ -316,6 +316,7 @@ pub(crate) async fn health(State(state): State<AppState>, principal: Option<Exte
         queued_runs: None,
         sessions: None,
         paused_sessions: None,
+        dormant_sessions: None,
         max_sessions: None,
         warm_idle: None,
     };
@@ -329,6 +330,7 @@ pub(crate) async fn health(State(state): State<AppState>, principal: Option<Exte
         let (sessions, paused) = state.sessions.counts();
         body.sessions = Some(sessions);
         body.paused_sessions = Some(paused);
+        body.dormant_sessions = Some(state.sessions.dormant_count());
         body.max_sessions = Some(state.config.max_sessions);
     }
     (code, Json(body)).into_response()
