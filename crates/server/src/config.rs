@@ -71,6 +71,21 @@ pub struct Config {
     /// Key that signs continuation tokens, as 64 hex characters. Default: generated on
     /// first start into `<data_dir>/token.key` (mode 0600) and kept there.
     pub token_secret: Option<String>,
+    /// Where programmatic sessions are journalled: absent or `"embedded"`, the data dir
+    /// (`<data_dir>/sessions.redb`); `"redis://host:port/db"`, a Redis that every node of
+    /// a cluster shares (then `node_url` and `token_secret` are required). Default
+    /// embedded.
+    pub session_store: Option<String>,
+    /// How the other nodes of a cluster reach this one (`http://host:port`): a resume,
+    /// GET or cancel of a session this node holds live is forwarded here. Also this
+    /// node's id in the session store's leases, so it must be unique per node. Default
+    /// none (one node).
+    pub node_url: Option<String>,
+    /// With a shared session store: how long a node's ownership of a live session lasts
+    /// unless renewed, in ms (renewed every third of it while the node lives). After a
+    /// node dies, its sessions are taken over by replay once this has passed. Default
+    /// 10000.
+    pub node_lease_ms: u64,
     /// For tests of the server itself: enables `GET /v1/_fault/panic`, whose handler
     /// panics (to check that a panic is answered 500 and the server goes on). Default
     /// false; never turn it on in production.
@@ -471,6 +486,9 @@ impl Default for Config {
             max_tool_call_bytes: 1 << 20,
             max_sessions: cores() * 32,
             token_secret: None,
+            session_store: None,
+            node_url: None,
+            node_lease_ms: 10_000,
             warm_pool_size: 4,
             warm_languages: ["python", "bash", "javascript", "typescript"]
                 .map(String::from)
@@ -687,6 +705,39 @@ impl Config {
             if secret.len() != 64 || !secret.bytes().all(|b| b.is_ascii_hexdigit()) {
                 return bad("token_secret must be 64 hex characters (32 bytes)".into());
             }
+        }
+        match self.session_store.as_deref() {
+            None | Some("embedded") => {}
+            Some(url) if url.starts_with("redis://") => {
+                if self.node_url.is_none() {
+                    return bad(
+                        "session_store = redis://... needs node_url: how the other nodes reach this one".into(),
+                    );
+                }
+                if self.token_secret.is_none() {
+                    return bad(
+                        "session_store = redis://... needs token_secret, the same on every node (a token made by one \
+                         node is checked by another)"
+                            .into(),
+                    );
+                }
+            }
+            Some(other) => {
+                return bad(format!(
+                    "session_store = {other:?}: expected \"embedded\" or \"redis://host:port/db\""
+                ))
+            }
+        }
+        if let Some(url) = &self.node_url {
+            let ok = url
+                .strip_prefix("http://")
+                .is_some_and(|rest| !rest.is_empty() && !rest.contains(['/', '?', '#', ' ']));
+            if !ok {
+                return bad(format!("node_url = {url:?}: expected http://host:port"));
+            }
+        }
+        if self.node_lease_ms < 300 {
+            return bad("node_lease_ms must be at least 300".into());
         }
         for (name, path) in [("python", &self.python), ("bash", &self.bash), ("node", &self.node)]
             .into_iter()

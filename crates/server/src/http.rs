@@ -10,7 +10,7 @@ use crate::AppState;
 use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::{FromRequest, FromRequestParts, Path, Request, State};
 use axum::http::request::Parts;
-use axum::http::{header, StatusCode};
+use axum::http::{header, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
@@ -386,13 +386,26 @@ pub(crate) async fn programmatic_route(
     JsonBody(req): JsonBody<ProgrammaticRequest>,
 ) -> Result<Response, ApiError> {
     let request_id = programmatic::request_id(&headers)?;
+    let mut served = None;
     let json = match req.continuation_token.as_deref() {
         Some(token) => {
+            // Many nodes: the resume goes to the node that holds the session live.
+            if let Some(id) = state.sessions.token_session(token) {
+                let body = || serde_json::to_vec(&req).map(Bytes::from);
+                let path = "/v1/exec/programmatic";
+                if let Some(answer) =
+                    at_owner(&state, &principal, &id, &headers, true, Method::POST, path, body).await?
+                {
+                    return Ok(answer);
+                }
+            }
             let results = req.tool_results.unwrap_or_default();
-            state
+            let (json, how) = state
                 .sessions
                 .resume(&principal, token, req.session_id.as_deref(), results, request_id)
-                .await?
+                .await?;
+            served = Some(how);
+            json
         }
         None => {
             // Declaring the tools compiles up to 100 schemas: each is bounded
@@ -407,7 +420,64 @@ pub(crate) async fn programmatic_route(
         }
     };
     // Already JSON: a pause's answer is serialized once, off the async workers.
-    Ok(([(header::CONTENT_TYPE, "application/json")], json).into_response())
+    let mut response = ([(header::CONTENT_TYPE, "application/json")], json).into_response();
+    if let Some(served) = served {
+        // (extension) Whether the resume reached the live program or a replay of it.
+        response
+            .headers_mut()
+            .insert("sandcall-resume", axum::http::HeaderValue::from_static(served.as_str()));
+    }
+    Ok(tag_node(&state, response))
+}
+
+/// Many nodes: the answer of the session's owner when that is another node (the same
+/// request, forwarded there), or None to serve the request here (this node holds the
+/// session, or has just taken it over). An owner that cannot be reached is waited out:
+/// once its lease runs out, the session is taken over here.
+#[allow(clippy::too_many_arguments)]
+async fn at_owner(
+    state: &AppState,
+    principal: &Principal,
+    id: &str,
+    headers: &axum::http::HeaderMap,
+    own: bool,
+    method: Method,
+    path: &str,
+    body: impl Fn() -> Result<Bytes, serde_json::Error>,
+) -> Result<Option<Response>, ApiError> {
+    let Some(cluster) = &state.cluster else {
+        return Ok(None);
+    };
+    let forwarded = headers.contains_key(crate::cluster::FORWARDED_HEADER);
+    for _ in 0..3 {
+        match state.sessions.locate(id, principal, forwarded, own).await? {
+            programmatic::session::Located::Here => return Ok(None),
+            programmatic::session::Located::Owner(owner) => {
+                let bytes = body().map_err(|e| ApiError::internal(error_type::INTERNAL, &e.to_string()))?;
+                match cluster.forward(&owner, method.clone(), path, headers, bytes).await {
+                    Ok(answer) => return Ok(Some(answer)),
+                    Err(crate::cluster::ForwardError::Unreachable(e)) => {
+                        tracing::info!(session = %id, %owner, error = %e, "the session's owner cannot be reached; waiting for its lease to run out");
+                        state.sessions.wait_out_lease(id, &owner).await?;
+                    }
+                    Err(e) => return Err(crate::cluster::forward_failed(&e)),
+                }
+            }
+        }
+    }
+    Err(crate::cluster::forward_failed(&crate::cluster::ForwardError::Failed(
+        "the session's owner kept changing".into(),
+    )))
+}
+
+/// Many nodes: names the node that served the answer (`sandcall-node`).
+fn tag_node(state: &AppState, mut response: Response) -> Response {
+    if let Some(node) = state.sessions.node() {
+        if let Ok(value) = axum::http::HeaderValue::from_str(node) {
+            response.headers_mut().insert(crate::cluster::NODE_HEADER, value);
+        }
+    }
+    response
 }
 
 /// Ends a session: its program is killed and its sandbox freed.
@@ -426,14 +496,29 @@ pub(crate) async fn programmatic_route(
 pub(crate) async fn cancel_route(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
+    headers: axum::http::HeaderMap,
     JsonBody(req): JsonBody<CancelRequest>,
-) -> Result<Json<ProgrammaticResponse>, ApiError> {
+) -> Result<Response, ApiError> {
     let id = match (req.session_id, req.request_id) {
         (Some(id), _) => id,
         (None, Some(request_id)) => state.sessions.by_request_id(&principal, &request_id)?,
         (None, None) => return Err(ApiError::bad_request("`session_id` or `request_id` is required")),
     };
-    Ok(Json(state.sessions.cancel(&principal, &id).await?))
+    let body = || {
+        serde_json::to_vec(&CancelRequest {
+            session_id: Some(id.clone()),
+            ..Default::default()
+        })
+        .map(Bytes::from)
+    };
+    let path = "/v1/exec/programmatic/cancel";
+    if let Some(answer) = at_owner(&state, &principal, &id, &headers, true, Method::POST, path, body).await? {
+        return Ok(answer);
+    }
+    Ok(tag_node(
+        &state,
+        Json(state.sessions.cancel(&principal, &id).await?).into_response(),
+    ))
 }
 
 /// A session's state: paused, running, or how it ended.
@@ -451,11 +536,31 @@ pub(crate) async fn cancel_route(
 pub(crate) async fn session_route(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
+    headers: axum::http::HeaderMap,
     ApiPath(session_id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
+    let path = format!("/v1/exec/programmatic/{session_id}");
+    let empty = || Ok(Bytes::new());
+    if let Some(answer) = at_owner(
+        &state,
+        &principal,
+        &session_id,
+        &headers,
+        false,
+        Method::GET,
+        &path,
+        empty,
+    )
+    .await?
+    {
+        return Ok(answer);
+    }
     // Already JSON: a paused session's answer is serialized once, not per GET.
     let json = state.sessions.status(&principal, &session_id).await?;
-    Ok(([(header::CONTENT_TYPE, "application/json")], json).into_response())
+    Ok(tag_node(
+        &state,
+        ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
+    ))
 }
 
 /// This API's OpenAPI document.

@@ -7,6 +7,7 @@
 
 pub mod admission;
 pub mod auth;
+pub mod cluster;
 pub mod config;
 pub mod doctor;
 pub mod error;
@@ -48,6 +49,9 @@ pub struct AppState {
     pub files: Arc<dyn files::FileStore>,
     /// Where helpers put a run's output files before the store takes them.
     pub outbox_dir: std::path::PathBuf,
+    /// Many nodes: forwards a request about a session to the node that holds it live.
+    /// None on a single node.
+    pub cluster: Option<Arc<cluster::Forwarder>>,
 }
 
 impl AppState {
@@ -225,10 +229,30 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     let shared_config = Arc::new(config.clone());
     let store: Arc<dyn files::FileStore> =
         Arc::new(store::embedded::LocalStore::open(&host.data_dir).map_err(|e| ServeError::Preflight(e.to_string()))?);
-    let session_store: Arc<dyn store::SessionStore> = Arc::new(
-        store::embedded::EmbeddedSessionStore::open(&host.data_dir)
-            .map_err(|e| ServeError::Preflight(e.to_string()))?,
-    );
+    let session_store: Arc<dyn store::SessionStore> = match config.session_store.as_deref() {
+        Some(url) if url.starts_with("redis://") => {
+            // A session's keys outlive its last write by as long as it can wait or run
+            // before its next one: a session no node ends does not stay in Redis forever.
+            let ttl_ms = config
+                .session_expiry_s
+                .saturating_mul(1000)
+                .max(config.tool_call_timeout_ms)
+                .saturating_add(config.max_run_timeout_ms)
+                .saturating_add(60_000);
+            Arc::new(
+                store::redis::RedisSessionStore::open(url, ttl_ms).map_err(|e| ServeError::Preflight(e.to_string()))?,
+            )
+        }
+        _ => Arc::new(
+            store::embedded::EmbeddedSessionStore::open(&host.data_dir)
+                .map_err(|e| ServeError::Preflight(e.to_string()))?,
+        ),
+    };
+    let cluster = config
+        .node_url
+        .clone()
+        .filter(|_| session_store.shared())
+        .map(|url| Arc::new(cluster::Forwarder::new(url)));
     let outbox_dir = host.data_dir.join("outbox");
     // Outputs of runs a previous server did not finish storing are lost with it.
     let _ = std::fs::remove_dir_all(&outbox_dir);
@@ -252,11 +276,13 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
             files: store.clone(),
             outbox_dir: outbox_dir.clone(),
             store: session_store,
+            node: cluster.as_ref().map(|c| c.node_url().to_owned()),
         },
     );
     // Sessions an earlier server left paused wait for their resume (replay).
     sessions.recover().await;
     tokio::spawn(sessions.clone().expire_dormant());
+    tokio::spawn(sessions.clone().renew_leases());
     let state = AppState {
         config: shared_config,
         runner: runner.clone(),
@@ -267,6 +293,7 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
         auth,
         files: store.clone(),
         outbox_dir,
+        cluster,
     };
     let stale_outbox = Duration::from_millis(config.max_run_timeout_ms) + Duration::from_secs(600);
     tokio::spawn(sweep_files(

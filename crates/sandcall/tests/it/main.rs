@@ -2,6 +2,7 @@
 //! free port, as root, and talks HTTP to it. Hostile programs live in `tests/hostile/`.
 
 mod bounded_work;
+mod cluster;
 mod common;
 mod compiled;
 mod durable;

@@ -244,7 +244,9 @@ impl SessionStore for RedisSessionStore {
     }
 
     async fn remove(&self, id: &str) -> Result<(), StoreError> {
-        let keys: Vec<String> = ["start", "principal", "state", "token", "entries", "owner"]
+        // The owner key stays until its lease runs out: a session that ended stays
+        // readable on its node for a while, and the other nodes still send requests there.
+        let keys: Vec<String> = ["start", "principal", "state", "token", "entries"]
             .iter()
             .map(|part| key(id, part))
             .collect();
@@ -389,6 +391,7 @@ mod tests {
         assert_eq!(store.owner(&id, 0).await.unwrap(), None);
         assert!(store.claim(&id, "n1", 0, 60_000).await.unwrap());
         store.remove(&id).await.unwrap();
+        store.release(&id, "n1").await.unwrap();
         assert!(store.load(&id).await.unwrap().is_none());
         assert!(store.entry(&id).await.unwrap().is_none());
         // Writing to a session that is not there writes nothing.
