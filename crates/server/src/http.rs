@@ -370,12 +370,16 @@ pub(crate) async fn exec_route(
     params(("X-LibreChat-Code-Request-ID" = Option<String>, Header,
         description = "An id (1 to 256 visible ASCII characters) by which `POST /v1/exec/programmatic/cancel` can name this session as `request_id`: the latest one sent with a first call or a resume of the session.")),
     responses(
-        (status = 200, description = "The program paused on tool calls, completed, or ended in an error.", body = ProgrammaticResponse),
+        (status = 200, description = "The program paused on tool calls, completed, or ended in an error.", body = ProgrammaticResponse,
+            headers(
+                ("sandcall-resume" = String, description = "On a resume: `live` (the paused process went on) or `replay` (the session had no live process and was run again from its journal)."),
+                ("sandcall-node" = String, description = "Many nodes: the `node_url` of the node that served the request."),
+            )),
         (status = 400, description = "`invalid_json`, `invalid_request`, `unsupported_language`, `invalid_tool_schema` or `invalid_tool_results`.", body = ErrorBody),
         (status = 404, description = "`session_not_found` or `file_not_found`.", body = ErrorBody),
         (status = 409, description = "`continuation_token_used`: the token's pause is no longer open, and this is not a retry of its resume with the same results (a retry answers what the first use answered; a session that ended answers its ending).", body = ErrorBody),
         (status = 413, description = "`payload_too_large`: the body, `code` or the input files.", body = ErrorBody),
-        (status = 503, description = "`at_capacity`: too many sessions hold a sandbox.", body = ErrorBody,
+        (status = 503, description = "`at_capacity`: too many sessions hold a sandbox. `store_unavailable`: the session store (Redis) cannot be reached; nothing was changed and the token stays good. `session_owner_unavailable` (many nodes): the node that holds the session live did not answer.", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Seconds to wait."))),
     ),
 )]
@@ -491,6 +495,8 @@ fn tag_node(state: &AppState, mut response: Response) -> Response {
         (status = 200, description = "The session's outcome: `error` / `cancelled`, or how it had already ended.", body = ProgrammaticResponse),
         (status = 400, description = "`invalid_json` or `invalid_request` (neither `session_id` nor `request_id`).", body = ErrorBody),
         (status = 404, description = "`session_not_found`: no such session, or no session started or resumed with this `request_id`, for this caller.", body = ErrorBody),
+        (status = 503, description = "Many nodes: `store_unavailable` (the session store cannot be reached) or `session_owner_unavailable` (the node that holds the session did not answer).", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds to wait."))),
     ),
 )]
 pub(crate) async fn cancel_route(
@@ -531,6 +537,8 @@ pub(crate) async fn cancel_route(
     responses(
         (status = 200, description = "The session's state.", body = ProgrammaticResponse),
         (status = 404, description = "`session_not_found`.", body = ErrorBody),
+        (status = 503, description = "Many nodes: `store_unavailable` (the session store cannot be reached) or `session_owner_unavailable` (the node that holds the session did not answer).", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds to wait."))),
     ),
 )]
 pub(crate) async fn session_route(
