@@ -902,6 +902,34 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_redis_session_store_needs_a_node_url_and_a_shared_token_secret() {
+        let secret = "ab".repeat(32);
+        let with = |store: Option<&str>, node: Option<&str>, secret: Option<&str>| {
+            Config {
+                session_store: store.map(str::to_owned),
+                node_url: node.map(str::to_owned),
+                token_secret: secret.map(str::to_owned),
+                ..Config::default()
+            }
+            .validate()
+        };
+        assert!(with(None, None, None).is_ok());
+        assert!(with(Some("embedded"), None, None).is_ok());
+        let redis = Some("redis://127.0.0.1:6379/0");
+        assert!(with(redis, Some("http://10.0.0.1:8080"), Some(&secret)).is_ok());
+        for (store, node, secret, says) in [
+            (redis, None, Some(secret.as_str()), "node_url"),
+            (redis, Some("http://10.0.0.1:8080"), None, "token_secret"),
+            (Some("memcached://x"), None, None, "session_store"),
+            (None, Some("10.0.0.1:8080"), None, "node_url"),
+            (None, Some("http://10.0.0.1:8080/path"), None, "node_url"),
+        ] {
+            let err = with(store, node, secret).unwrap_err().to_string();
+            assert!(err.contains(says), "{err}");
+        }
+    }
+
+    #[test]
     fn defaults_match_the_documented_table() {
         let c = Config::default();
         assert_eq!(c.listen, "127.0.0.1:3112");

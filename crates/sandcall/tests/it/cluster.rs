@@ -189,6 +189,9 @@ fn a_resume_sent_to_another_node_is_forwarded_to_the_live_owner() {
         Some(&json!({"language": "python", "code": code, "tools": [get_tool()]})),
     );
     assert_eq!(first.body["status"], "tool_call_required", "{}", first.body);
+    // Paused longer than the lease: A renews it while it holds the session live, so
+    // B still forwards rather than taking it over.
+    std::thread::sleep(Duration::from_millis(3 * LEASE_MS.parse::<u64>().unwrap()));
     let second = resume(&b, &first.body, json!("x"));
     assert_eq!(second.status, 200, "{}", second.body);
     assert_eq!(second.body["status"], "tool_call_required", "{}", second.body);
@@ -383,4 +386,52 @@ fn redis_restarted_mid_run_answers_503_while_down_and_loses_nothing() {
     let fresh = start(&b, 5);
     completed(&resume(&a, &fresh, json!(1)), 5, "1");
     redis.stop();
+}
+
+#[test]
+fn a_session_running_on_a_node_that_dies_is_run_again_elsewhere_and_its_resume_answered_when_retried() {
+    let redis = redis_url();
+    let a = node(&redis, &[]);
+    let b = node(&redis, &[]);
+    let code =
+        "import time\nprint('s')\nr = get(n=1)\ntime.sleep(3)\nprint('after', r)\nr2 = get(n=2)\nprint('end', r2)\n";
+    let first = send(
+        &a,
+        "POST",
+        ROUTE,
+        Some(&json!({"language": "python", "code": code, "tools": [get_tool()]})),
+    );
+    assert_eq!(first.body["status"], "tool_call_required", "{}", first.body);
+    let paused = first.body;
+    // The resume is accepted on A (journalled), and A dies while the program runs on.
+    let lost = {
+        let url = a.url(ROUTE);
+        let body = json!({
+            "session_id": paused["session_id"],
+            "continuation_token": paused["continuation_token"],
+            "tool_results": [{"call_id": paused["tool_calls"][0]["id"], "result": "r1", "is_error": false}],
+        });
+        std::thread::spawn(move || {
+            let _ = ureq::post(&url)
+                .set("Content-Type", "application/json")
+                .send_string(&body.to_string());
+        })
+    };
+    std::thread::sleep(Duration::from_millis(1000));
+    kill_hard(a);
+    lost.join().unwrap();
+    // Its retry through B: B takes the session over once A's lease has run out, runs it
+    // again from the journal to its next pause, and answers the retry with it.
+    let retried = resume(&b, &paused, json!("r1"));
+    assert_eq!(retried.status, 200, "{}", retried.body);
+    assert_eq!(retried.body["status"], "tool_call_required", "{}", retried.body);
+    assert_eq!(
+        retried.body["partial_stdout"], "after r1\n",
+        "no line twice: {}",
+        retried.body
+    );
+    assert_eq!(retried.node, b.base);
+    let end = resume(&b, &retried.body, json!("r2"));
+    assert_eq!(end.body["status"], "completed", "{}", end.body);
+    assert_eq!(end.body["stdout"], "s\nafter r1\nend r2\n", "{}", end.body);
 }
