@@ -2235,8 +2235,12 @@ impl Driver {
         drop(run_slot);
         drop(paused_count);
         drop(slot);
-        // The session has ended: its journal goes.
-        if let Err(e) = store.remove(&id).await {
+        // The session has ended: its journal goes. Unless many nodes share it and this
+        // node could not write it: another node may have moved the session on.
+        let shared_and_lost = ending == Ending::Unjournalled && self.sessions.inner.node.is_some();
+        if shared_and_lost {
+            tracing::warn!(session = %id, "a session's journal moved on without this node; its copy here ends");
+        } else if let Err(e) = store.remove(&id).await {
             tracing::warn!(session = %id, error = %e, "could not remove a session's journal");
         }
         // The ending holds the whole run's output, as a live one does: the replay

@@ -165,8 +165,16 @@ impl SessionStore for RedisSessionStore {
     }
 
     async fn append(&self, id: &str, entries: &[JournalEntry], state: &SessionState) -> Result<(), StoreError> {
-        match self.write(id, "", entries, state).await? {
+        // A pause follows the previous one's resume (or the start): the stored token is
+        // the previous pause, closed. Another node that ran the same session on (after a
+        // Redis outage longer than a lease) cannot journal a pause over this one's.
+        let expected = match state.pause {
+            0 => String::new(),
+            n => format!("{}:0", n - 1),
+        };
+        match self.write(id, &expected, entries, state).await? {
             1 => Ok(()),
+            0 => Err(StoreError::Io(format!("session {id} moved on elsewhere"))),
             _ => Err(StoreError::Io(format!("session {id} is not journalled"))),
         }
     }
@@ -368,6 +376,14 @@ mod tests {
         assert!(!store.consume(&id, 2, &[reply("a")], &answered).await.unwrap());
         assert!(store.consume(&id, 1, &[reply("a")], &answered).await.unwrap());
         assert!(!store.consume(&id, 1, &[reply("a")], &answered).await.unwrap());
+        // A pause must follow the state it moves on from: pause 2 after pause 1's resume,
+        // not pause 3, and not pause 2 twice.
+        let skipped = SessionState {
+            pause: 3,
+            open: true,
+            ..Default::default()
+        };
+        assert!(store.append(&id, &[call("c")], &skipped).await.is_err());
         let journal = store.load(&id).await.unwrap().unwrap();
         assert_eq!(journal.state, answered);
         assert_eq!(journal.start.seed, 7);
@@ -405,7 +421,7 @@ mod tests {
         let url = redis_url();
         let id = format!("race-{}", crate::ids::new_id());
         let paused = SessionState {
-            pause: 3,
+            pause: 1,
             open: true,
             ..Default::default()
         };
@@ -421,12 +437,12 @@ mod tests {
             tasks.push(tokio::spawn(async move {
                 let store = RedisSessionStore::open(&url, 60_000).unwrap();
                 let answered = SessionState {
-                    pause: 3,
+                    pause: 1,
                     open: false,
                     calls_made: n,
                     ..Default::default()
                 };
-                store.consume(&id, 3, &[reply("a")], &answered).await.unwrap()
+                store.consume(&id, 1, &[reply("a")], &answered).await.unwrap()
             }));
         }
         let mut won = 0;
