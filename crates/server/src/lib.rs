@@ -283,6 +283,7 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     sessions.recover().await;
     tokio::spawn(sessions.clone().expire_dormant());
     tokio::spawn(sessions.clone().renew_leases());
+    let sessions_at_exit = sessions.clone();
     let state = AppState {
         config: shared_config,
         runner: runner.clone(),
@@ -326,6 +327,8 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     while runner.active() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    // Many nodes: this node's sessions are free for the others now.
+    sessions_at_exit.release_leases().await;
     let left = host.cgroups.sweep();
     tracing::info!(left, "stopped");
     Ok(())

@@ -435,3 +435,25 @@ fn a_session_running_on_a_node_that_dies_is_run_again_elsewhere_and_its_resume_a
     assert_eq!(end.body["status"], "completed", "{}", end.body);
     assert_eq!(end.body["stdout"], "s\nafter r1\nend r2\n", "{}", end.body);
 }
+
+#[test]
+fn a_node_stopped_with_sigterm_gives_its_sessions_up_at_once() {
+    let redis = redis_url();
+    // Long leases: a session taken over only once its lease ran out would take 20 s.
+    let long = [("SANDCALL_NODE_LEASE_MS", "20000")];
+    let mut a = node(&redis, &long);
+    let b = node(&redis, &long);
+    let paused: Vec<Value> = (0..3).map(|k| start(&a, k)).collect();
+    a.stop();
+    let started = Instant::now();
+    for (k, p) in paused.iter().enumerate() {
+        let answer = resume(&b, p, json!("now"));
+        completed(&answer, k, "now");
+        assert_eq!(answer.resume, "replay");
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "B took the sessions over without waiting for A's leases: {:?}",
+        started.elapsed()
+    );
+}

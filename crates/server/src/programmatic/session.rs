@@ -888,6 +888,20 @@ impl Sessions {
         }
     }
 
+    /// Many nodes, at shutdown: gives up this node's leases, so that the other nodes take
+    /// its sessions over at once instead of waiting for the leases to run out.
+    pub async fn release_leases(&self) {
+        let Some(node) = self.inner.node.as_deref() else {
+            return;
+        };
+        let ids: Vec<String> = self.map().keys().cloned().collect();
+        for id in ids {
+            if let Err(e) = self.inner.store.release(&id, node).await {
+                tracing::warn!(session = %id, error = %e, "could not release a session's lease");
+            }
+        }
+    }
+
     /// Many nodes: renews this node's lease on every session it holds live, every third
     /// of `node_lease_ms`, until the server stops.
     pub async fn renew_leases(self) {
