@@ -2109,15 +2109,28 @@ impl Driver {
                                 None => unjournalled.push((key, reply)),
                             }
                         }
+                        // The pause's state, put back if the store cannot take the resume.
+                        let before = (
+                            state.open,
+                            state.outstanding.clone(),
+                            state.last_resume.take(),
+                            std::mem::take(&mut state.partial_stdout),
+                            std::mem::take(&mut state.partial_stderr),
+                        );
                         state.open = false;
                         state.outstanding.retain(|c| !entries.iter().any(|e| matches!(e, JournalEntry::Reply { call_id, .. } if call_id == c)));
                         state.last_resume = Some((pause, hex(&digest)));
-                        state.partial_stdout.clear();
-                        state.partial_stderr.clear();
                         let consumed = store.consume(&id, pause, &entries, &state).await;
                         if let Err(crate::store::StoreError::Unavailable(detail)) = &consumed {
                             // Nothing was recorded: the pause goes on as it was, its token
                             // good, and the resume gets 503.
+                            (
+                                state.open,
+                                state.outstanding,
+                                state.last_resume,
+                                state.partial_stdout,
+                                state.partial_stderr,
+                            ) = before;
                             self.session.undo(pause, *undo, detail);
                             paused_at = was_paused_at.or_else(|| Some(Instant::now()));
                             run_slot = None;
