@@ -339,6 +339,31 @@ fn redis_restarted_mid_run_answers_503_while_down_and_loses_nothing() {
     let a = node(&url, &[]);
     let b = node(&url, &[]);
     let paused: Vec<Value> = (0..3).map(|k| start(&a, k)).collect();
+    // Two gathered calls, answered one at a time.
+    let gathered = send(
+        &a,
+        "POST",
+        ROUTE,
+        Some(&json!({
+            "language": "python",
+            "code": "rs = await asyncio.gather(get(n=1), get(n=2))\nprint(rs)\n",
+            "tools": [get_tool()],
+        })),
+    )
+    .body;
+    assert_eq!(gathered["tool_calls"].as_array().unwrap().len(), 2, "{gathered}");
+    let answer_one = |s: &Server, i: usize, value: &str| {
+        send(
+            s,
+            "POST",
+            ROUTE,
+            Some(&json!({
+                "session_id": gathered["session_id"],
+                "continuation_token": gathered["continuation_token"],
+                "tool_results": [{"call_id": gathered["tool_calls"][i]["id"], "result": value, "is_error": false}],
+            })),
+        )
+    };
 
     redis.stop();
     // While Redis is down: a new session is refused, a resume is refused with its token
@@ -354,6 +379,8 @@ fn redis_restarted_mid_run_answers_503_while_down_and_loses_nothing() {
     let not_now = resume(&a, &paused[0], json!("early"));
     assert_eq!(not_now.status, 503, "{}", not_now.body);
     assert_eq!(not_now.body["error_type"], "store_unavailable", "{}", not_now.body);
+    let half = answer_one(&a, 0, "one");
+    assert_eq!(half.status, 503, "{}", half.body);
     let elsewhere = resume(&b, &paused[1], json!("early"));
     assert_eq!(elsewhere.status, 503, "{}", elsewhere.body);
     assert_eq!(elsewhere.body["error_type"], "store_unavailable", "{}", elsewhere.body);
@@ -380,6 +407,26 @@ fn redis_restarted_mid_run_answers_503_while_down_and_loses_nothing() {
     assert_eq!(first.resume, "live");
     completed(&resume(&b, &paused[1], json!("late")), 1, "late");
     completed(&resume(&a, &paused[2], json!("late")), 2, "late");
+    // The refused half-answer left nothing behind: answering the other call first still
+    // leaves the first one outstanding, under its id.
+    let rest = answer_one(&a, 1, "two");
+    assert_eq!(rest.status, 200, "{}", rest.body);
+    assert_eq!(rest.body["status"], "tool_call_required", "{}", rest.body);
+    assert_eq!(rest.body["tool_calls"].as_array().unwrap().len(), 1, "{}", rest.body);
+    assert_eq!(rest.body["tool_calls"][0]["id"], gathered["tool_calls"][0]["id"]);
+    let call = &rest.body["tool_calls"][0];
+    let end = send(
+        &b,
+        "POST",
+        ROUTE,
+        Some(&json!({
+            "session_id": gathered["session_id"],
+            "continuation_token": rest.body["continuation_token"],
+            "tool_results": [{"call_id": call["id"], "result": "one", "is_error": false}],
+        })),
+    );
+    assert_eq!(end.body["status"], "completed", "{}", end.body);
+    assert_eq!(end.body["stdout"], "['one', 'two']\n", "{}", end.body);
     let used = resume(&b, &paused[0], json!("again"));
     assert_eq!(used.status, 409, "{}", used.body);
     // New sessions work again.
