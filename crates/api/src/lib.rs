@@ -73,6 +73,11 @@ pub mod error_type {
     pub const FORBIDDEN_ORIGIN: &str = "forbidden_origin";
     /// 421 (local mode): the request names a host that is not this machine's loopback.
     pub const MISDIRECTED_REQUEST: &str = "misdirected_request";
+    /// 503: the session store (Redis) cannot be reached now; nothing was changed, retry.
+    pub const STORE_UNAVAILABLE: &str = "store_unavailable";
+    /// 503 (many nodes): the node that holds the session live cannot be reached now, and
+    /// its lease has not run out yet; retry.
+    pub const SESSION_OWNER_UNAVAILABLE: &str = "session_owner_unavailable";
 }
 
 /// A reference to an uploaded file, to stage into the working directory.

@@ -71,6 +71,21 @@ pub struct Config {
     /// Key that signs continuation tokens, as 64 hex characters. Default: generated on
     /// first start into `<data_dir>/token.key` (mode 0600) and kept there.
     pub token_secret: Option<String>,
+    /// Where programmatic sessions are journalled: absent or `"embedded"`, the data dir
+    /// (`<data_dir>/sessions.redb`); `"redis://host:port/db"`, a Redis that every node of
+    /// a cluster shares (then `node_url` and `token_secret` are required). Default
+    /// embedded.
+    pub session_store: Option<String>,
+    /// How the other nodes of a cluster reach this one (`http://host:port`): a resume,
+    /// GET or cancel of a session this node holds live is forwarded here. Also this
+    /// node's id in the session store's leases, so it must be unique per node. Default
+    /// none (one node).
+    pub node_url: Option<String>,
+    /// With a shared session store: how long a node's ownership of a live session lasts
+    /// unless renewed, in ms (renewed every third of it while the node lives). After a
+    /// node dies, its sessions are taken over by replay once this has passed. Default
+    /// 10000.
+    pub node_lease_ms: u64,
     /// For tests of the server itself: enables `GET /v1/_fault/panic`, whose handler
     /// panics (to check that a panic is answered 500 and the server goes on). Default
     /// false; never turn it on in production.
@@ -480,6 +495,9 @@ impl Default for Config {
             max_tool_call_bytes: 1 << 20,
             max_sessions: cores() * 32,
             token_secret: None,
+            session_store: None,
+            node_url: None,
+            node_lease_ms: 10_000,
             warm_pool_size: 4,
             warm_languages: ["python", "bash", "javascript", "typescript"]
                 .map(String::from)
@@ -700,6 +718,39 @@ impl Config {
                 return bad("token_secret must be 64 hex characters (32 bytes)".into());
             }
         }
+        match self.session_store.as_deref() {
+            None | Some("embedded") => {}
+            Some(url) if url.starts_with("redis://") => {
+                if self.node_url.is_none() {
+                    return bad(
+                        "session_store = redis://... needs node_url: how the other nodes reach this one".into(),
+                    );
+                }
+                if self.token_secret.is_none() {
+                    return bad(
+                        "session_store = redis://... needs token_secret, the same on every node (a token made by one \
+                         node is checked by another)"
+                            .into(),
+                    );
+                }
+            }
+            Some(other) => {
+                return bad(format!(
+                    "session_store = {other:?}: expected \"embedded\" or \"redis://host:port/db\""
+                ))
+            }
+        }
+        if let Some(url) = &self.node_url {
+            let ok = url
+                .strip_prefix("http://")
+                .is_some_and(|rest| !rest.is_empty() && !rest.contains(['/', '?', '#', ' ']));
+            if !ok {
+                return bad(format!("node_url = {url:?}: expected http://host:port"));
+            }
+        }
+        if self.node_lease_ms < 300 {
+            return bad("node_lease_ms must be at least 300".into());
+        }
         for (name, path) in [("python", &self.python), ("bash", &self.bash), ("node", &self.node)]
             .into_iter()
             .chain(self.typescript_transpiler.iter().map(|p| ("typescript_transpiler", p)))
@@ -885,6 +936,34 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_redis_session_store_needs_a_node_url_and_a_shared_token_secret() {
+        let secret = "ab".repeat(32);
+        let with = |store: Option<&str>, node: Option<&str>, secret: Option<&str>| {
+            Config {
+                session_store: store.map(str::to_owned),
+                node_url: node.map(str::to_owned),
+                token_secret: secret.map(str::to_owned),
+                ..Config::default()
+            }
+            .validate()
+        };
+        assert!(with(None, None, None).is_ok());
+        assert!(with(Some("embedded"), None, None).is_ok());
+        let redis = Some("redis://127.0.0.1:6379/0");
+        assert!(with(redis, Some("http://10.0.0.1:8080"), Some(&secret)).is_ok());
+        for (store, node, secret, says) in [
+            (redis, None, Some(secret.as_str()), "node_url"),
+            (redis, Some("http://10.0.0.1:8080"), None, "token_secret"),
+            (Some("memcached://x"), None, None, "session_store"),
+            (None, Some("10.0.0.1:8080"), None, "node_url"),
+            (None, Some("http://10.0.0.1:8080/path"), None, "node_url"),
+        ] {
+            let err = with(store, node, secret).unwrap_err().to_string();
+            assert!(err.contains(says), "{err}");
+        }
+    }
 
     #[test]
     fn defaults_match_the_documented_table() {

@@ -7,6 +7,7 @@
 
 pub mod admission;
 pub mod auth;
+pub mod cluster;
 pub mod config;
 pub mod doctor;
 pub mod error;
@@ -52,6 +53,9 @@ pub struct AppState {
     pub outbox_dir: std::path::PathBuf,
     /// Per-principal request rates (`rate_limit_*`).
     pub rate_limits: rate_limit::RateLimits,
+    /// Many nodes: forwards a request about a session to the node that holds it live.
+    /// None on a single node.
+    pub cluster: Option<Arc<cluster::Forwarder>>,
 }
 
 impl AppState {
@@ -241,10 +245,30 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     let shared_config = Arc::new(config.clone());
     let store: Arc<dyn files::FileStore> =
         Arc::new(store::embedded::LocalStore::open(&host.data_dir).map_err(|e| ServeError::Preflight(e.to_string()))?);
-    let session_store: Arc<dyn store::SessionStore> = Arc::new(
-        store::embedded::EmbeddedSessionStore::open(&host.data_dir)
-            .map_err(|e| ServeError::Preflight(e.to_string()))?,
-    );
+    let session_store: Arc<dyn store::SessionStore> = match config.session_store.as_deref() {
+        Some(url) if url.starts_with("redis://") => {
+            // A session's keys outlive its last write by as long as it can wait or run
+            // before its next one: a session no node ends does not stay in Redis forever.
+            let ttl_ms = config
+                .session_expiry_s
+                .saturating_mul(1000)
+                .max(config.tool_call_timeout_ms)
+                .saturating_add(config.max_run_timeout_ms)
+                .saturating_add(60_000);
+            Arc::new(
+                store::redis::RedisSessionStore::open(url, ttl_ms).map_err(|e| ServeError::Preflight(e.to_string()))?,
+            )
+        }
+        _ => Arc::new(
+            store::embedded::EmbeddedSessionStore::open(&host.data_dir)
+                .map_err(|e| ServeError::Preflight(e.to_string()))?,
+        ),
+    };
+    let cluster = config
+        .node_url
+        .clone()
+        .filter(|_| session_store.shared())
+        .map(|url| Arc::new(cluster::Forwarder::new(url)));
     let outbox_dir = host.data_dir.join("outbox");
     // Outputs of runs a previous server did not finish storing are lost with it.
     let _ = std::fs::remove_dir_all(&outbox_dir);
@@ -268,11 +292,14 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
             files: store.clone(),
             outbox_dir: outbox_dir.clone(),
             store: session_store,
+            node: cluster.as_ref().map(|c| c.node_url().to_owned()),
         },
     );
     // Sessions an earlier server left paused wait for their resume (replay).
     sessions.recover().await;
     tokio::spawn(sessions.clone().expire_dormant());
+    tokio::spawn(sessions.clone().renew_leases());
+    let sessions_at_exit = sessions.clone();
     let state = AppState {
         config: shared_config,
         runner: runner.clone(),
@@ -284,6 +311,7 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
         files: store.clone(),
         outbox_dir,
         rate_limits: rate_limit::RateLimits::new(&config),
+        cluster,
     };
     tokio::spawn(rate_limit::forget_idle_every(
         state.rate_limits.clone(),
@@ -320,6 +348,8 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     while runner.active() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    // Many nodes: this node's sessions are free for the others now.
+    sessions_at_exit.release_leases().await;
     let left = host.cgroups.sweep();
     tracing::info!(left, "stopped");
     Ok(())

@@ -68,6 +68,18 @@ impl Server {
 
     /// Starts `sandcall serve` with its files in `dir`, as root or as `user` (uid, gid).
     pub fn launch(dir: PathBuf, env: &[(&str, &str)], config: &str, user: Option<(u32, u32)>) -> Server {
+        Server::launch_at(dir, env, config, user, "127.0.0.1:0")
+    }
+
+    /// The same, listening on `listen` (a cluster's node must know its own address
+    /// before it starts: its `node_url`).
+    pub fn launch_at(
+        dir: PathBuf,
+        env: &[(&str, &str)],
+        config: &str,
+        user: Option<(u32, u32)>,
+        listen: &str,
+    ) -> Server {
         let data_dir = dir.join("data");
         let config_path = dir.join("sandcall.toml");
         std::fs::write(&config_path, config).unwrap();
@@ -84,7 +96,7 @@ impl Server {
                 cmd
             }
         };
-        cmd.args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        cmd.args(["serve", "--listen", listen, "--data-dir"])
             .arg(&data_dir)
             .arg("--config")
             .arg(&config_path)

@@ -3,6 +3,7 @@
 
 mod audit;
 mod bounded_work;
+mod cluster;
 mod common;
 mod compiled;
 mod durable;

@@ -549,6 +549,45 @@ impl SessionStore for EmbeddedSessionStore {
         })
         .await
     }
+
+    async fn entry(&self, id: &str) -> Result<Option<(String, SessionState)>, StoreError> {
+        let id = id.to_owned();
+        self.blocking(move |db| Ok(stored_state(db, &id)?.map(|s| (s.principal, s.state))))
+            .await
+    }
+
+    async fn owner(&self, id: &str, now_ms: u64) -> Result<Option<String>, StoreError> {
+        let id = id.to_owned();
+        self.blocking(move |db| {
+            let tx = db.begin_read().map_err(db_err)?;
+            let table = tx.open_table(SESSION_OWNERS).map_err(db_err)?;
+            let held = table.get(id.as_str()).map_err(db_err)?.and_then(|v| {
+                let (owner, until) = v.value();
+                (until > now_ms).then(|| owner.to_owned())
+            });
+            Ok(held)
+        })
+        .await
+    }
+
+    async fn release(&self, id: &str, owner: &str) -> Result<(), StoreError> {
+        let (id, owner) = (id.to_owned(), owner.to_owned());
+        self.blocking(move |db| {
+            let tx = db.begin_write().map_err(db_err)?;
+            {
+                let mut table = tx.open_table(SESSION_OWNERS).map_err(db_err)?;
+                let mine = table
+                    .get(id.as_str())
+                    .map_err(db_err)?
+                    .is_some_and(|v| v.value().0 == owner);
+                if mine {
+                    table.remove(id.as_str()).map_err(db_err)?;
+                }
+            }
+            tx.commit().map_err(db_err)
+        })
+        .await
+    }
 }
 
 #[cfg(test)]
@@ -813,12 +852,22 @@ mod tests {
             .collect();
         assert_eq!(ids, ["call a", "call b", "reply a"]);
         let listed = store.list().await.unwrap();
-        assert_eq!(listed, vec![("S".to_string(), "p".to_string(), answered)]);
+        assert_eq!(listed, vec![("S".to_string(), "p".to_string(), answered.clone())]);
         // Ownership: another owner waits for the lease to run out.
         assert!(store.claim("S", "n1", 100, 200).await.unwrap());
         assert!(!store.claim("S", "n2", 150, 300).await.unwrap());
         assert!(store.claim("S", "n1", 150, 300).await.unwrap());
         assert!(store.claim("S", "n2", 301, 400).await.unwrap());
+        assert_eq!(store.owner("S", 350).await.unwrap().as_deref(), Some("n2"));
+        assert_eq!(store.owner("S", 400).await.unwrap(), None);
+        store.release("S", "n1").await.unwrap();
+        assert_eq!(store.owner("S", 350).await.unwrap().as_deref(), Some("n2"));
+        store.release("S", "n2").await.unwrap();
+        assert_eq!(store.owner("S", 350).await.unwrap(), None);
+        assert_eq!(
+            store.entry("S").await.unwrap(),
+            Some(("p".to_string(), answered.clone()))
+        );
         store.remove("S").await.unwrap();
         assert!(store.load("S").await.unwrap().is_none());
         assert!(store.list().await.unwrap().is_empty());

@@ -1,15 +1,16 @@
 //! Where sandcall keeps what must outlive a request: files (`FileStore`) and
 //! programmatic sessions' journals (`SessionStore`). The routes and the session driver
 //! see only these traits; each backend is one file: `embedded` (the data dir, with
-//! redb) is the default and the only one today; `redis` (sessions) and `s3` (files) are
-//! to come, and the traits' operations are shaped so that they map onto them (see each
-//! operation's note).
+//! redb) is the default; `redis` keeps sessions for many nodes (`session_store =
+//! "redis://..."`); `s3` (files) is to come. The traits' operations are shaped so that
+//! each maps onto one atomic step of every backend (see each operation's note).
 //!
 //! Every principal has a quota of stored bytes and files (`Quota`). The file store, not
 //! the routes, enforces it: `insert` checks and records the principal's usage in one
 //! step, so concurrent inserts cannot pass it together, and answers `StoreError::Quota`.
 
 pub mod embedded;
+pub mod redis;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -101,6 +102,10 @@ pub enum StoreError {
     Quota(#[from] QuotaExceeded),
     #[error("storage: {0}")]
     Io(String),
+    /// The store cannot be reached now (Redis is down or does not answer): nothing was
+    /// written; the same operation may succeed later.
+    #[error("the store is unavailable: {0}")]
+    Unavailable(String),
 }
 
 impl From<std::io::Error> for StoreError {
@@ -260,4 +265,17 @@ pub trait SessionStore: Send + Sync {
     /// Makes `owner` the session's owner until `until_ms`, unless another owner's lease
     /// is still good at `now_ms`; true if `owner` owns it now.
     async fn claim(&self, id: &str, owner: &str, now_ms: u64, until_ms: u64) -> Result<bool, StoreError>;
+    /// The session's principal and state, if it is journalled (a node that does not hold
+    /// the session looks it up by id).
+    async fn entry(&self, id: &str) -> Result<Option<(String, SessionState)>, StoreError>;
+    /// The session's owner, if its lease is still good at `now_ms`.
+    async fn owner(&self, id: &str, now_ms: u64) -> Result<Option<String>, StoreError>;
+    /// Ends `owner`'s lease on the session, if it holds it (its sandbox is gone); another
+    /// owner's lease is left alone.
+    async fn release(&self, id: &str, owner: &str) -> Result<(), StoreError>;
+    /// True when every node shares this store (Redis): a session may be owned by another
+    /// node, and is looked up by id rather than listed at start.
+    fn shared(&self) -> bool {
+        false
+    }
 }
