@@ -223,8 +223,9 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     let key = programmatic::token::TokenKey::load(config.token_secret.as_deref(), &host.data_dir)
         .map_err(ServeError::Preflight)?;
     let shared_config = Arc::new(config.clone());
-    let store: Arc<dyn files::FileStore> =
-        Arc::new(store::embedded::LocalStore::open(&host.data_dir).map_err(|e| ServeError::Preflight(e.to_string()))?);
+    let store = store::open_file_store(&config, &host.data_dir)
+        .await
+        .map_err(|e| ServeError::Preflight(e.to_string()))?;
     let session_store: Arc<dyn store::SessionStore> = Arc::new(
         store::embedded::EmbeddedSessionStore::open(&host.data_dir)
             .map_err(|e| ServeError::Preflight(e.to_string()))?,

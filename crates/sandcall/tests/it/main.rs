@@ -20,6 +20,7 @@ mod principals;
 mod programmatic;
 mod readme;
 mod runtime;
+mod s3;
 mod soak;
 mod unprivileged;
 mod warm;

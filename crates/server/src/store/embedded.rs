@@ -11,6 +11,7 @@
 
 use super::{
     FileMeta, FileStore, Journal, JournalEntry, Quota, SessionStart, SessionState, SessionStore, StoreError, Usage,
+    Workspace, WorkspaceFile,
 };
 use async_trait::async_trait;
 use redb::{Database, ReadableTable, TableDefinition, TableHandle, WriteTransaction};
@@ -25,6 +26,8 @@ const FILES: TableDefinition<&str, &[u8]> = TableDefinition::new("files");
 const EXPIRY: TableDefinition<(u64, &str), ()> = TableDefinition::new("expiry");
 /// principal -> (bytes, files) of its stored files, expired ones not yet swept included.
 const USAGE: TableDefinition<&str, (u64, u64)> = TableDefinition::new("usage");
+/// `principal \0 workspace name` -> Workspace as JSON.
+const WORKSPACES: TableDefinition<&str, &[u8]> = TableDefinition::new("workspaces");
 
 pub struct LocalStore {
     root: PathBuf,
@@ -55,6 +58,7 @@ impl LocalStore {
         let has_usage = tx.list_tables().map_err(db_err)?.any(|t| t.name() == USAGE.name());
         tx.open_table(FILES).map_err(db_err)?;
         tx.open_table(EXPIRY).map_err(db_err)?;
+        tx.open_table(WORKSPACES).map_err(db_err)?;
         // A data dir from before quotas: count what it holds, once.
         if !has_usage {
             count_usage(&tx)?;
@@ -282,6 +286,57 @@ impl FileStore for LocalStore {
         }
         Ok(n)
     }
+
+    async fn workspace_take(
+        &self,
+        principal: &str,
+        name: &str,
+        holder: &str,
+        now_ms: u64,
+        until_ms: u64,
+    ) -> Result<Option<Vec<WorkspaceFile>>, StoreError> {
+        let (k, holder) = (format!("{principal}\0{name}"), holder.to_owned());
+        self.blocking(move |db| {
+            change_workspace(db, &k, |ws| {
+                let taken = ws.take(&holder, now_ms, until_ms);
+                (taken, taken.then(|| ws.files.clone()))
+            })
+        })
+        .await
+    }
+
+    async fn workspace_release(
+        &self,
+        principal: &str,
+        name: &str,
+        holder: &str,
+        files: Option<Vec<WorkspaceFile>>,
+    ) -> Result<(), StoreError> {
+        let (k, holder) = (format!("{principal}\0{name}"), holder.to_owned());
+        self.blocking(move |db| change_workspace(db, &k, |ws| (ws.release(&holder, files), ())))
+            .await
+    }
+}
+
+/// Reads the workspace at `k` in a write transaction, lets `f` change it, and writes it
+/// back if `f` says so; returns what `f` returned.
+fn change_workspace<T>(db: &Database, k: &str, f: impl FnOnce(&mut Workspace) -> (bool, T)) -> Result<T, StoreError> {
+    let tx = db.begin_write().map_err(db_err)?;
+    let out = {
+        let mut table = tx.open_table(WORKSPACES).map_err(db_err)?;
+        let mut ws: Workspace = match table.get(k).map_err(db_err)? {
+            Some(v) => serde_json::from_slice(v.value()).unwrap_or_default(),
+            None => Workspace::default(),
+        };
+        let (write, out) = f(&mut ws);
+        if write {
+            let json = serde_json::to_vec(&ws).map_err(db_err)?;
+            table.insert(k, json.as_slice()).map_err(db_err)?;
+        }
+        out
+    };
+    tx.commit().map_err(db_err)?;
+    Ok(out)
 }
 
 /// The embedded session store: every session's journal in a redb database,
