@@ -80,6 +80,18 @@ impl AppState {
         principal: &auth::Principal,
         cmd: exec::ExecCommand,
     ) -> Result<(ExecResponse, bool), ApiError> {
+        // A run in a workspace holds it until its outputs are stored (files::workspace).
+        let mut cmd = cmd;
+        let workspace = match cmd.workspace.clone() {
+            Some(name) => {
+                let hold_ms = cmd.timeout_ms + self.config.queue_timeout_ms + WORKSPACE_HOLD_MARGIN_MS;
+                let (lease, inputs) =
+                    files::workspace::take(self.files.clone(), &principal.0, &name, hold_ms, &cmd.files).await?;
+                cmd.files.extend(inputs);
+                Some(lease)
+            }
+            None => None,
+        };
         let inputs =
             files::ops::resolve_inputs(&*self.files, &principal.0, &cmd.files, cmd.limits.workspace_bytes).await?;
         let slot = self.admission.admit(&principal.0).await?;
@@ -137,6 +149,9 @@ impl AppState {
         response.files = files;
         response.files_skipped = skipped;
         response.files_skipped_total = skipped_total;
+        if let Some(lease) = workspace {
+            lease.save(&response.files).await;
+        }
         Ok((response, was_warm))
     }
 
@@ -151,6 +166,10 @@ impl AppState {
         }
     }
 }
+
+/// How long a workspace's lease outlasts the run's own time and its wait for a slot:
+/// collecting and storing the outputs.
+const WORKSPACE_HOLD_MARGIN_MS: u64 = 120_000;
 
 /// Removes a run's outbox directory when dropped.
 struct OutboxGuard(std::path::PathBuf);

@@ -24,3 +24,4 @@ mod s3;
 mod soak;
 mod unprivileged;
 mod warm;
+mod workspaces;

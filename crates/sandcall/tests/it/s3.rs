@@ -111,3 +111,22 @@ fn the_quota_holds_across_nodes() {
     let reply = cb.upload_parts(&[file_part("full.txt", "text/plain", b"x")]);
     assert_error(&reply, 507, "quota_exceeded");
 }
+
+#[test]
+fn a_workspace_moves_between_nodes_and_is_held_by_one_run_across_them() {
+    let prefix = unique_prefix("workspaces");
+    let on = [("SANDCALL_WORKSPACES", "true")];
+    let a = node(&prefix, &on);
+    let b = node(&prefix, &on);
+    let (ca, cb) = (Client::anonymous(&a), Client::anonymous(&b));
+    let r = ca.exec(json!({"language": "bash", "code": "echo from A > notes.txt", "runtime_session_hint": "conv"}));
+    assert_eq!(r["status"], "ok", "{r}");
+    let r = cb.exec(
+        json!({"language": "bash", "code": "cat notes.txt; echo from B >> notes.txt", "runtime_session_hint": "conv"}),
+    );
+    assert_eq!(r["stdout"], "from A\n", "{r}");
+    let r = ca.exec(json!({"language": "bash", "code": "cat notes.txt", "runtime_session_hint": "conv"}));
+    assert_eq!(r["stdout"], "from A\nfrom B\n", "{r}");
+    // A run on A holds the workspace: B's run in it is refused.
+    crate::workspaces::concurrent_use_of_a_workspace_is_409(&ca, &cb);
+}

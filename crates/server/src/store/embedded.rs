@@ -789,6 +789,50 @@ mod tests {
         drop(store);
         std::fs::remove_dir_all(&dir).unwrap();
     }
+    #[tokio::test]
+    async fn a_workspace_is_held_by_one_holder_until_given_back_or_its_lease_ends() {
+        let dir = test_dir("workspace");
+        let store = LocalStore::open(&dir).unwrap();
+        let file = |name: &str| WorkspaceFile {
+            name: name.into(),
+            session_id: "s".into(),
+            id: name.into(),
+        };
+        assert_eq!(
+            store.workspace_take("p", "w", "h1", 100, 200).await.unwrap(),
+            Some(vec![])
+        );
+        // Held: another holder is refused until the lease ends; another principal's or
+        // another name's workspace is another one.
+        assert_eq!(store.workspace_take("p", "w", "h2", 150, 300).await.unwrap(), None);
+        assert!(store.workspace_take("q", "w", "h2", 150, 300).await.unwrap().is_some());
+        assert!(store.workspace_take("p", "v", "h2", 150, 300).await.unwrap().is_some());
+        store
+            .workspace_release("p", "w", "h1", Some(vec![file("a")]))
+            .await
+            .unwrap();
+        assert_eq!(
+            store.workspace_take("p", "w", "h2", 160, 300).await.unwrap(),
+            Some(vec![file("a")])
+        );
+        // A holder whose lease was taken over changes nothing when it gives it back.
+        assert_eq!(
+            store.workspace_take("p", "w", "h3", 301, 400).await.unwrap(),
+            Some(vec![file("a")])
+        );
+        store
+            .workspace_release("p", "w", "h2", Some(vec![file("stale")]))
+            .await
+            .unwrap();
+        store.workspace_release("p", "w", "h3", None).await.unwrap();
+        assert_eq!(
+            store.workspace_take("p", "w", "h4", 302, 400).await.unwrap(),
+            Some(vec![file("a")])
+        );
+        drop(store);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     fn session_start() -> SessionStart {
         SessionStart {
             principal: "p".into(),
