@@ -1,9 +1,9 @@
 //! Where sandcall keeps what must outlive a request: files (`FileStore`) and
 //! programmatic sessions' journals (`SessionStore`). The routes and the session driver
 //! see only these traits; each backend is one file: `embedded` (the data dir, with
-//! redb) is the default and the only one today; `redis` (sessions) and `s3` (files) are
-//! to come, and the traits' operations are shaped so that they map onto them (see each
-//! operation's note).
+//! redb) is the default; `s3` keeps files in a bucket that many nodes share; `redis`
+//! (sessions) is to come, and the traits' operations are shaped so that they map onto
+//! it (see each operation's note).
 //!
 //! Every principal has a quota of stored bytes and files (`Quota`). The file store, not
 //! the routes, enforces it: `insert` checks and records the principal's usage in one
