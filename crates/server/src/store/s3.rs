@@ -39,6 +39,8 @@ use tokio::io::{AsyncRead, AsyncWriteExt};
 
 /// A cached copy used this recently is never evicted.
 const CACHE_GRACE: Duration = Duration::from_secs(300);
+/// The part size of multipart uploads (S3's smallest), and the largest file sent in one put.
+const UPLOAD_PART: usize = 5 << 20;
 /// Conditional puts that lose to another writer are tried again this many times.
 const CAS_ATTEMPTS: u32 = 64;
 
@@ -261,7 +263,10 @@ impl S3Store {
 
     async fn upload(&self, from: &Path, to: &ObjPath) -> Result<(), StoreError> {
         let mut file = tokio::fs::File::open(from).await?;
-        let mut writer = object_store::buffered::BufWriter::new(self.store.clone(), to.clone());
+        // Parts of 5 MiB (S3's smallest), two on their way at once: an upload holds at
+        // most ~15 MiB of the server's memory, whatever the file's size.
+        let mut writer = object_store::buffered::BufWriter::with_capacity(self.store.clone(), to.clone(), UPLOAD_PART)
+            .with_max_concurrency(2);
         let copied = async {
             tokio::io::copy(&mut file, &mut writer).await?;
             writer.shutdown().await
