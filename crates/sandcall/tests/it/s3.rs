@@ -130,3 +130,51 @@ fn a_workspace_moves_between_nodes_and_is_held_by_one_run_across_them() {
     // A run on A holds the workspace: B's run in it is refused.
     crate::workspaces::concurrent_use_of_a_workspace_is_409(&ca, &cb);
 }
+
+#[test]
+fn two_nodes_sweeping_one_bucket_free_each_expired_file_once() {
+    let prefix = unique_prefix("sweep");
+    let env = [
+        ("SANDCALL_MAX_STORED_FILES_PER_PRINCIPAL", "3"),
+        ("SANDCALL_FILE_TTL_S", "4"),
+        ("SANDCALL_FILE_SWEEP_INTERVAL_S", "1"),
+    ];
+    let a = node(&prefix, &env);
+    let b = node(&prefix, &env);
+    let (ca, cb) = (Client::anonymous(&a), Client::anonymous(&b));
+    let mut stored = Vec::new();
+    for (i, c) in [&ca, &cb, &ca].into_iter().enumerate() {
+        stored.push(c.upload(&format!("f{i}.txt"), "text/plain", b"x"));
+    }
+    assert_error(
+        &cb.upload_parts(&[file_part("full.txt", "text/plain", b"x")]),
+        507,
+        "quota_exceeded",
+    );
+    // Both nodes sweep every second; once the files are due, the quota is free again,
+    // by exactly three files: freed once each, not once per node.
+    let start = std::time::Instant::now();
+    loop {
+        let gone = stored.iter().all(|f| {
+            ca.download(&f.session_id, &f.id).status == 404 && cb.download(&f.session_id, &f.id).status == 404
+        });
+        let reply = cb.upload_parts(&[file_part("next.txt", "text/plain", b"x")]);
+        if gone && reply.status == 200 {
+            break;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "the expired files were not swept: {reply}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+    for c in [&ca, &cb] {
+        let reply = c.upload_parts(&[file_part("again.txt", "text/plain", b"x")]);
+        assert_eq!(reply.status, 200, "{reply}");
+    }
+    assert_error(
+        &ca.upload_parts(&[file_part("over.txt", "text/plain", b"x")]),
+        507,
+        "quota_exceeded",
+    );
+}
