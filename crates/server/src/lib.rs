@@ -85,8 +85,15 @@ impl AppState {
         let workspace = match cmd.workspace.clone() {
             Some(name) => {
                 let hold_ms = cmd.timeout_ms + self.config.queue_timeout_ms + WORKSPACE_HOLD_MARGIN_MS;
-                let (lease, inputs) =
-                    files::workspace::take(self.files.clone(), &principal.0, &name, hold_ms, &cmd.files).await?;
+                let (lease, inputs) = files::workspace::take(
+                    self.files.clone(),
+                    &principal.0,
+                    &name,
+                    hold_ms,
+                    self.config.file_ttl_s * 1000,
+                    &cmd.files,
+                )
+                .await?;
                 cmd.files.extend(inputs);
                 Some(lease)
             }

@@ -107,3 +107,29 @@ fn workspaces_are_off_by_default() {
     let reply = c.post_json("/v1/exec", &json!({"code": "ls", "workspace_id": "conv"}));
     assert_error(&reply, 400, "invalid_request");
 }
+
+#[test]
+fn a_workspace_in_use_outlives_file_ttl_and_ends_file_ttl_after_its_last_run() {
+    let s = Server::start_with(
+        &[
+            ("SANDCALL_WORKSPACES", "true"),
+            ("SANDCALL_FILE_TTL_S", "3"),
+            ("SANDCALL_FILE_SWEEP_INTERVAL_S", "1"),
+        ],
+        "",
+    );
+    let c = Client::anonymous(&s);
+    let hint = json!({"workspace_id": "kept"});
+    bash(&c, "echo kept > a.txt", hint.clone());
+    // Read, never changed, for twice the ttl: each run renews it.
+    let start = std::time::Instant::now();
+    while start.elapsed() < Duration::from_secs(6) {
+        let r = bash(&c, "cat a.txt", hint.clone());
+        assert_eq!(r["stdout"], "kept\n", "after {:?}: {r}", start.elapsed());
+        std::thread::sleep(Duration::from_millis(700));
+    }
+    // Unused for longer than the ttl: gone.
+    std::thread::sleep(Duration::from_secs(5));
+    let r = bash(&c, "ls", hint);
+    assert_eq!(r["stdout"], "", "{r}");
+}

@@ -14,7 +14,8 @@
 //! output collection keeps (within `max_output_files`, `max_file_bytes`, the working
 //! directory's size and the principal's quota). A file the run deleted, or one the
 //! collection skipped, is not in it. The files are ordinary stored files, counted in the
-//! quota, and they expire `file_ttl_s` after they were written, like any other.
+//! quota, and each run in the workspace moves their expiry to `file_ttl_s` after it: a
+//! workspace lasts `file_ttl_s` after its last run.
 
 use super::ops::storage_error;
 use super::{now_ms, FileStore};
@@ -31,6 +32,8 @@ pub struct Lease {
     name: String,
     holder: String,
     held: bool,
+    /// `file_ttl_s`, in ms: how long the workspace's files live on after it is saved.
+    ttl_ms: u64,
 }
 
 fn busy() -> ApiError {
@@ -50,6 +53,7 @@ pub async fn take(
     principal: &str,
     name: &str,
     hold_ms: u64,
+    ttl_ms: u64,
     requested: &[FileRef],
 ) -> Result<(Lease, Vec<FileRef>), ApiError> {
     let holder = crate::ids::new_id();
@@ -65,6 +69,7 @@ pub async fn take(
         name: name.to_owned(),
         holder,
         held: true,
+        ttl_ms,
     };
     let clashes = |n: &str| {
         requested
@@ -97,7 +102,20 @@ pub async fn take(
 
 impl Lease {
     /// Saves what the run left (its answer's `files`) as the workspace, and gives it back.
+    /// Its files live `file_ttl_s` from now: those the run did not change too.
     pub async fn save(mut self, files: &[OutputFile]) {
+        let ids: Vec<(String, String)> = files
+            .iter()
+            .map(|f| (f.storage_session_id.clone(), f.id.clone()))
+            .collect();
+        let now = now_ms();
+        if let Err(e) = self
+            .store
+            .renew(&self.principal, &ids, now, now.saturating_add(self.ttl_ms))
+            .await
+        {
+            tracing::warn!(error = %e, "renewing a workspace's files");
+        }
         let files = files
             .iter()
             .map(|f| WorkspaceFile {

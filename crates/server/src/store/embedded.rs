@@ -287,6 +287,39 @@ impl FileStore for LocalStore {
         Ok(n)
     }
 
+    async fn renew(
+        &self,
+        principal: &str,
+        files: &[(String, String)],
+        now_ms: u64,
+        expires_ms: u64,
+    ) -> Result<(), StoreError> {
+        let keys: Vec<String> = files.iter().map(|(s, i)| key(principal, s, i)).collect();
+        self.blocking(move |db| {
+            let tx = db.begin_write().map_err(db_err)?;
+            {
+                let mut table = tx.open_table(FILES).map_err(db_err)?;
+                let mut expiry = tx.open_table(EXPIRY).map_err(db_err)?;
+                for k in &keys {
+                    let meta = table
+                        .get(k.as_str())
+                        .map_err(db_err)?
+                        .and_then(|v| serde_json::from_slice::<FileMeta>(v.value()).ok());
+                    let Some(mut meta) = meta.filter(|m| m.expires_ms > now_ms && m.expires_ms < expires_ms) else {
+                        continue;
+                    };
+                    expiry.remove((meta.expires_ms, k.as_str())).map_err(db_err)?;
+                    meta.expires_ms = expires_ms;
+                    expiry.insert((expires_ms, k.as_str()), ()).map_err(db_err)?;
+                    let record = serde_json::to_vec(&meta).map_err(db_err)?;
+                    table.insert(k.as_str(), record.as_slice()).map_err(db_err)?;
+                }
+            }
+            tx.commit().map_err(db_err)
+        })
+        .await
+    }
+
     async fn workspace_take(
         &self,
         principal: &str,
@@ -789,6 +822,28 @@ mod tests {
         drop(store);
         std::fs::remove_dir_all(&dir).unwrap();
     }
+    #[tokio::test]
+    async fn renew_moves_a_files_time_unless_it_is_due_already() {
+        let dir = test_dir("renew");
+        let store = LocalStore::open(&dir).unwrap();
+        let now = now_ms();
+        put(&store, meta("p", "s", "live", now + 1_000), ROOMY).await.unwrap();
+        put(&store, meta("p", "s", "due", now - 1), ROOMY).await.unwrap();
+        let files = [
+            ("s".to_string(), "live".to_string()),
+            ("s".to_string(), "due".to_string()),
+        ];
+        store.renew("p", &files, now, now + 60_000).await.unwrap();
+        // The renewed file outlives its old time, in the records and the sweep's index.
+        assert_eq!(store.sweep(now + 2_000).await.unwrap(), 1, "only the due one");
+        let live = store.get("p", "s", "live").await.unwrap().unwrap();
+        assert_eq!(live.expires_ms, now + 60_000);
+        assert_eq!(usage(&store, "p").await, (5, 1));
+        assert_eq!(store.sweep(now + 60_001).await.unwrap(), 1);
+        drop(store);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[tokio::test]
     async fn a_workspace_is_held_by_one_holder_until_given_back_or_its_lease_ends() {
         let dir = test_dir("workspace");

@@ -156,6 +156,16 @@ pub trait FileStore: Send + Sync {
     /// Deletes every file whose time is up, and frees its part of its principal's usage;
     /// returns how many.
     async fn sweep(&self, now_ms: u64) -> Result<usize, StoreError>;
+    /// Moves the expiry time of the principal's files `(session_id, id)` to `expires_ms`
+    /// (a workspace's files live on while it is used). A file already due (or gone) is
+    /// left to the sweep, so a renewal never races the sweep for one file.
+    async fn renew(
+        &self,
+        principal: &str,
+        files: &[(String, String)],
+        now_ms: u64,
+        expires_ms: u64,
+    ) -> Result<(), StoreError>;
     /// Takes the principal's workspace `name` for `holder` until `until_ms` and returns
     /// the files its last run left (none for a new one); `None` while another holder's
     /// lease is good at `now_ms`. Checking and taking are one step (a write transaction,

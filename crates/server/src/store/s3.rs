@@ -233,11 +233,33 @@ impl S3Store {
         Err(StoreError::Io(format!("s3: {key}: too many concurrent changes")))
     }
 
-    /// Takes the file out of its principal's ledger; true if it was there.
+    /// Takes the files out of their principal's ledger; returns how many were there.
     async fn unledger(&self, principal: &str, entries: Vec<String>) -> Result<usize, StoreError> {
         self.cas::<Ledger, usize>(&self.ledger_key(principal), |l| {
             let n = entries.iter().filter(|e| l.files.remove(*e).is_some()).count();
             (n > 0, n)
+        })
+        .await
+    }
+
+    /// Takes those of the files that are still due at `now_ms` out of their principal's
+    /// ledger; returns them.
+    async fn unledger_due(
+        &self,
+        principal: &str,
+        entries: Vec<String>,
+        now_ms: u64,
+    ) -> Result<Vec<String>, StoreError> {
+        self.cas::<Ledger, Vec<String>>(&self.ledger_key(principal), |l| {
+            let due: Vec<String> = entries
+                .iter()
+                .filter(|e| l.files.get(*e).is_some_and(|(_, expires)| *expires <= now_ms))
+                .cloned()
+                .collect();
+            for e in &due {
+                l.files.remove(e);
+            }
+            (!due.is_empty(), due)
         })
         .await
     }
@@ -540,15 +562,53 @@ impl FileStore for S3Store {
                 continue;
             }
             // Each node that sweeps at once removes the same objects (deleting twice is
-            // harmless); the ledger's conditional put counts each file once.
+            // harmless); then one conditional put takes the entries that are still due
+            // out of the ledger, so each file is counted once. A renewal moves only
+            // entries not yet due (by its own, later clock), so it does not meet the
+            // sweep on one file, unless nodes' clocks disagree at that very moment: then
+            // the renewed entry outlives its objects until its new time, when it goes.
             for entry in &due {
                 if let Some((session_id, id)) = entry.split_once('/') {
                     self.remove_objects(&principal, session_id, id).await?;
                 }
             }
-            n += self.unledger(&principal, due).await?;
+            n += self.unledger_due(&principal, due, now_ms).await?.len();
         }
         Ok(n)
+    }
+
+    async fn renew(
+        &self,
+        principal: &str,
+        files: &[(String, String)],
+        now_ms: u64,
+        expires_ms: u64,
+    ) -> Result<(), StoreError> {
+        // The ledger first, in one conditional put, then the records of the files it
+        // renewed: an entry already due is the sweep's, and left to it.
+        let renewed: Vec<(String, String)> = self
+            .cas::<Ledger, Vec<(String, String)>>(&self.ledger_key(principal), |l| {
+                let mut renewed = Vec::new();
+                for (session_id, id) in files {
+                    if let Some((_, expires)) = l.files.get_mut(&format!("{session_id}/{id}")) {
+                        if *expires > now_ms && *expires < expires_ms {
+                            *expires = expires_ms;
+                            renewed.push((session_id.clone(), id.clone()));
+                        }
+                    }
+                }
+                (!renewed.is_empty(), renewed)
+            })
+            .await?;
+        for (session_id, id) in renewed {
+            let key = self.meta_key(principal, &session_id, &id);
+            if let Some((mut meta, _)) = self.read_json::<FileMeta>(&key).await? {
+                meta.expires_ms = expires_ms;
+                let record = serde_json::to_vec(&meta).map_err(json_err)?;
+                self.store.put(&key, PutPayload::from(record)).await.map_err(os_err)?;
+            }
+        }
+        Ok(())
     }
 
     async fn workspace_take(
