@@ -173,3 +173,37 @@ fn two_nodes_sweeping_one_bucket_free_each_expired_file_once() {
         "quota_exceeded",
     );
 }
+
+#[test]
+fn a_file_store_that_is_malformed_or_unreachable_stops_the_start() {
+    crate::common::require_root();
+    let (endpoint, bucket) = crate::common::s3_server();
+    let dir = std::env::temp_dir().join(format!("sandcall-s3-refuse-{}", std::process::id()));
+    let run = |store: &str, endpoint: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_sandcall"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(&dir)
+            .env("SANDCALL_INSTALL_RUNTIME", "false")
+            .env("SANDCALL_RUNTIME_DIR", crate::common::runtime_dir())
+            .env("SANDCALL_WARM_POOL_SIZE", "0")
+            .env("SANDCALL_FILE_STORE", store)
+            .env("SANDCALL_S3_ENDPOINT", endpoint)
+            .env("AWS_ACCESS_KEY_ID", "sandcall-test")
+            .env("AWS_SECRET_ACCESS_KEY", "sandcall-test")
+            .env("AWS_DEFAULT_REGION", "us-east-1")
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{store} at {endpoint} started");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = run("ftp://somewhere/x", &endpoint);
+    assert!(
+        err.contains("refusing to start") && err.contains("s3://bucket/prefix"),
+        "{err}"
+    );
+    let err = run(&format!("s3://{bucket}/x"), "http://192.0.2.1:9000");
+    assert!(err.contains("refusing to start") && err.contains("loopback"), "{err}");
+    let err = run("s3://no-such-bucket-sandcall/x", &endpoint);
+    assert!(err.contains("refusing to start") && err.contains("NoSuchBucket"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

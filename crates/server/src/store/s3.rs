@@ -148,11 +148,14 @@ impl S3Store {
 
     /// One request to the bucket, so that a wrong bucket, endpoint or credential stops
     /// the start instead of every upload.
+    /// A listing, not a HEAD: S3 answers a HEAD of a missing bucket like one of a
+    /// missing key, 404, and a listing with `NoSuchBucket`.
     pub async fn check(&self) -> Result<(), StoreError> {
-        match self.store.head(&self.key("ledger/.probe")).await {
-            Ok(_) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(os_err(e)),
-        }
+        self.store
+            .list_with_delimiter(Some(&self.key("ledger")))
+            .await
+            .map(|_| ())
+            .map_err(os_err)
     }
 
     fn key(&self, rest: &str) -> ObjPath {
