@@ -204,6 +204,9 @@ fn a_file_store_that_is_malformed_or_unreachable_stops_the_start() {
     let err = run(&format!("s3://{bucket}/x"), "http://192.0.2.1:9000");
     assert!(err.contains("refusing to start") && err.contains("loopback"), "{err}");
     let err = run("s3://no-such-bucket-sandcall/x", &endpoint);
-    assert!(err.contains("refusing to start") && err.contains("NoSuchBucket"), "{err}");
+    assert!(
+        err.contains("refusing to start") && err.contains("NoSuchBucket"),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

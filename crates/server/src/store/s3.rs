@@ -659,4 +659,48 @@ mod tests {
         assert!(!loopback_http("http://10.0.0.1:9000"));
         assert!(!loopback_http("https://127.0.0.1:9000"));
     }
+
+    #[test]
+    fn the_cache_keeps_to_its_bound_but_spares_recent_copies() {
+        let cache = std::env::temp_dir().join(format!("sandcall-cache-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&cache);
+        let old = SystemTime::now() - Duration::from_secs(3600);
+        let put = |session: &str, id: &str, age: Option<SystemTime>| {
+            std::fs::create_dir_all(cache.join(session)).unwrap();
+            let path = cache.join(session).join(id);
+            std::fs::write(&path, [0u8; 1000]).unwrap();
+            if let Some(t) = age {
+                std::fs::File::options()
+                    .write(true)
+                    .open(&path)
+                    .unwrap()
+                    .set_modified(t)
+                    .unwrap();
+            }
+            path
+        };
+        // Oldest first: a (2 h), b (1 h); c and d were used just now.
+        let a = put("s1", "a", Some(old - Duration::from_secs(3600)));
+        let b = put("s1", "b", Some(old));
+        let c = put("s2", "c", None);
+        let d = put("s2", "d", None);
+        let partial = cache.join(".partial-x");
+        std::fs::write(&partial, b"half").unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&partial)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        evict(&cache, 3000);
+        assert!(
+            !a.exists() && b.exists(),
+            "the oldest goes first, until under the bound"
+        );
+        assert!(!partial.exists(), "a stale partial download goes");
+        evict(&cache, 0);
+        assert!(!b.exists() && !cache.join("s1").exists(), "an emptied folder goes too");
+        assert!(c.exists() && d.exists(), "copies used within CACHE_GRACE stay");
+        std::fs::remove_dir_all(&cache).unwrap();
+    }
 }
