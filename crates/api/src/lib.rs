@@ -78,6 +78,8 @@ pub mod error_type {
     /// 503 (many nodes): the node that holds the session live cannot be reached now, and
     /// its lease has not run out yet; retry.
     pub const SESSION_OWNER_UNAVAILABLE: &str = "session_owner_unavailable";
+    /// 409: the request's workspace is in use by another run.
+    pub const WORKSPACE_BUSY: &str = "workspace_busy";
 }
 
 /// A reference to an uploaded file, to stage into the working directory.
@@ -157,6 +159,17 @@ pub struct ExecRequest {
     #[schema(minimum = 1)]
     pub timeout: Option<u64>,
     pub limits: Option<RequestLimits>,
+    /// LibreChat's stateful-session hint (1 to 256 of `A-Z a-z 0-9 _ . : -`). With the
+    /// server's `workspaces` on, the run starts in the working directory that the
+    /// caller's previous run with the same hint left. With `workspaces` off it is
+    /// ignored, whatever its value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub runtime_session_hint: Option<serde_json::Value>,
+    /// (extension) The same as `runtime_session_hint`, and wins over it: the name of the
+    /// caller's workspace. Refused (`400 invalid_request`) when `workspaces` is off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_id: Option<String>,
 }
 
 /// A language name the server accepts, in any case.

@@ -210,6 +210,20 @@ pub struct Config {
     pub rate_limit_sessions: Option<String>,
     /// The same for the file routes (uploads, downloads, lists, deletes). Default: none.
     pub rate_limit_files: Option<String>,
+    /// Where stored files live: `embedded` (the data dir; the default, also when unset)
+    /// or `s3://bucket/prefix`, an S3-compatible object store that every node of a
+    /// cluster shares (credentials and region from the standard `AWS_*` variables).
+    pub file_store: Option<String>,
+    /// The S3 endpoint's URL, for S3-compatible servers (`http://127.0.0.1:9000`); plain
+    /// http is allowed only for a loopback host. Default: AWS's own endpoint.
+    pub s3_endpoint: Option<String>,
+    /// With an S3 file store: the local cache of stored files (inputs are staged from
+    /// it), in MiB; files older than a few minutes are evicted past it. Default 1024.
+    pub file_cache_mb: u64,
+    /// Workspaces: a `/v1/exec` request with `runtime_session_hint` or `workspace_id`
+    /// starts in the working directory its principal's previous run with the same one
+    /// left. Default false (the hint is then ignored, `workspace_id` refused).
+    pub workspaces: bool,
     /// Longest time a client may take to send a request's headers, in ms; then the
     /// connection is closed. Default 10000.
     pub header_read_timeout_ms: u64,
@@ -536,6 +550,10 @@ impl Default for Config {
             rate_limit_exec: None,
             rate_limit_sessions: None,
             rate_limit_files: None,
+            file_store: None,
+            s3_endpoint: None,
+            file_cache_mb: 1024,
+            workspaces: false,
             header_read_timeout_ms: 10_000,
             body_read_timeout_ms: 120_000,
             keep_alive_timeout_ms: 20_000,
@@ -654,6 +672,7 @@ impl Config {
             ("max_tool_result_bytes", self.max_tool_result_bytes),
             ("max_stored_bytes_per_principal", self.max_stored_bytes_per_principal),
             ("max_stored_files_per_principal", self.max_stored_files_per_principal),
+            ("file_cache_mb", self.file_cache_mb),
             ("header_read_timeout_ms", self.header_read_timeout_ms),
             ("body_read_timeout_ms", self.body_read_timeout_ms),
             ("keep_alive_timeout_ms", self.keep_alive_timeout_ms),

@@ -350,6 +350,7 @@ pub(crate) async fn health(State(state): State<AppState>, principal: Option<Exte
             headers(("sandcall-sandbox" = String, description = "`warm` or `cold`: which kind of sandbox ran it."))),
         (status = 400, description = "`invalid_json`, `invalid_request` or `unsupported_language`.", body = ErrorBody),
         (status = 404, description = "`file_not_found`: an input file does not exist.", body = ErrorBody),
+        (status = 409, description = "`workspace_busy`: another run is using the request's workspace (`workspace_id` or `runtime_session_hint`, with `workspaces` on).", body = ErrorBody),
         (status = 413, description = "`payload_too_large`: the body, `code`, `stdin` or the input files.", body = ErrorBody),
         (status = 503, description = "`at_capacity`: every run slot is busy and the queue is full.", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Seconds to wait."))),

@@ -88,6 +88,25 @@ impl AppState {
         principal: &auth::Principal,
         cmd: exec::ExecCommand,
     ) -> Result<(ExecResponse, bool), ApiError> {
+        // A run in a workspace holds it until its outputs are stored (files::workspace).
+        let mut cmd = cmd;
+        let workspace = match cmd.workspace.clone() {
+            Some(name) => {
+                let hold_ms = cmd.timeout_ms + self.config.queue_timeout_ms + WORKSPACE_HOLD_MARGIN_MS;
+                let (lease, inputs) = files::workspace::take(
+                    self.files.clone(),
+                    &principal.0,
+                    &name,
+                    hold_ms,
+                    self.config.file_ttl_s * 1000,
+                    &cmd.files,
+                )
+                .await?;
+                cmd.files.extend(inputs);
+                Some(lease)
+            }
+            None => None,
+        };
         let inputs =
             files::ops::resolve_inputs(&*self.files, &principal.0, &cmd.files, cmd.limits.workspace_bytes).await?;
         let queued = std::time::Instant::now();
@@ -156,6 +175,9 @@ impl AppState {
         response.files = files;
         response.files_skipped = skipped;
         response.files_skipped_total = skipped_total;
+        if let Some(lease) = workspace {
+            lease.save(&response.files).await;
+        }
         Ok((response, was_warm))
     }
 
@@ -170,6 +192,10 @@ impl AppState {
         }
     }
 }
+
+/// How long a workspace's lease outlasts the run's own time and its wait for a slot:
+/// collecting and storing the outputs.
+const WORKSPACE_HOLD_MARGIN_MS: u64 = 120_000;
 
 /// Removes a run's outbox directory when dropped.
 struct OutboxGuard(std::path::PathBuf);
@@ -243,8 +269,9 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
     let key = programmatic::token::TokenKey::load(config.token_secret.as_deref(), &host.data_dir)
         .map_err(ServeError::Preflight)?;
     let shared_config = Arc::new(config.clone());
-    let store: Arc<dyn files::FileStore> =
-        Arc::new(store::embedded::LocalStore::open(&host.data_dir).map_err(|e| ServeError::Preflight(e.to_string()))?);
+    let store = store::open_file_store(&config, &host.data_dir)
+        .await
+        .map_err(|e| ServeError::Preflight(e.to_string()))?;
     let session_store: Arc<dyn store::SessionStore> = match config.session_store.as_deref() {
         Some(url) if url.starts_with("redis://") => {
             // A session's keys outlive its last write by as long as it can wait or run

@@ -24,6 +24,8 @@ mod programmatic;
 mod rate_limits;
 mod readme;
 mod runtime;
+mod s3;
 mod soak;
 mod unprivileged;
 mod warm;
+mod workspaces;
