@@ -504,3 +504,33 @@ fn a_node_stopped_with_sigterm_gives_its_sessions_up_at_once() {
         started.elapsed()
     );
 }
+
+#[test]
+fn a_node_whose_session_was_taken_over_elsewhere_lets_it_go() {
+    let redis = redis_url();
+    let a = node(&redis, &[]);
+    let b = node(&redis, &[]);
+    let paused = start(&a, 4);
+    // As after a Redis outage longer than a lease: B holds the session's lease now.
+    let id = paused["session_id"].as_str().unwrap();
+    let set = Command::new("redis-cli")
+        .args([
+            "-u",
+            &redis,
+            "SET",
+            &format!("sandcall:s:{{{id}}}:owner"),
+            &b.base,
+            "PX",
+            "60000",
+        ])
+        .output()
+        .expect("redis-cli (installed with redis-server)");
+    assert!(set.status.success(), "{set:?}");
+    // A's next renewal finds it and drops its copy: the resume sent to A goes to B, which
+    // brings the session back from the journal.
+    std::thread::sleep(Duration::from_millis(2 * LEASE_MS.parse::<u64>().unwrap() / 3));
+    let answer = resume(&a, &paused, json!("b"));
+    completed(&answer, 4, "b");
+    assert_eq!(answer.node, b.base, "B, which holds the lease, answered");
+    assert_eq!(answer.resume, "replay");
+}

@@ -116,6 +116,9 @@ enum DriverCommand {
     /// back to if the store cannot take them.
     Results(Vec<(u64, ToolReply)>, Slot, [u8; 32], Box<Undo>),
     Cancel,
+    /// Many nodes: another node took the session over (this node's lease ran out, as
+    /// in a Redis outage longer than a lease): this copy ends, and leaves the journal.
+    Abandon,
 }
 
 /// A pause as it was before a resume moved it on: what the session goes back to when
@@ -954,7 +957,14 @@ impl Sessions {
                 match inner.store.claim(&id, &node, now, now + inner.lease_ms).await {
                     Ok(true) => {}
                     Ok(false) => {
-                        tracing::warn!(session = %id, "another node holds the lease of a session this node runs")
+                        // Another node took it over: its requests go there from now, and
+                        // this copy ends without touching the journal.
+                        tracing::warn!(session = %id, "another node took over a session this node held; its copy here ends");
+                        let session = self.map().get(&id).cloned();
+                        if let Some(session) = session {
+                            self.remove(&session);
+                            session.send(DriverCommand::Abandon);
+                        }
                     }
                     Err(e) => tracing::warn!(session = %id, error = %e, "could not renew a session's lease"),
                 }
@@ -2197,6 +2207,13 @@ impl Driver {
                             self.session.audit().answered(&id, key, &reply);
                             let _ = helper.send(&Command::Reply { key, reply }).await;
                         }
+                    }
+                    Some(DriverCommand::Abandon) => {
+                        if ending == Ending::Normal {
+                            ending = Ending::Unjournalled;
+                        }
+                        self.session.unpause();
+                        helper.abort();
                     }
                     Some(DriverCommand::Cancel) => {
                         if ending == Ending::Normal {
