@@ -15,11 +15,11 @@ use std::time::{Duration, Instant};
 
 const ROUTE: &str = "/v1/exec/programmatic";
 /// Every node of a cluster signs tokens with the same key.
-const SECRET: &str = "5ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7";
+pub(crate) const SECRET: &str = "5ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7";
 /// Short leases, so that a dead node's sessions are taken over within the test.
 const LEASE_MS: &str = "1500";
 
-fn redis_url() -> String {
+pub(crate) fn redis_url() -> String {
     std::env::var("SANDCALL_TEST_REDIS_URL").expect(
         "SANDCALL_TEST_REDIS_URL is not set: the cluster tests need a real Redis (`.ci/run` starts one; locally: \
          redis-server --port 6390 --daemonize yes, then SANDCALL_TEST_REDIS_URL=redis://127.0.0.1:6390/0)",
@@ -36,6 +36,11 @@ fn free_port() -> u16 {
 
 /// A node of the cluster on Redis `redis`, with extra environment.
 fn node(redis: &str, extra: &[(&str, &str)]) -> Server {
+    node_with_config(redis, extra, "")
+}
+
+/// The same, with a configuration file's text; `extra` may override the defaults.
+pub(crate) fn node_with_config(redis: &str, extra: &[(&str, &str)], config: &str) -> Server {
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
     let node_url = format!("http://{listen}");
@@ -47,7 +52,7 @@ fn node(redis: &str, extra: &[(&str, &str)]) -> Server {
         ("SANDCALL_WARM_POOL_SIZE", "0"),
     ];
     env.extend_from_slice(extra);
-    Server::launch_at(Server::new_dir(), &env, "", None, &listen)
+    Server::launch_at(Server::new_dir(), &env, config, None, &listen)
 }
 
 fn get_tool() -> Value {
