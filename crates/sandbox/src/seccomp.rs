@@ -40,6 +40,23 @@ impl Policy {
         Ok(Policy { filters })
     }
 
+    /// The filters as a forked run's program installs them (`runtime/zygote.py`): for
+    /// each, in order, its instruction count as a native-endian u32, then its
+    /// instructions (`code` u16, `jt` u8, `jf` u8, `k` u32, native-endian).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        for f in &self.filters {
+            out.extend_from_slice(&(f.len() as u32).to_ne_bytes());
+            for i in f {
+                out.extend_from_slice(&i.code.to_ne_bytes());
+                out.push(i.jt);
+                out.push(i.jf);
+                out.extend_from_slice(&i.k.to_ne_bytes());
+            }
+        }
+        out
+    }
+
     /// Installs every filter on the calling thread. no_new_privs must already be set.
     pub fn apply(&self) -> Result<(), SeccompError> {
         for f in &self.filters {

@@ -104,7 +104,21 @@ pub fn prepare(config: &Config) -> Result<Host, String> {
 /// own mount namespace), so removing them is a plain rmdir.
 fn sweep_runs_dir(runs_dir: &Path) -> usize {
     let Ok(entries) = fs::read_dir(runs_dir) else { return 0 };
-    entries.flatten().filter(|e| fs::remove_dir(e.path()).is_ok()).count()
+    entries
+        .flatten()
+        .filter(|e| {
+            // The listening sockets of Python templates (`pool::Keeper`) are files.
+            let socket = e
+                .file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with("zygote-") && n.ends_with(".sock"));
+            if socket {
+                fs::remove_file(e.path()).is_ok()
+            } else {
+                fs::remove_dir(e.path()).is_ok()
+            }
+        })
+        .count()
 }
 
 #[cfg(test)]

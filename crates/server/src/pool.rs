@@ -95,7 +95,30 @@ impl Pool {
                 sets.push((true, config.warm_preload_pool_size, env));
             }
             for (preloaded, size, env) in sets {
+                // Python's sets fork from a template of their own when `zygote` is on.
+                let zygote = (config.zygote && language == Language::Python).then(|| {
+                    let zygote = Arc::new(Zygote::default());
+                    let (argv, mut env) = runtime::template_launch(interpreter);
+                    env.extend(runtime::languages::config_env(language, &config));
+                    if preloaded {
+                        env.push(("SANDCALL_PRELOAD".into(), config.warm_preload.join(",")));
+                    }
+                    let keeper = Keeper {
+                        zygote: zygote.clone(),
+                        pool: pool.clone(),
+                        runner: runner.clone(),
+                        launch: Launch {
+                            argv,
+                            env,
+                            wait_ready: true,
+                        },
+                        limits: limits.clone(),
+                    };
+                    tokio::spawn(keeper.run(shutdown.clone()));
+                    zygote
+                });
                 let fill = Refill {
+                    zygote,
                     pool: pool.clone(),
                     runner: runner.clone(),
                     set: Set { language, preloaded },
@@ -161,7 +184,86 @@ fn imports_any(code: &str, packages: &[String]) -> bool {
     })
 }
 
+/// A set's template ("zygote"), while it is ready to fork.
+#[derive(Default)]
+struct Zygote {
+    /// Its socket and hash seed, while it is ready; None while it is being (re)built.
+    ready: Mutex<Option<(std::path::PathBuf, u32)>>,
+}
+
+impl Zygote {
+    fn get(&self) -> Option<(std::path::PathBuf, u32)> {
+        self.ready.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn set(&self, ready: Option<(std::path::PathBuf, u32)>) {
+        *self.ready.lock().unwrap_or_else(|p| p.into_inner()) = ready;
+    }
+}
+
+/// Keeps a set's template running: builds it, and builds a new one whenever it exits.
+/// Runs already forked from a template that exits live on (its helper waits for them).
+struct Keeper {
+    zygote: Arc<Zygote>,
+    pool: Pool,
+    runner: Runner,
+    launch: Launch,
+    limits: Limits,
+}
+
+impl Keeper {
+    async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        while !*shutdown.borrow() {
+            let id = ids::new_id();
+            let socket = self.runner.settings().runs_dir.join(format!("zygote-{id}.sock"));
+            // One hash seed per template, shared by the runs it forks (the threat
+            // model says why that is safe), and journaled by programmatic sessions.
+            let seed = rand::random::<u32>();
+            let mut launch = self.launch.clone();
+            launch.env.push(("PYTHONHASHSEED".into(), seed.to_string()));
+            let started = self
+                .runner
+                .prepare_template(id, self.limits.clone(), launch, socket.clone())
+                .await;
+            let mut helper = match started {
+                Ok(helper) => helper,
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not start a Python template");
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        _ = shutdown.changed() => {}
+                    }
+                    continue;
+                }
+            };
+            self.zygote.set(Some((socket, seed)));
+            self.pool.inner.wake.notify_waiters();
+            tokio::select! {
+                event = helper.next_event() => {
+                    // The template exited: its helper stays until the runs it forked
+                    // have ended, and is reaped in the background.
+                    self.zygote.set(None);
+                    tracing::warn!(?event, "the Python template exited; building a new one");
+                    tokio::spawn(helper.linger());
+                }
+                _ = shutdown.changed() => {
+                    self.zygote.set(None);
+                    helper.abort();
+                    helper.wait().await;
+                }
+            }
+        }
+        self.zygote.set(None);
+    }
+}
+
+/// How long a set with a template waits for it at start before it builds sandboxes
+/// the usual way.
+const TEMPLATE_START_WAIT: Duration = Duration::from_secs(10);
+
 struct Refill {
+    /// The set's template, when it forks its sandboxes.
+    zygote: Option<Arc<Zygote>>,
     pool: Pool,
     runner: Runner,
     set: Set,
@@ -173,6 +275,14 @@ struct Refill {
 
 impl Refill {
     async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        // At start, the set waits a little for its template (about an interpreter's
+        // start), rather than filling itself with sandboxes built the usual way.
+        if let Some(zygote) = &self.zygote {
+            let until = tokio::time::Instant::now() + TEMPLATE_START_WAIT;
+            while zygote.get().is_none() && tokio::time::Instant::now() < until && !*shutdown.borrow() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
         loop {
             if *shutdown.borrow() {
                 break;
@@ -187,6 +297,23 @@ impl Refill {
                     _ = tokio::time::sleep(Duration::from_millis(200)) => {}
                 }
                 continue;
+            }
+            // A sandbox forked from the set's template, while it is ready; else one
+            // built the usual way (also when the fork fails: the template may have
+            // just exited).
+            if let Some((socket, seed)) = self.zygote.as_ref().and_then(|z| z.get()) {
+                let forked = self
+                    .runner
+                    .prepare_forked(ids::new_id(), self.limits.clone(), self.tools.clone(), socket)
+                    .await;
+                match forked {
+                    Ok(mut helper) => {
+                        helper.set_hash_seed(seed);
+                        self.pool.ready().entry(self.set).or_default().push(helper);
+                        continue;
+                    }
+                    Err(e) => tracing::warn!(set = ?self.set, error = %e, "could not fork a warm sandbox"),
+                }
             }
             // Each warm Python program gets a hash seed of its own, as random as
             // Python's own, but known: a programmatic session's replay uses it again.

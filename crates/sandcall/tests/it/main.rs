@@ -23,3 +23,4 @@ mod runtime;
 mod soak;
 mod unprivileged;
 mod warm;
+mod zygote;
