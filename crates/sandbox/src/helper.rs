@@ -385,8 +385,8 @@ struct Forked {
     pidfd: OwnedFd,
     /// `/proc/<init>/root`: the run's root, while its init lives.
     root: PathBuf,
-    /// The run's `/mnt/data`.
-    work: OwnedFd,
+    /// The run's `/mnt/data`, once init has mounted it.
+    work: Option<OwnedFd>,
 }
 
 /// The longest a warm sandbox's program may take to say it is ready (`Launch::wait_ready`).
@@ -441,7 +441,8 @@ impl Sandbox {
         match &self.forked {
             // The trailing `.` makes the descriptor's magic link an inner component, so
             // an O_NOFOLLOW open of this path (collection's) still follows it.
-            Some(f) => PathBuf::from(format!("/proc/self/fd/{}/.", f.work.as_raw_fd())),
+            Some(Forked { work: Some(work), .. }) => PathBuf::from(format!("/proc/self/fd/{}/.", work.as_raw_fd())),
+            Some(f) => f.root.join("mnt/data"),
             None => self.staging.join("work"),
         }
     }
@@ -732,6 +733,11 @@ impl Sandbox {
         let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as RawFd) };
         self.init = Some(Pid::from_raw(pid));
         let root = PathBuf::from(format!("/proc/{pid}/root"));
+        self.forked = Some(Forked {
+            pidfd,
+            root: root.clone(),
+            work: None,
+        });
 
         // 5. Into the run's cgroup while init waits, before it forks the program.
         if let Some(cg) = &self.cgroup {
@@ -760,7 +766,9 @@ impl Sandbox {
         .map_err(errstr("open the run's working directory"))?;
         // SAFETY: open returned a fresh descriptor.
         let work = unsafe { OwnedFd::from_raw_fd(work) };
-        self.forked = Some(Forked { pidfd, root, work });
+        if let Some(f) = self.forked.as_mut() {
+            f.work = Some(work);
+        }
         if let Some(channel) = &prepare.tools {
             let path = self.code_dir().join("tools.sock");
             let hub = self

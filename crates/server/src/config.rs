@@ -123,6 +123,7 @@ pub struct Config {
     /// that has started the interpreter and imported the preloads (a "zygote",
     /// ARCHITECTURE.md "Forked runs"), instead of starting an interpreter in each;
     /// while a template is being (re)built, warm sandboxes are built the usual way.
+    /// Needs the server to run as root (without it, a warning, and no template).
     /// Default false.
     pub zygote: bool,
     /// Where managed runtimes are installed (`sandcall runtime install`), one directory

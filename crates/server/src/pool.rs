@@ -96,7 +96,15 @@ impl Pool {
             }
             for (preloaded, size, env) in sets {
                 // Python's sets fork from a template of their own when `zygote` is on.
-                let zygote = (config.zygote && language == Language::Python).then(|| {
+                // Without root, a run's helper could not reach its non-dumpable init
+                // through /proc, so the sets are built the usual way.
+                let zygote_on = config.zygote && language == Language::Python;
+                if zygote_on && !nix::unistd::geteuid().is_root() {
+                    tracing::warn!(
+                        "zygote needs the server to run as root; warm Python sandboxes are built the usual way"
+                    );
+                }
+                let zygote = (zygote_on && nix::unistd::geteuid().is_root()).then(|| {
                     let zygote = Arc::new(Zygote::default());
                     let (argv, mut env) = runtime::template_launch(interpreter);
                     env.extend(runtime::languages::config_env(language, &config));

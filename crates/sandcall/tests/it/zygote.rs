@@ -77,6 +77,9 @@ fn forked_runs_answer_as_cold_runs_do() {
         json!({"code": "import socket\ntry:\n    socket.create_connection(('1.1.1.1', 80), timeout=1)\nexcept OSError as e:\n    print('refused', e.errno)"}),
         json!({"code": "import resource\nprint([resource.getrlimit(r) for r in (resource.RLIMIT_NOFILE, resource.RLIMIT_NPROC, resource.RLIMIT_FSIZE, resource.RLIMIT_CORE)])"}),
         json!({"code": "print(open('/proc/self/status').read().split('CapEff:')[1].split()[0], open('/proc/self/status').read().split('NoNewPrivs:')[1].split()[0], open('/proc/self/status').read().split('Seccomp:')[1].split()[0])"}),
+        // Init (pid 1) holds the capabilities of the run's namespaces: the program must
+        // not read or write its memory, read its environment or descriptors, or kill it.
+        json!({"code": "import os\nfor p in ('/proc/1/mem', '/proc/1/environ', '/proc/1/fd/0'):\n    try:\n        open(p, 'rb').read(1)\n        print(p, 'read')\n    except OSError as e:\n        print(p, type(e).__name__)\nos.kill(1, 9)\nprint('alive')"}),
         json!({"code": hostile("memory_bomb.py"), "limits": {"memory_limit_mb": 64}}),
         json!({"code": "while True: pass", "timeout": 300}),
     ];
@@ -258,7 +261,17 @@ fn many_forked_runs_leave_nothing_behind() {
             mount_count(),
         )
     };
-    let before = settle(steady, steady());
+    // The pool full, of forked sandboxes, and nothing else under way.
+    s.wait_warm(3);
+    let mut before = steady();
+    loop {
+        std::thread::sleep(Duration::from_millis(500));
+        let now = steady();
+        if now == before && now.0 == 3 {
+            break;
+        }
+        before = now;
+    }
     let fds_before = fd_count(pid);
     let bodies = [
         json!({"code": "print(1)"}),
@@ -300,4 +313,31 @@ fn many_forked_runs_leave_nothing_behind() {
     );
     let fds = settle(|| fd_count(pid), fds_before);
     assert_eq!(fds, fds_before, "the server's descriptors");
+}
+
+/// A programmatic session pauses and resumes in a forked run as in any warm sandbox: its
+/// calls reach the caller, its results come back, its random numbers follow its seed.
+#[test]
+fn a_programmatic_session_pauses_and_resumes_in_a_forked_run() {
+    let s = forked_server(2, None);
+    run_forked(&s, json!({"code": "pass"}));
+    s.wait_warm(2);
+    let tool = json!({"name": "add", "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}});
+    let code = "import random\nx = await add(x=1)\ny = await add(x=x)\nprint(x, y, open('/proc/self/uid_map').read().split()[1] == '1000', random.random() < 1)";
+    let (status, mut r) = s.post("/v1/exec/programmatic", &json!({"code": code, "tools": [tool]}));
+    assert_eq!(status, 200, "{r}");
+    let mut calls = 0;
+    while r["status"] == "tool_call_required" {
+        let call = &r["tool_calls"][0];
+        let x = call["arguments"]["x"].as_i64().unwrap();
+        let body = json!({"session_id": r["session_id"], "continuation_token": r["continuation_token"],
+                          "tool_results": [{"call_id": call["id"], "result": x + 10}]});
+        let (status, next) = s.post("/v1/exec/programmatic", &body);
+        assert_eq!(status, 200, "{next}");
+        r = next;
+        calls += 1;
+    }
+    assert_eq!(calls, 2, "{r}");
+    assert_eq!(r["status"], "completed", "{r}");
+    assert_eq!(r["stdout"], "11 21 True True\n", "{r}");
 }

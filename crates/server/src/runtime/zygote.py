@@ -39,7 +39,7 @@ _CLONE_NEWNET = 0x40000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
 _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
 _MNT_DETACH = 2
-_PR_CAPBSET_DROP, _PR_SET_SECCOMP = 24, 22
+_PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _PR_SET_SECCOMP = 4, 24, 22
 _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 38, 47, 4
 _SECCOMP_MODE_FILTER = 2
 _SANDBOX_ID = 1000
@@ -123,6 +123,10 @@ def _run_init(request, fds, runner, filters):
     report, stdin_r, stdout_w, stderr_w, go = fds
     limits = request["limits"]
     try:
+        # The program runs as the same uid: keep it from ptracing us or reading our
+        # memory and descriptors through /proc/1 (we still hold the capabilities of
+        # the run's user namespace, and no seccomp filter).
+        _check(_LIBC.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0), "set_dumpable")
         # No parent-death signal: the parent, C, exits at once. The run ends when its
         # helper closes the report socket (below) or when the template's init dies.
         # Nothing of this namespace's mounts propagates anywhere.
