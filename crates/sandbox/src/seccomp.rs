@@ -138,6 +138,24 @@ mod tests {
         }
     }
 
+    /// What a forked run's program installs (runtime/zygote.py reads this layout): each
+    /// filter's count, then its instructions, 8 bytes each, in order.
+    #[test]
+    fn the_filters_serialize_as_counts_and_instructions() {
+        let policy = Policy::compile().expect("policy compiles");
+        let bytes = policy.to_bytes();
+        let mut at = 0;
+        for f in &policy.filters {
+            let count = u32::from_ne_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+            assert_eq!(count, f.len());
+            let first = &bytes[at + 4..at + 12];
+            assert_eq!(u16::from_ne_bytes([first[0], first[1]]), f[0].code);
+            assert_eq!(u32::from_ne_bytes(first[4..8].try_into().unwrap()), f[0].k);
+            at += 4 + 8 * count;
+        }
+        assert_eq!(at, bytes.len());
+    }
+
     /// A loaded filter cannot be removed, so it is tested in a forked child.
     #[test]
     fn filter_refuses_in_a_child() {

@@ -83,11 +83,12 @@ impl AppState {
         let inputs =
             files::ops::resolve_inputs(&*self.files, &principal.0, &cmd.files, cmd.limits.workspace_bytes).await?;
         let slot = self.admission.admit(&principal.0).await?;
-        // A warm sandbox serves requests that keep the default limits.
+        // A warm sandbox serves requests that keep the default limits (with `zygote`, one
+        // forked now when the pool is empty).
         let warm = if cmd.custom_limits {
             None
         } else {
-            self.pool.take(cmd.language, &cmd.code)
+            self.pool.take_or_fork(cmd.language, &cmd.code).await
         };
         let session_id = warm.as_ref().map_or_else(ids::new_id, |h| h.run_id().to_owned());
         let launch = exec::launch_for(&cmd, &self.config);

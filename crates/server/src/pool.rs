@@ -33,6 +33,17 @@ struct Inner {
     /// The top-level packages of `warm_preload` when a preloaded set is kept: a run
     /// whose code imports one of them is given a preloaded sandbox.
     preloaded_packages: Vec<String>,
+    /// The sets forked from a template (`zygote`), and what a fork of each needs.
+    forks: Mutex<HashMap<Set, ForkFrom>>,
+}
+
+/// What it takes to fork one more sandbox of a set on demand (`Pool::take_or_fork`).
+#[derive(Clone)]
+struct ForkFrom {
+    zygote: Arc<Zygote>,
+    runner: Runner,
+    limits: Limits,
+    tools: ToolChannel,
 }
 
 impl Pool {
@@ -63,6 +74,7 @@ impl Pool {
                 ready: Mutex::new(HashMap::new()),
                 wake: Notify::new(),
                 preloaded_packages,
+                forks: Mutex::new(HashMap::new()),
             }),
         };
         if config.warm_pool_size == 0 {
@@ -123,6 +135,17 @@ impl Pool {
                         limits: limits.clone(),
                     };
                     tokio::spawn(keeper.run(shutdown.clone()));
+                    let fork = ForkFrom {
+                        zygote: zygote.clone(),
+                        runner: runner.clone(),
+                        limits: limits.clone(),
+                        tools: tools.clone(),
+                    };
+                    pool.inner
+                        .forks
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(Set { language, preloaded }, fork);
                     zygote
                 });
                 let fill = Refill {
@@ -157,12 +180,50 @@ impl Pool {
     /// up the preloaded sandboxes, which are slow to rebuild. Either way the run's
     /// results are the same: only its import time differs.
     pub fn take(&self, language: Language, code: &str) -> Option<Helper> {
+        let helper = self.ready().get_mut(&self.set_for(language, code)).and_then(Vec::pop);
+        self.inner.wake.notify_waiters();
+        helper
+    }
+
+    /// Like `take`, and when the set is empty but forks from a ready template, a
+    /// sandbox forked for this run now (a fork, a cgroup and a few mounts; no
+    /// interpreter to start). None when neither is to be had: the run takes the cold
+    /// path.
+    pub async fn take_or_fork(&self, language: Language, code: &str) -> Option<Helper> {
+        if let Some(helper) = self.take(language, code) {
+            return Some(helper);
+        }
+        let set = self.set_for(language, code);
+        let fork = self
+            .inner
+            .forks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&set)
+            .cloned()?;
+        let (socket, seed) = fork.zygote.get()?;
+        match fork
+            .runner
+            .prepare_forked(ids::new_id(), fork.limits, fork.tools, socket)
+            .await
+        {
+            Ok(mut helper) => {
+                helper.set_hash_seed(seed);
+                Some(helper)
+            }
+            Err(e) => {
+                tracing::warn!(?set, error = %e, "could not fork a sandbox on demand");
+                None
+            }
+        }
+    }
+
+    /// The set a run of `code` in `language` takes its sandbox from.
+    fn set_for(&self, language: Language, code: &str) -> Set {
         let preloaded = language == Language::Python
             && !self.inner.preloaded_packages.is_empty()
             && imports_any(code, &self.inner.preloaded_packages);
-        let helper = self.ready().get_mut(&Set { language, preloaded }).and_then(Vec::pop);
-        self.inner.wake.notify_waiters();
-        helper
+        Set { language, preloaded }
     }
 
     /// Warm sandboxes ready now, all sets together.

@@ -303,9 +303,9 @@ fn many_forked_runs_leave_nothing_behind() {
     });
     let forked = forked.into_inner();
     eprintln!("{runs} runs ({forked} forked) in {:?}", started.elapsed());
-    // Four clients against a pool of three: the rest find the pool empty and take the
-    // cold path, which is what a burst does.
-    assert!(forked * 4 > runs, "only {forked} of {runs} runs were forked");
+    // Four clients against a pool of three: a run that finds the pool empty gets a
+    // sandbox forked for it there and then.
+    assert!(forked * 10 >= runs * 9, "only {forked} of {runs} runs were forked");
     assert_eq!(
         settle(steady, before),
         before,
