@@ -430,6 +430,27 @@ Measured with strace and timers in the helper and the runner, 2 cores, cgroup v1
 """
 
 
+# With --zygote: what the forked path changes in the costs above (ARCHITECTURE.md, "Forked
+# runs"). Design facts, not measurements; the figures are the tables above.
+ZYGOTE_NOTES = """
+## What the forked path (`zygote`) changes
+
+These figures were taken with `zygote = true`: every warm Python sandbox is forked from a
+template that has started the interpreter (and imported the preloads), and a run that finds
+the pool empty gets one forked for it instead of the cold path.
+
+- **Removed from each Python sandbox:** the interpreter's start (about 15 ms of CPU, a
+  second with the data stack) and the helper's staging mounts; its memory is the
+  template's, copy-on-write, until the run writes.
+- **Still paid per sandbox:** starting its helper (an exec of the sandcall binary), the
+  run's cgroup (on cgroup v1, the first process to join a memory cgroup waits for an RCU
+  grace period, about 10 ms), three forks of the template (C, the run's init, the
+  program), the run's namespaces and its tmpfs mounts, and the host side's JSON round
+  trips.
+- **Not changed:** Bash and JavaScript sandboxes are built as before.
+"""
+
+
 # The runtimes' section of docs/benchmarks.md starts at this line; bench_runtimes.py writes
 # it, and a full run keeps it.
 RUNTIMES_MARK = "<!-- bench.py --runtimes writes from here on -->"
@@ -498,7 +519,7 @@ def write_markdown(r, path):
         f.write("\n## Goals\n\n| goal | measured | target | met |\n|---|---|---|---|\n")
         for name, got, target, met in goals:
             f.write(f"| {name} | {got} | {target} | {'yes' if met else 'no'} |\n")
-        f.write(MISSED)
+        f.write(ZYGOTE_NOTES if r.get("zygote") else MISSED)
         f.write(kept)
 
 
