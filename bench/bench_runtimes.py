@@ -330,7 +330,8 @@ def write_section(r, path, mark):
 
     goals = [
         ("data snippet, sandcall with the preload / fresh process", q["preload_over_fresh"], 0.1),
-        ("data snippet, sandcall with the preload / warm Jupyter kernel", q["preload_over_kernel"], 1.5),
+        # Issue 14's goal (1.0 x; the runtimes issue asked for 1.5 x).
+        ("data snippet, sandcall with the preload / warm Jupyter kernel", q["preload_over_kernel"], 1.0),
         ("JavaScript `console.log(1)`, sandcall / fresh `node -e`", q["js_over_node"], 0.3),
     ]
     la, lb = r["load_average_before"], r["load_average_after"]

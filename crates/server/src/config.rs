@@ -134,6 +134,13 @@ pub struct Config {
     /// ones; each holds about 90 MiB and takes about a second of CPU to build. 0 turns
     /// them off. Default 2.
     pub warm_preload_pool_size: usize,
+    /// Fork the warm Python sandboxes (plain and preloaded) from a template per set
+    /// that has started the interpreter and imported the preloads (a "zygote",
+    /// ARCHITECTURE.md "Forked runs"), instead of starting an interpreter in each;
+    /// while a template is being (re)built, warm sandboxes are built the usual way.
+    /// Needs the server to run as root (without it, a warning, and no template).
+    /// Default false.
+    pub zygote: bool,
     /// Where managed runtimes are installed (`sandcall runtime install`), one directory
     /// per lock (`python-<hash>`), bound read-only into every sandbox; may be shared by
     /// several data dirs. Default `<data_dir>/runtimes`.
@@ -527,6 +534,7 @@ impl Default for Config {
             languages: Vec::new(),
             warm_preload: ["numpy", "pandas", "matplotlib.pyplot"].map(String::from).to_vec(),
             warm_preload_pool_size: 2,
+            zygote: false,
             runtime_dir: None,
             install_runtime: true,
             sandbox_uid: None,

@@ -112,11 +112,12 @@ impl AppState {
         let queued = std::time::Instant::now();
         let slot = self.admission.admit(&principal.0).await?;
         telemetry::elapsed(telemetry::QUEUE_SECONDS, queued);
-        // A warm sandbox serves requests that keep the default limits.
+        // A warm sandbox serves requests that keep the default limits (with `zygote`, one
+        // forked now when the pool is empty).
         let warm = if cmd.custom_limits {
             None
         } else {
-            self.pool.take(cmd.language, &cmd.code)
+            self.pool.take_or_fork(cmd.language, &cmd.code).await
         };
         let session_id = warm.as_ref().map_or_else(ids::new_id, |h| h.run_id().to_owned());
         tracing::Span::current().record("session_id", session_id.as_str());

@@ -29,3 +29,4 @@ mod soak;
 mod unprivileged;
 mod warm;
 mod workspaces;
+mod zygote;
