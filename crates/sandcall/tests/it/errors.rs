@@ -7,16 +7,21 @@ fn assert_error(v: &Value, error_type: &str) {
     assert_eq!(v["error_type"], error_type, "{v}");
     assert!(v["error"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
     // `code` appears only where a coarser code applies (an unsupported language).
-    let expected = if error_type == "unsupported_language" {
+    let mut expected = if error_type == "unsupported_language" {
         assert_eq!(v["code"], "unsupported_capability", "{v}");
         3
     } else {
         2
     };
+    // A refusal that may pass later says when to retry, in the body as in Retry-After.
+    if ["at_capacity", "principal_at_capacity", "rate_limited"].contains(&error_type) {
+        assert!(v["retry_after_seconds"].as_u64().is_some_and(|s| s >= 1), "{v}");
+        expected += 1;
+    }
     assert_eq!(
         v.as_object().map(|o| o.len()),
         Some(expected),
-        "only error, error_type (and code): {v}"
+        "only error, error_type (and code, retry_after_seconds): {v}"
     );
 }
 

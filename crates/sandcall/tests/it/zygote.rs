@@ -311,8 +311,9 @@ fn many_forked_runs_leave_nothing_behind() {
         before,
         "(idle, processes, cgroups, runs dir, mounts)"
     );
-    let fds = settle(|| fd_count(pid), fds_before);
-    assert_eq!(fds, fds_before, "the server's descriptors");
+    // No more than before (one the server held then, a connection say, may be closed).
+    let fds = settle(|| fd_count(pid) <= fds_before, true);
+    assert!(fds, "the server's descriptors: {} now, {fds_before} before", fd_count(pid));
 }
 
 /// A programmatic session pauses and resumes in a forked run as in any warm sandbox: its

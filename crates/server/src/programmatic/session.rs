@@ -489,7 +489,7 @@ impl Sessions {
         let warm = if cmd.custom_limits {
             None
         } else {
-            inner.pool.take(cmd.language, &spec.code)
+            inner.pool.take_or_fork(cmd.language, &spec.code).await
         };
         if let Some(helper) = &warm {
             spec.run_id = helper.run_id().to_owned();
