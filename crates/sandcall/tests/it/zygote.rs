@@ -313,7 +313,11 @@ fn many_forked_runs_leave_nothing_behind() {
     );
     // No more than before (one the server held then, a connection say, may be closed).
     let fds = settle(|| fd_count(pid) <= fds_before, true);
-    assert!(fds, "the server's descriptors: {} now, {fds_before} before", fd_count(pid));
+    assert!(
+        fds,
+        "the server's descriptors: {} now, {fds_before} before",
+        fd_count(pid)
+    );
 }
 
 /// A programmatic session pauses and resumes in a forked run as in any warm sandbox: its
