@@ -247,6 +247,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/exec/programmatic/cancel", post(cancel_route))
         .route("/v1/exec/programmatic/{session_id}", get(session_route))
         .route("/v1/exec/programmatic/{session_id}/calls", get(calls_route))
+        // MCP over streamable HTTP (docs/mcp.md), behind `authenticate` like every route.
+        .route_service("/mcp", crate::mcp::http_service(state.clone()))
         .route(
             "/v1/upload",
             post(files::routes::upload).layer(axum::extract::DefaultBodyLimit::max(files::routes::upload_limit(
