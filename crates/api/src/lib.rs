@@ -227,6 +227,11 @@ pub struct ToolDecl {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub parameters: Option<Box<serde_json::value::RawValue>>,
+    /// (extension) The name of an MCP server of the server's config (`mcp_servers`)
+    /// whose tool `name` this is: sandcall calls it and hands its result to the
+    /// program, and the caller never sees the call (docs/mcp.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mcp_server: Option<String>,
 }
 
 /// The caller's answer to one tool call.
@@ -310,6 +315,10 @@ pub struct AuditCall {
     pub arguments_bytes: Option<u64>,
     /// When the program made the call (RFC 3339).
     pub requested_at: String,
+    /// (extension) The MCP server sandcall called it on (`ToolDecl::mcp_server`); such
+    /// a call is never handed out to the caller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mcp_server: Option<String>,
     /// Listed again by the replay of the session (docs/scaling.md): the record made
     /// when it was first handed out went with an earlier server.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]

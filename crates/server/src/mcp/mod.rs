@@ -9,7 +9,11 @@
 //! tool error whose text is the API's error body.
 //!
 //!
+//! As a client (`client.rs`): the MCP servers the config names, whose tools programs call.
+//!
 //! Must not: hold logic of its own about runs or files beyond mapping MCP to the API.
+
+pub mod client;
 
 use crate::auth::Principal;
 use crate::error::ApiError;

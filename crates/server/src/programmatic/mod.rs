@@ -52,6 +52,15 @@ pub fn parse_start(req: ProgrammaticRequest, config: &Config) -> Result<StartCom
     let (code, args) = exec::check_code_and_args(req.code, req.args, config, missing)?;
     let tools = ToolSet::declare(req.tools.as_deref().unwrap_or_default())
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, error_type::INVALID_TOOL_SCHEMA, e.0))?;
+    if let Some(unknown) = tools
+        .mcp_servers()
+        .into_iter()
+        .find(|s| !config.mcp_servers.iter().any(|m| m.name == *s))
+    {
+        return Err(ApiError::bad_request(format!(
+            "a tool names MCP server {unknown:?}, which this server's config (mcp_servers) does not"
+        )));
+    }
     let timeout_ms = exec::timeout(req.timeout, req.run_timeout, config)?;
     if req.loop_timeout == Some(0) {
         return Err(ApiError::bad_request("`loop_timeout` must be at least 1 ms"));

@@ -1,0 +1,137 @@
+//! sandcall as an MCP client: the MCP servers of the config (`mcp_servers`), whose tools
+//! programs call as declared tools with `mcp_server`. Each server is started on its
+//! first call (stdio: its own process, speaking MCP on its stdin and stdout) and kept
+//! for the next ones; one that went away is started again by the next call. The
+//! session driver hands a call here and gives the answer to the program: the caller of
+//! the session never sees the call.
+//!
+//! Must not: know sessions, journals or the audit trail (the driver records the call).
+
+use crate::config::McpServerConfig;
+use rmcp::model::CallToolRequestParams;
+use rmcp::service::{Peer, RunningService};
+use rmcp::transport::TokioChildProcess;
+use rmcp::{RoleClient, ServiceExt};
+use sandcall_sandbox::protocol::ToolReply;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Mutex;
+
+/// The configured MCP servers and their connections. Cheap to clone.
+#[derive(Clone, Default)]
+pub struct McpServers {
+    servers: Arc<[Server]>,
+}
+
+struct Server {
+    config: McpServerConfig,
+    /// Started on first use; none again once it went away.
+    running: Mutex<Option<RunningService<RoleClient, ()>>>,
+}
+
+impl McpServers {
+    pub fn new(configs: &[McpServerConfig]) -> McpServers {
+        McpServers {
+            servers: configs
+                .iter()
+                .map(|config| Server {
+                    config: config.clone(),
+                    running: Mutex::new(None),
+                })
+                .collect(),
+        }
+    }
+
+    /// Calls tool `tool` of server `server` with `arguments` (a JSON object, as checked
+    /// against the declaration), within `timeout`; every failure is a tool error the
+    /// program gets, never a failure of the session.
+    pub async fn call(&self, server: &str, tool: &str, arguments: &str, timeout: Duration) -> ToolReply {
+        let Some(s) = self.servers.iter().find(|s| s.config.name == server) else {
+            return ToolReply::error("refused", format!("no MCP server {server:?} in this server's config"));
+        };
+        let arguments = match serde_json::from_str::<serde_json::Value>(arguments) {
+            Ok(serde_json::Value::Object(map)) => map,
+            Ok(serde_json::Value::Null) => Default::default(),
+            _ => return ToolReply::error("refused", format!("the arguments of {tool} must be an object")),
+        };
+        let call = async {
+            let peer = s.peer().await?;
+            let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
+            match peer.call_tool(params).await {
+                Ok(result) => Ok(result),
+                Err(e) => {
+                    // A server that went away is started again by the next call.
+                    if peer.is_transport_closed() {
+                        *s.running.lock().await = None;
+                    }
+                    Err(format!("MCP server {server:?}: {e}"))
+                }
+            }
+        };
+        let result = match tokio::time::timeout(timeout, call).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(message)) => {
+                tracing::warn!(mcp_server = server, tool, error = %message, "an MCP tool call failed");
+                return ToolReply::error("tool_error", message);
+            }
+            Err(_) => {
+                return ToolReply::error(
+                    "timeout",
+                    format!(
+                        "MCP server {server:?} did not answer {tool} within tool_call_timeout ({} ms)",
+                        timeout.as_millis()
+                    ),
+                )
+            }
+        };
+        let text: Vec<&str> = result
+            .content
+            .iter()
+            .filter_map(|c| c.as_text().map(|t| t.text.as_str()))
+            .collect();
+        if result.is_error == Some(true) {
+            let message = if text.is_empty() {
+                format!("{tool} failed")
+            } else {
+                text.join("\n")
+            };
+            return ToolReply::error("tool_error", message);
+        }
+        // The structured result when the tool gives one; else its text, parsed when it
+        // is one JSON object or array (what many servers send as text).
+        let value = match result.structured_content {
+            Some(value) => value,
+            None => match text.as_slice() {
+                [one] => serde_json::from_str::<serde_json::Value>(one)
+                    .ok()
+                    .filter(|v| v.is_object() || v.is_array())
+                    .unwrap_or_else(|| serde_json::Value::String((*one).to_owned())),
+                _ => serde_json::Value::String(text.join("\n")),
+            },
+        };
+        match serde_json::value::to_raw_value(&value) {
+            Ok(raw) => ToolReply::result(raw),
+            Err(e) => ToolReply::error("tool_error", format!("the result of {tool} cannot be encoded: {e}")),
+        }
+    }
+}
+
+impl Server {
+    /// The connection, started when there is none.
+    async fn peer(&self) -> Result<Peer<RoleClient>, String> {
+        let mut running = self.running.lock().await;
+        if let Some(service) = running.as_ref().filter(|s| !s.is_transport_closed()) {
+            return Ok(service.peer().clone());
+        }
+        let name = &self.config.name;
+        let mut command = tokio::process::Command::new(&self.config.command);
+        command.args(&self.config.args).envs(&self.config.env);
+        let transport =
+            TokioChildProcess::new(command).map_err(|e| format!("MCP server {name:?} could not be started: {e}"))?;
+        let service = ().serve(transport).await.map_err(|e| format!("MCP server {name:?} did not start MCP: {e}"))?;
+        tracing::info!(mcp_server = %name, "MCP server started");
+        let peer = service.peer().clone();
+        *running = Some(service);
+        Ok(peer)
+    }
+}
