@@ -389,6 +389,7 @@ pub(crate) async fn exec_route(
         (status = 404, description = "`session_not_found` or `file_not_found`.", body = ErrorBody),
         (status = 409, description = "`continuation_token_used`: the token's pause is no longer open, and this is not a retry of its resume with the same results (a retry answers what the first use answered; a session that ended answers its ending).", body = ErrorBody),
         (status = 413, description = "`payload_too_large`: the body, `code` or the input files.", body = ErrorBody),
+        (status = 502, description = "`mcp_server_failure`: an MCP server that `mcp_servers` names could not be started or did not list its tools.", body = ErrorBody),
         (status = 503, description = "`at_capacity`: too many sessions hold a sandbox.", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Seconds to wait."))),
     ),
@@ -421,6 +422,7 @@ pub(crate) async fn programmatic_route(
             // (programmatic::tools), together they are still milliseconds of work, done
             // off the async workers.
             let config = state.config.clone();
+            let req = programmatic::declare_mcp_servers(req, state.sessions.mcp()).await?;
             let mut cmd = tokio::task::spawn_blocking(move || programmatic::parse_start(req, &config))
                 .await
                 .map_err(|e| ApiError::internal(error_type::INTERNAL, &format!("declaring tools: {e}")))??;

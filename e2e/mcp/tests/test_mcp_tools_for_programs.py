@@ -34,6 +34,9 @@ def weather() -> Iterator[Tuple[str, str, Path]]:
         f"command = {json.dumps(sys.executable)}\n"
         f"args = [{json.dumps(str(HERE / 'weather_server.py'))}]\n"
         f"env = {{ WEATHER_CALLS = {json.dumps(str(calls))} }}\n"
+        "[[mcp_servers]]\n"
+        'name = "missing"\n'
+        'command = "/nonexistent/mcp-server"\n'
     )
     key = "mcp-" + secrets.token_hex(16)
     env = server_env({"SANDCALL_API_KEYS": f"mcp:{key}"})
@@ -129,3 +132,36 @@ def test_an_unknown_mcp_server_is_refused(weather: Tuple[str, str, Path]) -> Non
     assert status == 400
     assert body["error_type"] == "invalid_request"
     assert "nowhere" in body["error"]
+
+
+def test_all_of_a_servers_tools_by_mcp_servers(weather: Tuple[str, str, Path]) -> None:
+    base, key, calls = weather
+    # Declared as the server lists them: positional arguments follow its schema.
+    code = "print(forecast('Lima', 2)['temperatures'])"
+    status, body = request(base, key, "POST", "/v1/exec/programmatic", {"code": code, "mcp_servers": ["weather"]})
+    assert status == 200, body
+    assert body["status"] == "completed", body
+    assert body["stdout"] == "[20, 21]\n"
+    assert json.loads(calls.read_text().splitlines()[-1]) == {"tool": "forecast", "arguments": {"city": "Lima", "days": 2}}
+    # Arguments off the listed schema are refused before the server sees them.
+    code = "try:\n    forecast(days='x')\nexcept ToolError as e:\n    print('refused:', e)"
+    status, body = request(base, key, "POST", "/v1/exec/programmatic", {"code": code, "mcp_servers": ["weather"]})
+    assert status == 200, body
+    assert body["stdout"].startswith("refused: "), body
+
+
+def test_a_server_that_cannot_start(weather: Tuple[str, str, Path]) -> None:
+    base, key, _ = weather
+    status, body = request(base, key, "POST", "/v1/exec/programmatic", {"code": "print(1)", "mcp_servers": ["missing"]})
+    assert status == 502, body
+    assert body["error_type"] == "mcp_server_failure"
+    assert "missing" in body["error"] and "/nonexistent" not in body["error"]
+    status, body = request(base, key, "POST", "/v1/exec/programmatic", {"code": "print(1)", "mcp_servers": ["nowhere"]})
+    assert status == 400 and body["error_type"] == "invalid_request"
+    # A declared tool of that server: the program gets the failure as a tool error.
+    code = "try:\n    ping()\nexcept ToolError as e:\n    print('error:', e)"
+    tool = {"name": "ping", "mcp_server": "missing"}
+    status, body = request(base, key, "POST", "/v1/exec/programmatic", {"code": code, "tools": [tool]})
+    assert status == 200, body
+    assert body["status"] == "completed", body
+    assert body["stdout"].startswith("error: ") and "missing" in body["stdout"], body

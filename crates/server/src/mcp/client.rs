@@ -8,6 +8,8 @@
 //! Must not: know sessions, journals or the audit trail (the driver records the call).
 
 use crate::config::McpServerConfig;
+use crate::error::ApiError;
+use axum::http::StatusCode;
 use rmcp::model::CallToolRequestParams;
 use rmcp::service::{Peer, RunningService};
 use rmcp::transport::TokioChildProcess;
@@ -114,6 +116,61 @@ impl McpServers {
             Err(e) => ToolReply::error("tool_error", format!("the result of {tool} cannot be encoded: {e}")),
         }
     }
+}
+
+/// How long a server may take to start and list its tools for a first call.
+const LIST_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl McpServers {
+    /// Tool declarations for every tool server `server` lists: its name, description
+    /// and input schema, going to that server.
+    pub async fn declarations(&self, server: &str) -> Result<Vec<sandcall_api::ToolDecl>, ApiError> {
+        let Some(s) = self.servers.iter().find(|s| s.config.name == server) else {
+            return Err(unknown_server(server));
+        };
+        let list = async {
+            let peer = s.peer().await?;
+            peer.list_all_tools()
+                .await
+                .map_err(|e| format!("listing its tools: {e}"))
+        };
+        let tools = match tokio::time::timeout(LIST_TIMEOUT, list).await {
+            Ok(Ok(tools)) => tools,
+            failed => {
+                let detail = match failed {
+                    Ok(Err(e)) => e,
+                    _ => format!("no tool list within {} s", LIST_TIMEOUT.as_secs()),
+                };
+                tracing::warn!(mcp_server = server, error = %detail, "an MCP server did not list its tools");
+                return Err(ApiError::new(
+                    StatusCode::BAD_GATEWAY,
+                    sandcall_api::error_type::MCP_SERVER_FAILURE,
+                    format!("MCP server {server:?} is not available (it did not list its tools)"),
+                ));
+            }
+        };
+        tools
+            .into_iter()
+            .map(|t| {
+                let schema = serde_json::Value::Object((*t.input_schema).clone());
+                Ok(sandcall_api::ToolDecl {
+                    name: t.name.into_owned(),
+                    description: t.description.map(|d| d.into_owned()),
+                    parameters: Some(serde_json::value::to_raw_value(&schema).map_err(|e| {
+                        ApiError::internal(sandcall_api::error_type::INTERNAL, &format!("an MCP tool schema: {e}"))
+                    })?),
+                    mcp_server: Some(server.to_owned()),
+                })
+            })
+            .collect()
+    }
+}
+
+/// A request names an MCP server the config does not have.
+pub fn unknown_server(server: &str) -> ApiError {
+    ApiError::bad_request(format!(
+        "a tool names MCP server {server:?}, which this server's config (mcp_servers) does not"
+    ))
 }
 
 impl Server {

@@ -511,6 +511,11 @@ impl Sessions {
         (alive, inner.paused.load(std::sync::atomic::Ordering::SeqCst))
     }
 
+    /// The MCP servers whose tools programs may call (`mcp_servers`).
+    pub fn mcp(&self) -> &crate::mcp::client::McpServers {
+        &self.inner.mcp
+    }
+
     /// The session's tool calls as the audit trail keeps them (`audit`).
     pub fn calls(&self, principal: &Principal, id: &str) -> Result<sandcall_api::CallsResponse, ApiError> {
         let session = self.get(id, principal)?;
