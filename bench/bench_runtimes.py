@@ -330,7 +330,8 @@ def write_section(r, path, mark):
 
     goals = [
         ("data snippet, sandcall with the preload / fresh process", q["preload_over_fresh"], 0.1),
-        ("data snippet, sandcall with the preload / warm Jupyter kernel", q["preload_over_kernel"], 1.5),
+        # Issue 14's goal (1.0 x; the runtimes issue asked for 1.5 x).
+        ("data snippet, sandcall with the preload / warm Jupyter kernel", q["preload_over_kernel"], 1.0),
         ("JavaScript `console.log(1)`, sandcall / fresh `node -e`", q["js_over_node"], 0.3),
     ]
     la, lb = r["load_average_before"], r["load_average_after"]
@@ -383,8 +384,11 @@ Memory (PSS: each shared page counted once, split between the processes that map
             doc = f.read()
     except FileNotFoundError:
         doc = "# Benchmarks\n"
+    # Replaces its own section, up to the next one another run writes (`--evicted`).
     at = doc.find(mark)
-    doc = (doc[:at].rstrip("\n") if at >= 0 else doc.rstrip("\n")) + "\n\n" + text
+    end = doc.find("\n<!-- bench.py", at + len(mark)) if at >= 0 else -1
+    rest = doc[end:] if end >= 0 else ""
+    doc = (doc[:at].rstrip("\n") if at >= 0 else doc.rstrip("\n")) + "\n\n" + text.rstrip("\n") + "\n" + rest
     with open(path, "w") as f:
         f.write(doc)
 

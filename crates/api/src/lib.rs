@@ -76,6 +76,13 @@ pub mod error_type {
     pub const FORBIDDEN_ORIGIN: &str = "forbidden_origin";
     /// 421 (local mode): the request names a host that is not this machine's loopback.
     pub const MISDIRECTED_REQUEST: &str = "misdirected_request";
+    /// 503: the session store (Redis) cannot be reached now; nothing was changed, retry.
+    pub const STORE_UNAVAILABLE: &str = "store_unavailable";
+    /// 503 (many nodes): the node that holds the session live cannot be reached now, and
+    /// its lease has not run out yet; retry.
+    pub const SESSION_OWNER_UNAVAILABLE: &str = "session_owner_unavailable";
+    /// 409: the request's workspace is in use by another run.
+    pub const WORKSPACE_BUSY: &str = "workspace_busy";
 }
 
 /// A reference to an uploaded file, to stage into the working directory.
@@ -155,6 +162,17 @@ pub struct ExecRequest {
     #[schema(minimum = 1)]
     pub timeout: Option<u64>,
     pub limits: Option<RequestLimits>,
+    /// LibreChat's stateful-session hint (1 to 256 of `A-Z a-z 0-9 _ . : -`). With the
+    /// server's `workspaces` on, the run starts in the working directory that the
+    /// caller's previous run with the same hint left. With `workspaces` off it is
+    /// ignored, whatever its value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub runtime_session_hint: Option<serde_json::Value>,
+    /// (extension) The same as `runtime_session_hint`, and wins over it: the name of the
+    /// caller's workspace. Refused (`400 invalid_request`) when `workspaces` is off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_id: Option<String>,
 }
 
 /// A language name the server accepts, in any case.
@@ -716,6 +734,10 @@ pub struct Health {
     /// Of those, the ones paused, waiting for their caller (extension).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub paused_sessions: Option<usize>,
+    /// Paused sessions that hold no sandbox (evicted, or left paused by an earlier
+    /// server), kept only in the session store (extension).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub dormant_sessions: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub max_sessions: Option<usize>,
     /// Warm sandboxes ready now (extension).

@@ -68,8 +68,15 @@ pub fn run_helper() -> i32 {
     };
     // If the server dies, so do we, and with us the sandbox's init (see init_main).
     let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
+    if prepare.template.is_some() {
+        return keep_template(&prepare, &mut control);
+    }
 
-    let mut sandbox = match Sandbox::build(&prepare) {
+    let built = match &prepare.fork_from {
+        Some(socket) => Sandbox::fork(&prepare, socket),
+        None => Sandbox::build(&prepare),
+    };
+    let mut sandbox = match built {
         Ok(sb) => sb,
         Err(failed) => {
             let (e, partial) = *failed;
@@ -78,14 +85,14 @@ pub fn run_helper() -> i32 {
             return 1;
         }
     };
-    if let Some(launch) = &prepare.launch {
+    if let Some(launch) = prepare.launch.as_ref().filter(|_| prepare.fork_from.is_none()) {
         if let Err(message) = sandbox.start_program(&InitRun::new(&launch.argv, &launch.env)) {
             sandbox.teardown();
             emit(&Event::Failed { message });
             return 1;
         }
         if launch.wait_ready {
-            sandbox.wait_program_ready(READY_WAIT);
+            let _ = sandbox.wait_program_ready(READY_WAIT);
         }
     }
     emit(&Event::Ready);
@@ -113,13 +120,13 @@ pub fn run_helper() -> i32 {
     // namespace, so nothing of the program runs while the files are read. A run that
     // leaves an empty working directory has nothing to collect, and its answer need not
     // wait for the reaping (init is already killed; teardown reaps it).
-    let nothing_to_collect = run.collect.is_none() || crate::workspace::is_empty(&sandbox.staging.join("work"));
+    let nothing_to_collect = run.collect.is_none() || crate::workspace::is_empty(&sandbox.work_dir());
     if !nothing_to_collect {
         sandbox.reap_init();
     }
     let outcome = outcome.and_then(|mut result| {
         if let Some(opts) = run.collect.as_ref().filter(|_| !nothing_to_collect) {
-            let found = crate::workspace::collect(&sandbox.staging.join("work"), opts, &sandbox.staged)?;
+            let found = crate::workspace::collect(&sandbox.work_dir(), opts, &sandbox.staged)?;
             result.outputs = found.files;
             result.skipped = found.skipped;
             result.skipped_total = found.skipped_total;
@@ -149,6 +156,89 @@ pub fn run_helper() -> i32 {
     };
     sandbox.teardown();
     code
+}
+
+/// `sandcall sandbox-helper` for a template (`Prepare::template`): builds its sandbox,
+/// starts it, answers `Ready` once it is ready to fork, then watches it. When the
+/// template exits, the helper answers `Failed` and removes the socket, but its runs live
+/// on (the template's init waits for them), and so does the helper until they end.
+/// Closing the helper's stdin kills the template and every run still forked from it.
+fn keep_template(prepare: &Prepare, control: &mut Lines) -> i32 {
+    let mut sandbox = match Sandbox::build(prepare) {
+        Ok(sb) => sb,
+        Err(failed) => {
+            let (e, partial) = *failed;
+            partial.teardown();
+            emit(&Event::Failed { message: e });
+            return 1;
+        }
+    };
+    let started = match &prepare.launch {
+        Some(launch) => sandbox.start_program(&InitRun::new(&launch.argv, &launch.env)),
+        None => Err("a template needs a launch".into()),
+    };
+    if let Err(message) = started.and_then(|()| {
+        sandbox
+            .wait_program_ready(READY_WAIT)
+            .then_some(())
+            .ok_or_else(|| "the template did not get ready".to_string())
+    }) {
+        sandbox.teardown();
+        emit(&Event::Failed { message });
+        return 1;
+    }
+    emit(&Event::Ready);
+    let mut template_alive = true;
+    let mut ended = false;
+    loop {
+        let mut fds = vec![PollFd::new(control.fd.as_fd(), PollFlags::POLLIN)];
+        if let Some(l) = sandbox.from_init.as_ref().filter(|l| !l.eof) {
+            fds.push(PollFd::new(l.fd.as_fd(), PollFlags::POLLIN));
+        }
+        let fired: Vec<bool> = match poll(&mut fds, timeout_of(Some(Duration::from_millis(200)))) {
+            Ok(_) => fds.iter().map(|f| f.revents().is_some_and(|r| !r.is_empty())).collect(),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => break,
+        };
+        drop(fds);
+        if fired.first() == Some(&true) {
+            let _ = control.fill();
+            if control.eof {
+                break;
+            }
+        }
+        if fired.get(1) == Some(&true) {
+            if let Some(lines) = sandbox.from_init.as_mut() {
+                let _ = lines.fill();
+                // After `Ready`, init reports only the template's end.
+                ended |= lines.take_line().is_some() || lines.eof;
+            }
+        }
+        if template_alive && ended {
+            // Init reported the template's end (or is gone): no more forks.
+            template_alive = false;
+            if let Some(path) = sandbox.template_socket.take() {
+                let _ = fs::remove_file(path);
+            }
+            emit(&Event::Failed {
+                message: "the template exited".into(),
+            });
+        }
+        if !template_alive {
+            if let Some(pid) = sandbox.init {
+                match waitpid(pid, Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG)) {
+                    Ok(WaitStatus::StillAlive) | Err(nix::errno::Errno::EINTR) => {}
+                    _ => {
+                        // Its last run has ended.
+                        sandbox.init = None;
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    sandbox.teardown();
+    0
 }
 
 /// Room for the helper's heap beyond what its buffers may legitimately hold: the
@@ -229,9 +319,17 @@ fn errstr(what: &str) -> impl FnOnce(nix::Error) -> String + '_ {
 #[serde(tag = "init", rename_all = "snake_case")]
 enum InitReport {
     Ready,
-    SetupFailed { message: String },
-    Exited { code: i32 },
-    Signaled { signal: i32 },
+    /// A forked run's code directory is read-only now (see `Sandbox::run`).
+    Sealed,
+    SetupFailed {
+        message: String,
+    },
+    Exited {
+        code: i32,
+    },
+    Signaled {
+        signal: i32,
+    },
 }
 
 /// The message init waits for before it forks the program.
@@ -273,6 +371,22 @@ struct Sandbox {
     go_w: Option<OwnedFd>,
     /// CPU time spent before the run began (a launched program's start-up).
     cpu_before_run: u64,
+    /// A run forked from a template (`Prepare::fork_from`) instead of built here.
+    forked: Option<Forked>,
+    /// A template's listening socket on the host, removed when the template is gone.
+    template_socket: Option<PathBuf>,
+}
+
+/// The helper's handles on a run forked from a template (`Sandbox::fork`). Its init is
+/// not our child: it is watched and killed through a pidfd, and its working directory
+/// is reached through a descriptor opened while it lived, which keeps the tmpfs
+/// mounted (detached from any namespace) until collection is done.
+struct Forked {
+    pidfd: OwnedFd,
+    /// `/proc/<init>/root`: the run's root, while its init lives.
+    root: PathBuf,
+    /// The run's `/mnt/data`, once init has mounted it.
+    work: Option<OwnedFd>,
 }
 
 /// The longest a warm sandbox's program may take to say it is ready (`Launch::wait_ready`).
@@ -293,6 +407,8 @@ struct InitContext<'a> {
     extra_runtime_paths: &'a [PathBuf],
     node_modules: Option<&'a Path>,
     tool_client: Option<&'a Path>,
+    /// A template's listening socket, the program's fd 4 (`Prepare::template`).
+    listener: Option<RawFd>,
 }
 
 impl Sandbox {
@@ -315,7 +431,34 @@ impl Sandbox {
             staged: Default::default(),
             go_w: None,
             cpu_before_run: 0,
+            forked: None,
+            template_socket: None,
         }
+    }
+
+    /// The run's working directory, as the helper reaches it.
+    fn work_dir(&self) -> PathBuf {
+        match &self.forked {
+            // The trailing `.` makes the descriptor's magic link an inner component, so
+            // an O_NOFOLLOW open of this path (collection's) still follows it.
+            Some(Forked { work: Some(work), .. }) => PathBuf::from(format!("/proc/self/fd/{}/.", work.as_raw_fd())),
+            Some(f) => f.root.join("mnt/data"),
+            None => self.staging.join("work"),
+        }
+    }
+
+    /// The run's code directory (`/run/sandcall` inside), as the helper reaches it.
+    fn code_dir(&self) -> PathBuf {
+        match &self.forked {
+            Some(f) => f.root.join("run/sandcall"),
+            None => self.staging.join("code"),
+        }
+    }
+
+    /// Runs `f` creating files as the sandbox user's host ids when the run is forked
+    /// (`workspace::as_ids`).
+    fn as_owner<T>(&self, f: impl FnOnce() -> T) -> T {
+        crate::workspace::as_ids(self.forked.is_some(), self.owner.0, self.owner.1, f)
     }
 
     /// The isolation sequence, in order. On failure, returns what was built so far so
@@ -424,6 +567,19 @@ impl Sandbox {
         let tool_client = std::env::current_exe().ok();
         // 5. The seccomp policy is compiled here, where errors can still be reported.
         let policy = Policy::compile().map_err(|e| e.to_string())?;
+        // A template installs no filter itself: each run it forks installs this one,
+        // and the template's listening socket becomes its fd 4. Created after every
+        // other descriptor, so its number is above the program's 0 to 3.
+        let listener = match &prepare.template {
+            Some(path) => {
+                fs::write(code.join("seccomp.bpf"), policy.to_bytes()).map_err(|e| format!("seccomp.bpf: {e}"))?;
+                let _ = fs::remove_file(path);
+                let l = std::os::unix::net::UnixListener::bind(path).map_err(|e| format!("template socket: {e}"))?;
+                self.template_socket = Some(path.clone());
+                Some(OwnedFd::from(l))
+            }
+            None => None,
+        };
 
         // 6. clone(2) init straight into new user, pid, mount, network, IPC and UTS
         //    namespaces. The cgroup namespace comes later, from init itself, once the
@@ -441,6 +597,7 @@ impl Sandbox {
             extra_runtime_paths: &prepare.extra_runtime_paths,
             node_modules: prepare.node_modules.as_deref(),
             tool_client: tool_client.as_deref().filter(|_| prepare.tools.is_some()),
+            listener: listener.as_ref().map(|fd| fd.as_raw_fd()),
         };
         let flags = CloneFlags::CLONE_NEWUSER
             | CloneFlags::CLONE_NEWPID
@@ -454,7 +611,9 @@ impl Sandbox {
         let pid = unsafe { clone(Box::new(|| init_main(&ctx)), &mut stack, flags, Some(libc::SIGCHLD)) }
             .map_err(errstr("clone into new namespaces"))?;
         self.init = Some(pid);
-        drop((to_init_r, from_init_w, stdin_r, stdout_w, stderr_w, go_r));
+        // The template alone holds its listener: once it is gone, a connection is
+        // refused at once instead of waiting in the backlog.
+        drop((to_init_r, from_init_w, stdin_r, stdout_w, stderr_w, go_r, listener));
         self.go_w = go_w;
         self.stdin_w = Some(stdin_w);
         self.stdout_r = Some(stdout_r);
@@ -478,6 +637,146 @@ impl Sandbox {
             InitReport::SetupFailed { message } => Err(format!("sandbox setup: {message}")),
             other => Err(format!("sandbox init: unexpected report {other:?}")),
         }
+    }
+
+    /// A run forked from the template listening at `socket` (`Prepare::fork_from`).
+    /// On failure, returns what was built so far so that it can be torn down.
+    fn fork(prepare: &Prepare, socket: &Path) -> Result<Self, Box<(String, Self)>> {
+        let mut sb = Sandbox::empty(prepare);
+        match sb.fork_steps(prepare, socket) {
+            Ok(()) => Ok(sb),
+            Err(e) => Err(Box::new((e, sb))),
+        }
+    }
+
+    /// The isolation sequence of a forked run, host side. The template's side is in
+    /// `runtime/zygote.py`; ARCHITECTURE.md, "Forked runs", has both in order.
+    fn fork_steps(&mut self, prepare: &Prepare, socket: &Path) -> Result<(), String> {
+        use nix::sys::socket::{recvmsg, sendmsg, setsockopt, sockopt, ControlMessage, ControlMessageOwned, MsgFlags};
+        use std::os::unix::net::UnixStream;
+        self.owner = (prepare.host_uid, prepare.host_gid);
+        // 1. The cgroup, with its limits set before any process of the run joins it.
+        self.cgroup = Some(RunCgroup::create(&prepare.cgroup, &prepare.limits).map_err(|e| e.to_string())?);
+
+        // 2. The run's channels, as for a built sandbox: stdio pipes, fd 3 (go and
+        //    exit), and init's report socket, which also carries init's credentials.
+        let cloexec = OFlag::O_CLOEXEC;
+        let (stdin_r, stdin_w) = pipe2(cloexec).map_err(errstr("pipe"))?;
+        let (stdout_r, stdout_w) = pipe2(cloexec).map_err(errstr("pipe"))?;
+        let (stderr_r, stderr_w) = pipe2(cloexec).map_err(errstr("pipe"))?;
+        let (go_r, go_w) = UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
+        let (report, report_init) = UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
+        setsockopt(&report, sockopt::PassCred, &true).map_err(errstr("SO_PASSCRED"))?;
+
+        // 3. Ask the template for a fork: the limits its init needs for the mounts and
+        //    its program for the rlimits, and the run's ends of the channels.
+        let conn = UnixStream::connect(socket).map_err(|e| format!("connect to the template: {e}"))?;
+        let request = serde_json::json!({ "limits": &prepare.limits, "max_code_bytes": prepare.max_code_bytes });
+        let line = serde_json::to_vec(&request).map_err(|e| e.to_string())?;
+        let fds = [
+            report_init.as_raw_fd(),
+            stdin_r.as_raw_fd(),
+            stdout_w.as_raw_fd(),
+            stderr_w.as_raw_fd(),
+            go_r.as_raw_fd(),
+        ];
+        sendmsg::<()>(
+            conn.as_raw_fd(),
+            &[io::IoSlice::new(&line)],
+            &[ControlMessage::ScmRights(&fds)],
+            MsgFlags::empty(),
+            None,
+        )
+        .map_err(errstr("send the fork request"))?;
+        drop((conn, report_init, stdin_r, stdout_w, stderr_w, go_r));
+
+        // 4. The run's init says hello with its credentials: the kernel translates its
+        //    pid (1 in its own namespace) into ours.
+        let report = OwnedFd::from(report);
+        if !wait_readable(&report, SETUP_TIMEOUT).map_err(|e| e.to_string())? {
+            return Err("the template did not fork in time".into());
+        }
+        let mut buf = [0u8; 512];
+        let mut space = nix::cmsg_space!(nix::sys::socket::UnixCredentials);
+        let (pid, text) = {
+            let mut iov = [io::IoSliceMut::new(&mut buf)];
+            let msg = recvmsg::<()>(
+                report.as_raw_fd(),
+                &mut iov,
+                Some(&mut space),
+                MsgFlags::MSG_CMSG_CLOEXEC,
+            )
+            .map_err(errstr("read init's hello"))?;
+            let pid = msg.cmsgs().map_err(errstr("read init's hello"))?.find_map(|c| match c {
+                ControlMessageOwned::ScmCredentials(creds) => Some(creds.pid()),
+                _ => None,
+            });
+            (pid, msg.bytes)
+        };
+        let pid = match pid {
+            Some(pid) if pid > 0 && &buf[..text] == b"hello\n" => pid,
+            _ => {
+                return Err(
+                    match serde_json::from_slice::<InitReport>(buf[..text].trim_ascii_end()) {
+                        Ok(InitReport::SetupFailed { message }) => format!("sandbox setup: {message}"),
+                        _ => "the template's fork did not say hello".into(),
+                    },
+                )
+            }
+        };
+        // SAFETY: a plain system call; it returns a new descriptor or -1.
+        let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0u32) };
+        if pidfd < 0 {
+            return Err(format!("pidfd_open: {}", io::Error::last_os_error()));
+        }
+        // SAFETY: pidfd_open returned a fresh descriptor, owned from here on.
+        let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as RawFd) };
+        self.init = Some(Pid::from_raw(pid));
+        let root = PathBuf::from(format!("/proc/{pid}/root"));
+        self.forked = Some(Forked {
+            pidfd,
+            root: root.clone(),
+            work: None,
+        });
+
+        // 5. Into the run's cgroup while init waits, before it forks the program.
+        if let Some(cg) = &self.cgroup {
+            cg.add(pid).map_err(|e| e.to_string())?;
+        }
+        write_all(&report, b"placed\n").map_err(|e| format!("release init: {e}"))?;
+        let writer = report.try_clone().map_err(|e| format!("dup: {e}"))?;
+        self.from_init = Some(Lines::new(report, MAX_SHORT_LINE));
+        self.to_init = Some(writer);
+        self.go_w = Some(OwnedFd::from(go_w));
+        self.stdin_w = Some(stdin_w);
+        self.stdout_r = Some(stdout_r);
+        self.stderr_r = Some(stderr_r);
+        match self.read_init_report(SETUP_TIMEOUT)? {
+            InitReport::Ready => {}
+            InitReport::SetupFailed { message } => return Err(format!("sandbox setup: {message}")),
+            other => return Err(format!("sandbox init: unexpected report {other:?}")),
+        }
+
+        // 6. Hold the run's working directory: collection reads it after init is gone.
+        let work = nix::fcntl::open(
+            &root.join("mnt/data"),
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )
+        .map_err(errstr("open the run's working directory"))?;
+        // SAFETY: open returned a fresh descriptor.
+        let work = unsafe { OwnedFd::from_raw_fd(work) };
+        if let Some(f) = self.forked.as_mut() {
+            f.work = Some(work);
+        }
+        if let Some(channel) = &prepare.tools {
+            let path = self.code_dir().join("tools.sock");
+            let hub = self
+                .as_owner(|| ToolHub::bind(&path, channel.clone()))
+                .map_err(|e| format!("tool socket: {e}"))?;
+            self.tools = Some(hub);
+        }
+        Ok(())
     }
 
     fn read_init_report(&mut self, wait: Duration) -> Result<InitReport, String> {
@@ -509,11 +808,28 @@ impl Sandbox {
             if name.contains('/') || name.is_empty() || name == "tools.sock" || name == "bin" {
                 return Err(format!("bad code file name {name:?}"));
             }
-            let path = self.staging.join("code").join(name);
-            fs::write(&path, content).map_err(|e| format!("write {name}: {e}"))?;
+            let path = self.code_dir().join(name);
+            self.as_owner(|| fs::write(&path, content))
+                .map_err(|e| format!("write {name}: {e}"))?;
             fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).map_err(|e| format!("chmod {name}: {e}"))?;
         }
-        self.staged = crate::workspace::stage(&self.staging.join("work"), &run.inputs, self.owner.0, self.owner.1)?;
+        self.staged = crate::workspace::stage(
+            &self.work_dir(),
+            &run.inputs,
+            self.owner.0,
+            self.owner.1,
+            self.forked.is_some(),
+        )?;
+        if self.forked.is_some() {
+            // A forked run's code directory is its own tmpfs, writable until now: its
+            // init remounts it read-only before the program gets its go.
+            let to_init = self.to_init.as_ref().ok_or("init channel closed")?;
+            write_all(to_init, b"seal\n").map_err(|e| format!("seal the code: {e}"))?;
+            match self.read_init_report(SETUP_TIMEOUT)? {
+                InitReport::Sealed => {}
+                other => return Err(format!("sandbox init: unexpected report {other:?}")),
+            }
+        }
 
         // A launched program says on fd 3 when it ends; that ends the run at once,
         // without waiting for the kernel to tear the process down.
@@ -703,7 +1019,7 @@ impl Sandbox {
                         }
                     }
                     Source::Init => {
-                        let init = self.init;
+                        let mut kill = false;
                         let lines = self.from_init.as_mut().ok_or("init pipe closed")?;
                         let _ = lines.fill();
                         while let Some(line) = lines.take_line() {
@@ -713,18 +1029,21 @@ impl Sandbox {
                                     ended_at.get_or_insert_with(Instant::now);
                                     // The run is over: whatever it left behind dies now,
                                     // while the output drains.
-                                    kill_pid(init);
+                                    kill = true;
                                 }
                                 Ok(InitReport::Signaled { signal }) => {
                                     result.signal = Some(signal_name(signal));
                                     ended_at.get_or_insert_with(Instant::now);
-                                    kill_pid(init);
+                                    kill = true;
                                 }
                                 _ => {}
                             }
                         }
                         if lines.eof {
                             ended_at.get_or_insert_with(Instant::now);
+                        }
+                        if kill {
+                            self.kill_init();
                         }
                     }
                     Source::Control => {
@@ -854,9 +1173,9 @@ impl Sandbox {
     /// Waits until the launched program writes `ready\n` on fd 3, at most `wait`. Anything
     /// else (EOF, other bytes, the wait running out) just ends the wait: the sandbox is
     /// then handed out as it is, and its run pays for what is left of the warm-up.
-    fn wait_program_ready(&mut self, wait: std::time::Duration) {
+    fn wait_program_ready(&mut self, wait: std::time::Duration) -> bool {
         let Some(fd) = self.go_w.as_ref() else {
-            return;
+            return false;
         };
         let deadline = std::time::Instant::now() + wait;
         let mut got = Vec::new();
@@ -864,17 +1183,18 @@ impl Sandbox {
         while got.len() < b"ready\n".len() {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() || !matches!(crate::io::wait_readable(fd, left), Ok(true)) {
-                return;
+                return false;
             }
             let mut buf = vec![0u8; b"ready\n".len() - got.len()];
             match crate::io::read_some(fd, &mut buf) {
-                Ok(0) | Err(_) => return,
+                Ok(0) | Err(_) => return false,
                 Ok(n) => got.extend_from_slice(&buf[..n]),
             }
             if !b"ready\n".starts_with(&got) {
-                return;
+                return false;
             }
         }
+        true
     }
 
     fn start_program(&mut self, program: &InitRun) -> Result<(), String> {
@@ -887,22 +1207,40 @@ impl Sandbox {
 
     fn reap_init(&mut self) {
         self.kill_init();
+        if let Some(f) = &self.forked {
+            // Not our child: its pidfd turns readable once it has exited, which for the
+            // init of a pid namespace is after every other process of it is gone.
+            while let Ok(false) = wait_readable(&f.pidfd, Duration::from_secs(60)) {}
+            self.init = None;
+        }
         if let Some(pid) = self.init.take() {
             let _ = waitpid(pid, Some(WaitPidFlag::__WALL));
         }
     }
 
     fn kill_init(&self) {
-        kill_pid(self.init);
+        self.init_handle().kill();
+    }
+
+    /// What kills init: its pid (our child), or a forked run's pidfd.
+    fn init_handle(&self) -> InitHandle<'_> {
+        match &self.forked {
+            Some(f) => InitHandle::Pidfd(f.pidfd.as_fd()),
+            None => InitHandle::Pid(self.init),
+        }
     }
 
     /// Kills what is left and removes every trace: processes, cgroup, mounts, directory.
     fn teardown(mut self) {
-        self.kill_init();
-        if let Some(pid) = self.init.take() {
-            let _ = waitpid(pid, Some(WaitPidFlag::__WALL));
+        if self.init.is_some() {
+            self.reap_init();
         }
         self.to_init = None;
+        // A forked run's tmpfs mounts go with the last descriptor on them.
+        self.forked = None;
+        if let Some(path) = self.template_socket.take() {
+            let _ = fs::remove_file(path);
+        }
         self.from_init = None;
         if let Some(cg) = self.cgroup.take() {
             if let Err(e) = cg.destroy() {
@@ -943,6 +1281,37 @@ fn push_poll<'a>(
 ) {
     fds.push(PollFd::new(fd, flags));
     what.push(source);
+}
+
+/// How the helper reaches a sandbox's init.
+#[derive(Clone, Copy)]
+enum InitHandle<'a> {
+    /// Our child, cloned by `Sandbox::build`.
+    Pid(Option<Pid>),
+    /// A forked run's init, which is not our child; a pidfd cannot name a recycled pid.
+    Pidfd(BorrowedFd<'a>),
+}
+
+impl InitHandle<'_> {
+    /// SIGKILL to the sandbox's init: the kernel then kills every process of its pid
+    /// namespace.
+    fn kill(self) {
+        match self {
+            InitHandle::Pid(pid) => kill_pid(pid),
+            InitHandle::Pidfd(fd) => {
+                // SAFETY: a plain system call on a descriptor we hold.
+                unsafe {
+                    libc::syscall(
+                        libc::SYS_pidfd_send_signal,
+                        fd.as_raw_fd(),
+                        libc::SIGKILL,
+                        std::ptr::null::<libc::siginfo_t>(),
+                        0u32,
+                    )
+                };
+            }
+        }
+    }
 }
 
 /// SIGKILL to the sandbox's init: the kernel then kills every process of its pid
@@ -1046,6 +1415,12 @@ fn init_main(ctx: &InitContext) -> isize {
         Ok(Some(run)) => {
             let status = init_run(ctx, run);
             report(&status);
+            if ctx.listener.is_some() {
+                // A template's runs are this namespace's processes too: init lives, and
+                // reaps, until the last of them has ended, so a template that dies
+                // takes no run with it.
+                while let Ok(_) | Err(nix::errno::Errno::EINTR) = waitpid(None, Some(WaitPidFlag::__WALL)) {}
+            }
             0
         }
         Ok(None) => 0,
@@ -1062,6 +1437,7 @@ fn init_setup(ctx: &InitContext, commands: &mut Lines) -> Result<Option<InitRun>
     close_all_except(&[
         2,
         ctx.go_r.unwrap_or(ctx.to_init_r),
+        ctx.listener.unwrap_or(ctx.to_init_r),
         ctx.to_init_r,
         ctx.from_init_w,
         ctx.stdin_r,
@@ -1132,7 +1508,11 @@ fn init_run(ctx: &InitContext, run: InitRun) -> InitReport {
             unsafe { libc::_exit(126) }
         }
         Ok(nix::unistd::ForkResult::Parent { child }) => {
-            for fd in [ctx.stdin_r, ctx.stdout_w, ctx.stderr_w].into_iter().chain(ctx.go_r) {
+            for fd in [ctx.stdin_r, ctx.stdout_w, ctx.stderr_w]
+                .into_iter()
+                .chain(ctx.go_r)
+                .chain(ctx.listener)
+            {
                 let _ = nix::unistd::close(fd);
             }
             loop {
@@ -1175,8 +1555,18 @@ fn exec_program_steps(ctx: &InitContext, run: &InitRun) -> Result<Never, String>
         // dup2 onto itself would leave close-on-exec set.
         nix::fcntl::fcntl(3, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty())).map_err(errstr("fcntl"))?;
     }
+    // A template also keeps its listening socket, as fd 4.
+    if let Some(listener) = ctx.listener {
+        nix::unistd::dup2(listener, 4).map_err(errstr("dup2"))?;
+        nix::fcntl::fcntl(4, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty())).map_err(errstr("fcntl"))?;
+    }
     // Every other descriptor goes: the program gets stdio (and fd 3) and nothing else.
-    close_all_except(if ctx.go_r.is_some() { &[0, 1, 2, 3] } else { &[0, 1, 2] })?;
+    let keep: &[RawFd] = match (ctx.go_r, ctx.listener) {
+        (_, Some(_)) => &[0, 1, 2, 3, 4],
+        (Some(_), None) => &[0, 1, 2, 3],
+        (None, None) => &[0, 1, 2],
+    };
+    close_all_except(keep)?;
     reset_signals();
     set_rlimits(ctx.limits)?;
     // Capabilities last among the privileged steps: the bounding set can only be
@@ -1194,8 +1584,11 @@ fn exec_program_steps(ctx: &InitContext, run: &InitRun) -> Result<Never, String>
     // allows an unprivileged process to install a seccomp filter.
     nix::sys::prctl::set_no_new_privs().map_err(errstr("no_new_privs"))?;
     // seccomp is the very last step: from here on only execve and the program's own
-    // calls happen, all of them under the filter.
-    ctx.policy.apply().map_err(|e| e.to_string())?;
+    // calls happen, all of them under the filter. A template runs no user code and
+    // needs unshare and mount to fork its runs, which install this same filter.
+    if ctx.listener.is_none() {
+        ctx.policy.apply().map_err(|e| e.to_string())?;
+    }
     let argv: Vec<CString> = run.argv.iter().map(|a| cstring(a)).collect::<Result<_, _>>()?;
     let env: Vec<CString> = run
         .env

@@ -80,6 +80,17 @@ pub struct Prepare {
     /// tool-call client at `/run/sandcall/bin/sandcall`. None for plain runs.
     #[serde(default)]
     pub tools: Option<ToolChannel>,
+    /// Keep a template ("zygote", ARCHITECTURE.md "Forked runs"): the launched program
+    /// gets a unix socket listening at this host path as its fd 4, keeps no seccomp
+    /// filter (it never runs user code; each run it forks installs the filter), and
+    /// forks a run per connection. The helper answers `Ready` once it is ready, and
+    /// `Failed` when it exits; it never takes a `Run`.
+    #[serde(default)]
+    pub template: Option<PathBuf>,
+    /// Fork the run from the template listening at this host path instead of building
+    /// a sandbox (`launch` is then unused: the forked program is already running).
+    #[serde(default)]
+    pub fork_from: Option<PathBuf>,
 }
 
 /// How to start a program ahead of its run.

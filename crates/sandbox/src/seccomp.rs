@@ -40,6 +40,23 @@ impl Policy {
         Ok(Policy { filters })
     }
 
+    /// The filters as a forked run's program installs them (`runtime/zygote.py`): for
+    /// each, in order, its instruction count as a native-endian u32, then its
+    /// instructions (`code` u16, `jt` u8, `jf` u8, `k` u32, native-endian).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        for f in &self.filters {
+            out.extend_from_slice(&(f.len() as u32).to_ne_bytes());
+            for i in f {
+                out.extend_from_slice(&i.code.to_ne_bytes());
+                out.push(i.jt);
+                out.push(i.jf);
+                out.extend_from_slice(&i.k.to_ne_bytes());
+            }
+        }
+        out
+    }
+
     /// Installs every filter on the calling thread. no_new_privs must already be set.
     pub fn apply(&self) -> Result<(), SeccompError> {
         for f in &self.filters {
@@ -119,6 +136,24 @@ mod tests {
                 "{name} is refused"
             );
         }
+    }
+
+    /// What a forked run's program installs (runtime/zygote.py reads this layout): each
+    /// filter's count, then its instructions, 8 bytes each, in order.
+    #[test]
+    fn the_filters_serialize_as_counts_and_instructions() {
+        let policy = Policy::compile().expect("policy compiles");
+        let bytes = policy.to_bytes();
+        let mut at = 0;
+        for f in &policy.filters {
+            let count = u32::from_ne_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+            assert_eq!(count, f.len());
+            let first = &bytes[at + 4..at + 12];
+            assert_eq!(u16::from_ne_bytes([first[0], first[1]]), f[0].code);
+            assert_eq!(u32::from_ne_bytes(first[4..8].try_into().unwrap()), f[0].k);
+            at += 4 + 8 * count;
+        }
+        assert_eq!(at, bytes.len());
     }
 
     /// A loaded filter cannot be removed, so it is tested in a forked child.

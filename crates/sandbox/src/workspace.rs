@@ -44,9 +44,34 @@ pub(crate) fn read_only_tags(staged: &[Staged]) -> Vec<String> {
     staged.iter().filter(|s| s.read_only).map(|s| s.tag.clone()).collect()
 }
 
+/// Runs `f` with the filesystem ids `uid`/`gid` when `switch` (and the helper is root).
+/// A forked run's tmpfs mounts belong to its own user namespace, where the kernel
+/// refuses to create a file for an owner it does not map (EOVERFLOW); the helper's root
+/// is not mapped there, the sandbox user's host ids are. Only the filesystem ids change,
+/// for this one thread (the helper has one), and they are restored before returning.
+pub(crate) fn as_ids<T>(switch: bool, uid: u32, gid: u32, f: impl FnOnce() -> T) -> T {
+    if !switch || !nix::unistd::geteuid().is_root() {
+        return f();
+    }
+    let old_gid = nix::unistd::setfsgid(nix::unistd::Gid::from_raw(gid));
+    let old_uid = nix::unistd::setfsuid(nix::unistd::Uid::from_raw(uid));
+    let out = f();
+    nix::unistd::setfsuid(old_uid);
+    nix::unistd::setfsgid(old_gid);
+    out
+}
+
 /// Copies the inputs into the (still empty) workspace, owned by the sandbox user.
-/// Returns each staged input with the SHA-256 of its content, in order.
-pub(crate) fn stage(work: &Path, inputs: &[InputFile], uid: u32, gid: u32) -> Result<Vec<Staged>, String> {
+/// Returns each staged input with the SHA-256 of its content, in order. With
+/// `create_as_owner` (a forked run), folders and files are created under the sandbox
+/// user's ids (`as_ids`); the inputs are still read as the helper.
+pub(crate) fn stage(
+    work: &Path,
+    inputs: &[InputFile],
+    uid: u32,
+    gid: u32,
+    create_as_owner: bool,
+) -> Result<Vec<Staged>, String> {
     let mut staged = Vec::with_capacity(inputs.len());
     for input in inputs {
         let dest = work.join(&input.name);
@@ -59,18 +84,21 @@ pub(crate) fn stage(work: &Path, inputs: &[InputFile], uid: u32, gid: u32) -> Re
             for part in parent.strip_prefix(work).map_err(|e| e.to_string())?.components() {
                 dir.push(part);
                 if !dir.exists() {
-                    fs::create_dir(&dir).map_err(|e| format!("stage {}: {e}", input.name))?;
+                    as_ids(create_as_owner, uid, gid, || fs::create_dir(&dir))
+                        .map_err(|e| format!("stage {}: {e}", input.name))?;
                     chown(&dir, Some(uid), Some(gid)).map_err(|e| format!("stage {}: {e}", input.name))?;
                 }
             }
         }
         let mut src = File::open(&input.source).map_err(|e| format!("stage {}: {e}", input.name))?;
-        let mut out = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .open(&dest)
-            .map_err(|e| format!("stage {}: {e}", input.name))?;
+        let mut out = as_ids(create_as_owner, uid, gid, || {
+            fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o644)
+                .open(&dest)
+        })
+        .map_err(|e| format!("stage {}: {e}", input.name))?;
         let mut hasher = Sha256::new();
         let mut buf = vec![0u8; 256 * 1024];
         loop {

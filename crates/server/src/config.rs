@@ -71,6 +71,21 @@ pub struct Config {
     /// Key that signs continuation tokens, as 64 hex characters. Default: generated on
     /// first start into `<data_dir>/token.key` (mode 0600) and kept there.
     pub token_secret: Option<String>,
+    /// Where programmatic sessions are journalled: absent or `"embedded"`, the data dir
+    /// (`<data_dir>/sessions.redb`); `"redis://host:port/db"`, a Redis that every node of
+    /// a cluster shares (then `node_url` and `token_secret` are required). Default
+    /// embedded.
+    pub session_store: Option<String>,
+    /// How the other nodes of a cluster reach this one (`http://host:port`): a resume,
+    /// GET or cancel of a session this node holds live is forwarded here. Also this
+    /// node's id in the session store's leases, so it must be unique per node. Default
+    /// none (one node).
+    pub node_url: Option<String>,
+    /// With a shared session store: how long a node's ownership of a live session lasts
+    /// unless renewed, in ms (renewed every third of it while the node lives). After a
+    /// node dies, its sessions are taken over by replay once this has passed. Default
+    /// 10000.
+    pub node_lease_ms: u64,
     /// For tests of the server itself: enables `GET /v1/_fault/panic`, whose handler
     /// panics (to check that a panic is answered 500 and the server goes on). Default
     /// false; never turn it on in production.
@@ -124,6 +139,13 @@ pub struct Config {
     /// ones; each holds about 90 MiB and takes about a second of CPU to build. 0 turns
     /// them off. Default 2.
     pub warm_preload_pool_size: usize,
+    /// Fork the warm Python sandboxes (plain and preloaded) from a template per set
+    /// that has started the interpreter and imported the preloads (a "zygote",
+    /// ARCHITECTURE.md "Forked runs"), instead of starting an interpreter in each;
+    /// while a template is being (re)built, warm sandboxes are built the usual way.
+    /// Needs the server to run as root (without it, a warning, and no template).
+    /// Default false.
+    pub zygote: bool,
     /// Where managed runtimes are installed (`sandcall runtime install`), one directory
     /// per lock (`python-<hash>`), bound read-only into every sandbox; may be shared by
     /// several data dirs. Default `<data_dir>/runtimes`.
@@ -200,6 +222,20 @@ pub struct Config {
     pub rate_limit_sessions: Option<String>,
     /// The same for the file routes (uploads, downloads, lists, deletes). Default: none.
     pub rate_limit_files: Option<String>,
+    /// Where stored files live: `embedded` (the data dir; the default, also when unset)
+    /// or `s3://bucket/prefix`, an S3-compatible object store that every node of a
+    /// cluster shares (credentials and region from the standard `AWS_*` variables).
+    pub file_store: Option<String>,
+    /// The S3 endpoint's URL, for S3-compatible servers (`http://127.0.0.1:9000`); plain
+    /// http is allowed only for a loopback host. Default: AWS's own endpoint.
+    pub s3_endpoint: Option<String>,
+    /// With an S3 file store: the local cache of stored files (inputs are staged from
+    /// it), in MiB; files older than a few minutes are evicted past it. Default 1024.
+    pub file_cache_mb: u64,
+    /// Workspaces: a `/v1/exec` request with `runtime_session_hint` or `workspace_id`
+    /// starts in the working directory its principal's previous run with the same one
+    /// left. Default false (the hint is then ignored, `workspace_id` refused).
+    pub workspaces: bool,
     /// Longest time a client may take to send a request's headers, in ms; then the
     /// connection is closed. Default 10000.
     pub header_read_timeout_ms: u64,
@@ -501,6 +537,9 @@ impl Default for Config {
             max_tool_call_bytes: 1 << 20,
             max_sessions: cores() * 32,
             token_secret: None,
+            session_store: None,
+            node_url: None,
+            node_lease_ms: 10_000,
             warm_pool_size: 4,
             warm_languages: ["python", "bash", "javascript", "typescript"]
                 .map(String::from)
@@ -517,6 +556,7 @@ impl Default for Config {
             mcp_servers: Vec::new(),
             warm_preload: ["numpy", "pandas", "matplotlib.pyplot"].map(String::from).to_vec(),
             warm_preload_pool_size: 2,
+            zygote: false,
             runtime_dir: None,
             install_runtime: true,
             sandbox_uid: None,
@@ -540,6 +580,10 @@ impl Default for Config {
             rate_limit_exec: None,
             rate_limit_sessions: None,
             rate_limit_files: None,
+            file_store: None,
+            s3_endpoint: None,
+            file_cache_mb: 1024,
+            workspaces: false,
             header_read_timeout_ms: 10_000,
             body_read_timeout_ms: 120_000,
             keep_alive_timeout_ms: 20_000,
@@ -658,6 +702,7 @@ impl Config {
             ("max_tool_result_bytes", self.max_tool_result_bytes),
             ("max_stored_bytes_per_principal", self.max_stored_bytes_per_principal),
             ("max_stored_files_per_principal", self.max_stored_files_per_principal),
+            ("file_cache_mb", self.file_cache_mb),
             ("header_read_timeout_ms", self.header_read_timeout_ms),
             ("body_read_timeout_ms", self.body_read_timeout_ms),
             ("keep_alive_timeout_ms", self.keep_alive_timeout_ms),
@@ -721,6 +766,39 @@ impl Config {
             if secret.len() != 64 || !secret.bytes().all(|b| b.is_ascii_hexdigit()) {
                 return bad("token_secret must be 64 hex characters (32 bytes)".into());
             }
+        }
+        match self.session_store.as_deref() {
+            None | Some("embedded") => {}
+            Some(url) if url.starts_with("redis://") => {
+                if self.node_url.is_none() {
+                    return bad(
+                        "session_store = redis://... needs node_url: how the other nodes reach this one".into(),
+                    );
+                }
+                if self.token_secret.is_none() {
+                    return bad(
+                        "session_store = redis://... needs token_secret, the same on every node (a token made by one \
+                         node is checked by another)"
+                            .into(),
+                    );
+                }
+            }
+            Some(other) => {
+                return bad(format!(
+                    "session_store = {other:?}: expected \"embedded\" or \"redis://host:port/db\""
+                ))
+            }
+        }
+        if let Some(url) = &self.node_url {
+            let ok = url
+                .strip_prefix("http://")
+                .is_some_and(|rest| !rest.is_empty() && !rest.contains(['/', '?', '#', ' ']));
+            if !ok {
+                return bad(format!("node_url = {url:?}: expected http://host:port"));
+            }
+        }
+        if self.node_lease_ms < 300 {
+            return bad("node_lease_ms must be at least 300".into());
         }
         for (name, path) in [("python", &self.python), ("bash", &self.bash), ("node", &self.node)]
             .into_iter()
@@ -935,6 +1013,34 @@ mod tests {
         assert!(c.validate().is_err());
         c.mcp_servers = vec![server("x", "")];
         assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn a_redis_session_store_needs_a_node_url_and_a_shared_token_secret() {
+        let secret = "ab".repeat(32);
+        let with = |store: Option<&str>, node: Option<&str>, secret: Option<&str>| {
+            Config {
+                session_store: store.map(str::to_owned),
+                node_url: node.map(str::to_owned),
+                token_secret: secret.map(str::to_owned),
+                ..Config::default()
+            }
+            .validate()
+        };
+        assert!(with(None, None, None).is_ok());
+        assert!(with(Some("embedded"), None, None).is_ok());
+        let redis = Some("redis://127.0.0.1:6379/0");
+        assert!(with(redis, Some("http://10.0.0.1:8080"), Some(&secret)).is_ok());
+        for (store, node, secret, says) in [
+            (redis, None, Some(secret.as_str()), "node_url"),
+            (redis, Some("http://10.0.0.1:8080"), None, "token_secret"),
+            (Some("memcached://x"), None, None, "session_store"),
+            (None, Some("10.0.0.1:8080"), None, "node_url"),
+            (None, Some("http://10.0.0.1:8080/path"), None, "node_url"),
+        ] {
+            let err = with(store, node, secret).unwrap_err().to_string();
+            assert!(err.contains(says), "{err}");
+        }
     }
 
     #[test]

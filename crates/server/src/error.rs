@@ -63,6 +63,20 @@ impl ApiError {
         Self::new(StatusCode::INSUFFICIENT_STORAGE, error_type::QUOTA_EXCEEDED, message)
     }
 
+    /// 503: the session store (Redis) cannot be reached; logged in full here, answered
+    /// without detail. Nothing was changed: the same request may be retried.
+    pub fn store_unavailable(detail: &str) -> Self {
+        tracing::warn!(detail, "the store is unavailable");
+        ApiError {
+            retry_after_s: Some(1),
+            ..Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                error_type::STORE_UNAVAILABLE,
+                "the session store is unavailable now; nothing was changed, retry later",
+            )
+        }
+    }
+
     /// An internal failure: logged in full here, answered without detail.
     pub fn internal(error_type: &'static str, detail: &str) -> Self {
         tracing::error!(error_type, detail, "internal error");

@@ -20,6 +20,8 @@ pub struct ExecCommand {
     pub files: Vec<sandcall_api::FileRef>,
     /// The request set its own limits (a warm sandbox has the defaults).
     pub custom_limits: bool,
+    /// The caller's workspace the run starts in and saves to (`workspaces` on).
+    pub workspace: Option<String>,
 }
 
 /// The request's language (Python by default). A name that is not declared, or a
@@ -115,6 +117,7 @@ pub fn parse_exec(req: ExecRequest, config: &Config) -> Result<ExecCommand, ApiE
     }
     let timeout_ms = timeout(req.run_timeout, req.timeout, config)?;
     let limits = resolve_limits(config, req.limits.as_ref())?;
+    let workspace = parse_workspace(req.workspace_id, req.runtime_session_hint, config)?;
     Ok(ExecCommand {
         language,
         code,
@@ -124,7 +127,43 @@ pub fn parse_exec(req: ExecRequest, config: &Config) -> Result<ExecCommand, ApiE
         limits,
         files: req.files.unwrap_or_default(),
         custom_limits: req.limits.is_some_and(|l| l != RequestLimits::default()),
+        workspace,
     })
+}
+
+/// The workspace a request names: `workspace_id`, else `runtime_session_hint` (empty is
+/// none). With `workspaces` off the hint is ignored (LibreChat sends it to every server)
+/// and `workspace_id` refused, since silently starting afresh would lose the caller's files.
+pub fn parse_workspace(
+    id: Option<String>,
+    hint: Option<serde_json::Value>,
+    config: &Config,
+) -> Result<Option<String>, ApiError> {
+    if !config.workspaces {
+        return match id {
+            Some(_) => Err(ApiError::bad_request(
+                "`workspace_id`: workspaces are off on this server (`workspaces = false`)",
+            )),
+            None => Ok(None),
+        };
+    }
+    let name = match (id, hint) {
+        (Some(id), _) => id,
+        (None, None | Some(serde_json::Value::Null)) => return Ok(None),
+        (None, Some(serde_json::Value::String(h))) if h.is_empty() => return Ok(None),
+        (None, Some(serde_json::Value::String(h))) => h,
+        (None, Some(_)) => return Err(ApiError::bad_request("`runtime_session_hint` must be a string")),
+    };
+    let valid = (1..=256).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-'));
+    if !valid {
+        return Err(ApiError::bad_request(
+            "a workspace name (`workspace_id` or `runtime_session_hint`) must be 1 to 256 of A-Z a-z 0-9 _ . : -",
+        ));
+    }
+    Ok(Some(name))
 }
 
 /// The requested wall-clock budget, clamped to the ceiling: `first` if given, else

@@ -104,12 +104,45 @@ pub fn prepare(config: &Config) -> Result<Host, String> {
 /// own mount namespace), so removing them is a plain rmdir.
 fn sweep_runs_dir(runs_dir: &Path) -> usize {
     let Ok(entries) = fs::read_dir(runs_dir) else { return 0 };
-    entries.flatten().filter(|e| fs::remove_dir(e.path()).is_ok()).count()
+    entries
+        .flatten()
+        .filter(|e| {
+            // The listening sockets of Python templates (`pool::Keeper`) are files.
+            let socket = e
+                .file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with("zygote-") && n.ends_with(".sock"));
+            if socket {
+                fs::remove_file(e.path()).is_ok()
+            } else {
+                fs::remove_dir(e.path()).is_ok()
+            }
+        })
+        .count()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_sweep_removes_empty_staging_dirs_and_template_sockets_only() {
+        let dir = std::env::temp_dir().join(format!("sandcall-sweep-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(dir.join("empty")).unwrap();
+        fs::create_dir_all(dir.join("full/x")).unwrap();
+        fs::write(dir.join("zygote-abc.sock"), b"").unwrap();
+        fs::write(dir.join("other"), b"").unwrap();
+        assert_eq!(sweep_runs_dir(&dir), 2);
+        let mut left: Vec<String> = fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["full", "other"]);
+        fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn instance_names_differ_by_data_dir_and_are_stable() {

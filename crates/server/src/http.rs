@@ -10,7 +10,7 @@ use crate::AppState;
 use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::{FromRequest, FromRequestParts, Path, Request, State};
 use axum::http::request::Parts;
-use axum::http::{header, StatusCode};
+use axum::http::{header, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
@@ -318,6 +318,7 @@ pub(crate) async fn health(State(state): State<AppState>, principal: Option<Exte
         queued_runs: None,
         sessions: None,
         paused_sessions: None,
+        dormant_sessions: None,
         max_sessions: None,
         warm_idle: None,
     };
@@ -331,6 +332,7 @@ pub(crate) async fn health(State(state): State<AppState>, principal: Option<Exte
         let (sessions, paused) = state.sessions.counts();
         body.sessions = Some(sessions);
         body.paused_sessions = Some(paused);
+        body.dormant_sessions = Some(state.sessions.dormant_count());
         body.max_sessions = Some(state.config.max_sessions);
     }
     (code, Json(body)).into_response()
@@ -350,6 +352,7 @@ pub(crate) async fn health(State(state): State<AppState>, principal: Option<Exte
             headers(("sandcall-sandbox" = String, description = "`warm` or `cold`: which kind of sandbox ran it."))),
         (status = 400, description = "`invalid_json`, `invalid_request` or `unsupported_language`.", body = ErrorBody),
         (status = 404, description = "`file_not_found`: an input file does not exist.", body = ErrorBody),
+        (status = 409, description = "`workspace_busy`: another run is using the request's workspace (`workspace_id` or `runtime_session_hint`, with `workspaces` on).", body = ErrorBody),
         (status = 413, description = "`payload_too_large`: the body, `code`, `stdin` or the input files.", body = ErrorBody),
         (status = 503, description = "`at_capacity`: every run slot is busy and the queue is full.", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Seconds to wait."))),
@@ -384,13 +387,17 @@ pub(crate) async fn exec_route(
     responses(
         (status = 429, description = "`principal_at_capacity`: the caller holds as many sessions or runs as it may; or `rate_limited`: over its rate (`rate_limit_*`).", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Seconds to wait."))),
-        (status = 200, description = "The program paused on tool calls, completed, or ended in an error.", body = ProgrammaticResponse),
+        (status = 200, description = "The program paused on tool calls, completed, or ended in an error.", body = ProgrammaticResponse,
+            headers(
+                ("sandcall-resume" = String, description = "On a resume: `live` (the paused process went on) or `replay` (the session had no live process and was run again from its journal)."),
+                ("sandcall-node" = String, description = "Many nodes: the `node_url` of the node that served the request."),
+            )),
         (status = 400, description = "`invalid_json`, `invalid_request`, `unsupported_language`, `invalid_tool_schema` or `invalid_tool_results`.", body = ErrorBody),
         (status = 404, description = "`session_not_found` or `file_not_found`.", body = ErrorBody),
         (status = 409, description = "`continuation_token_used`: the token's pause is no longer open, and this is not a retry of its resume with the same results (a retry answers what the first use answered; a session that ended answers its ending).", body = ErrorBody),
         (status = 413, description = "`payload_too_large`: the body, `code` or the input files.", body = ErrorBody),
         (status = 502, description = "`mcp_server_failure`: an MCP server that `mcp_servers` names could not be started or did not list its tools.", body = ErrorBody),
-        (status = 503, description = "`at_capacity`: too many sessions hold a sandbox.", body = ErrorBody,
+        (status = 503, description = "`at_capacity`: too many sessions hold a sandbox. `store_unavailable`: the session store (Redis) cannot be reached; nothing was changed and the token stays good. `session_owner_unavailable` (many nodes): the node that holds the session live did not answer.", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Seconds to wait."))),
     ),
 )]
@@ -409,13 +416,26 @@ pub(crate) async fn programmatic_route(
     if let Some(id) = req.session_id.as_deref() {
         tracing::Span::current().record("session_id", id);
     }
+    let mut served = None;
     let json = match req.continuation_token.as_deref() {
         Some(token) => {
+            // Many nodes: the resume goes to the node that holds the session live.
+            if let Some(id) = state.sessions.token_session(token) {
+                let body = || serde_json::to_vec(&req).map(Bytes::from);
+                let path = "/v1/exec/programmatic";
+                if let Some(answer) =
+                    at_owner(&state, &principal, &id, &headers, true, Method::POST, path, body).await?
+                {
+                    return Ok(answer);
+                }
+            }
             let results = req.tool_results.unwrap_or_default();
-            state
+            let (json, how) = state
                 .sessions
                 .resume(&principal, token, req.session_id.as_deref(), results, request_id)
-                .await?
+                .await?;
+            served = Some(how);
+            json
         }
         None => {
             // Declaring the tools compiles up to 100 schemas: each is bounded
@@ -431,7 +451,64 @@ pub(crate) async fn programmatic_route(
         }
     };
     // Already JSON: a pause's answer is serialized once, off the async workers.
-    Ok(([(header::CONTENT_TYPE, "application/json")], json).into_response())
+    let mut response = ([(header::CONTENT_TYPE, "application/json")], json).into_response();
+    if let Some(served) = served {
+        // (extension) Whether the resume reached the live program or a replay of it.
+        response
+            .headers_mut()
+            .insert("sandcall-resume", axum::http::HeaderValue::from_static(served.as_str()));
+    }
+    Ok(tag_node(&state, response))
+}
+
+/// Many nodes: the answer of the session's owner when that is another node (the same
+/// request, forwarded there), or None to serve the request here (this node holds the
+/// session, or has just taken it over). An owner that cannot be reached is waited out:
+/// once its lease runs out, the session is taken over here.
+#[allow(clippy::too_many_arguments)]
+async fn at_owner(
+    state: &AppState,
+    principal: &Principal,
+    id: &str,
+    headers: &axum::http::HeaderMap,
+    own: bool,
+    method: Method,
+    path: &str,
+    body: impl Fn() -> Result<Bytes, serde_json::Error>,
+) -> Result<Option<Response>, ApiError> {
+    let Some(cluster) = &state.cluster else {
+        return Ok(None);
+    };
+    let forwarded = headers.contains_key(crate::cluster::FORWARDED_HEADER);
+    for _ in 0..3 {
+        match state.sessions.locate(id, principal, forwarded, own).await? {
+            programmatic::session::Located::Here => return Ok(None),
+            programmatic::session::Located::Owner(owner) => {
+                let bytes = body().map_err(|e| ApiError::internal(error_type::INTERNAL, &e.to_string()))?;
+                match cluster.forward(&owner, method.clone(), path, headers, bytes).await {
+                    Ok(answer) => return Ok(Some(answer)),
+                    Err(crate::cluster::ForwardError::Unreachable(e)) => {
+                        tracing::info!(session = %id, %owner, error = %e, "the session's owner cannot be reached; waiting for its lease to run out");
+                        state.sessions.wait_out_lease(id, &owner).await?;
+                    }
+                    Err(e) => return Err(crate::cluster::forward_failed(&e)),
+                }
+            }
+        }
+    }
+    Err(crate::cluster::forward_failed(&crate::cluster::ForwardError::Failed(
+        "the session's owner kept changing".into(),
+    )))
+}
+
+/// Many nodes: names the node that served the answer (`sandcall-node`).
+fn tag_node(state: &AppState, mut response: Response) -> Response {
+    if let Some(node) = state.sessions.node() {
+        if let Ok(value) = axum::http::HeaderValue::from_str(node) {
+            response.headers_mut().insert(crate::cluster::NODE_HEADER, value);
+        }
+    }
+    response
 }
 
 /// Ends a session: its program is killed and its sandbox freed.
@@ -447,20 +524,37 @@ pub(crate) async fn programmatic_route(
         (status = 200, description = "The session's outcome: `error` / `cancelled`, or how it had already ended.", body = ProgrammaticResponse),
         (status = 400, description = "`invalid_json` or `invalid_request` (neither `session_id` nor `request_id`).", body = ErrorBody),
         (status = 404, description = "`session_not_found`: no such session, or no session started or resumed with this `request_id`, for this caller.", body = ErrorBody),
+        (status = 503, description = "Many nodes: `store_unavailable` (the session store cannot be reached) or `session_owner_unavailable` (the node that holds the session did not answer).", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds to wait."))),
     ),
 )]
 pub(crate) async fn cancel_route(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
+    headers: axum::http::HeaderMap,
     JsonBody(req): JsonBody<CancelRequest>,
-) -> Result<Json<ProgrammaticResponse>, ApiError> {
+) -> Result<Response, ApiError> {
     let id = match (req.session_id, req.request_id) {
         (Some(id), _) => id,
         (None, Some(request_id)) => state.sessions.by_request_id(&principal, &request_id)?,
         (None, None) => return Err(ApiError::bad_request("`session_id` or `request_id` is required")),
     };
     tracing::Span::current().record("session_id", id.as_str());
-    Ok(Json(state.sessions.cancel(&principal, &id).await?))
+    let body = || {
+        serde_json::to_vec(&CancelRequest {
+            session_id: Some(id.clone()),
+            ..Default::default()
+        })
+        .map(Bytes::from)
+    };
+    let path = "/v1/exec/programmatic/cancel";
+    if let Some(answer) = at_owner(&state, &principal, &id, &headers, true, Method::POST, path, body).await? {
+        return Ok(answer);
+    }
+    Ok(tag_node(
+        &state,
+        Json(state.sessions.cancel(&principal, &id).await?).into_response(),
+    ))
 }
 
 /// A session's state: paused, running, or how it ended.
@@ -475,17 +569,39 @@ pub(crate) async fn cancel_route(
             headers(("Retry-After" = u64, description = "Seconds to wait."))),
         (status = 200, description = "The session's state.", body = ProgrammaticResponse),
         (status = 404, description = "`session_not_found`.", body = ErrorBody),
+        (status = 503, description = "Many nodes: `store_unavailable` (the session store cannot be reached) or `session_owner_unavailable` (the node that holds the session did not answer).", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds to wait."))),
     ),
 )]
 pub(crate) async fn session_route(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
+    headers: axum::http::HeaderMap,
     ApiPath(session_id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     tracing::Span::current().record("session_id", session_id.as_str());
+    let path = format!("/v1/exec/programmatic/{session_id}");
+    let empty = || Ok(Bytes::new());
+    if let Some(answer) = at_owner(
+        &state,
+        &principal,
+        &session_id,
+        &headers,
+        false,
+        Method::GET,
+        &path,
+        empty,
+    )
+    .await?
+    {
+        return Ok(answer);
+    }
     // Already JSON: a paused session's answer is serialized once, not per GET.
     let json = state.sessions.status(&principal, &session_id).await?;
-    Ok(([(header::CONTENT_TYPE, "application/json")], json).into_response())
+    Ok(tag_node(
+        &state,
+        ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
+    ))
 }
 
 /// A session's tool calls, oldest first: each as requested, refused or answered
@@ -507,10 +623,29 @@ pub(crate) async fn session_route(
 pub(crate) async fn calls_route(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
+    headers: axum::http::HeaderMap,
     ApiPath(session_id): ApiPath<String>,
-) -> Result<Json<sandcall_api::CallsResponse>, ApiError> {
+) -> Result<Response, ApiError> {
     tracing::Span::current().record("session_id", session_id.as_str());
-    Ok(Json(state.sessions.calls(&principal, &session_id)?))
+    // Many nodes: the audit trail is kept by the node that holds the session.
+    let path = format!("/v1/exec/programmatic/{session_id}/calls");
+    let empty = || Ok(Bytes::new());
+    if let Some(answer) = at_owner(
+        &state,
+        &principal,
+        &session_id,
+        &headers,
+        false,
+        Method::GET,
+        &path,
+        empty,
+    )
+    .await?
+    {
+        return Ok(answer);
+    }
+    let calls = state.sessions.calls(&principal, &session_id)?;
+    Ok(tag_node(&state, Json(calls).into_response()))
 }
 
 /// This API's OpenAPI document.

@@ -7,6 +7,7 @@
 
 pub mod admission;
 pub mod auth;
+pub mod cluster;
 pub mod config;
 pub mod doctor;
 pub mod error;
@@ -53,6 +54,9 @@ pub struct AppState {
     pub outbox_dir: std::path::PathBuf,
     /// Per-principal request rates (`rate_limit_*`).
     pub rate_limits: rate_limit::RateLimits,
+    /// Many nodes: forwards a request about a session to the node that holds it live.
+    /// None on a single node.
+    pub cluster: Option<Arc<cluster::Forwarder>>,
 }
 
 impl AppState {
@@ -85,16 +89,36 @@ impl AppState {
         principal: &auth::Principal,
         cmd: exec::ExecCommand,
     ) -> Result<(ExecResponse, bool), ApiError> {
+        // A run in a workspace holds it until its outputs are stored (files::workspace).
+        let mut cmd = cmd;
+        let workspace = match cmd.workspace.clone() {
+            Some(name) => {
+                let hold_ms = cmd.timeout_ms + self.config.queue_timeout_ms + WORKSPACE_HOLD_MARGIN_MS;
+                let (lease, inputs) = files::workspace::take(
+                    self.files.clone(),
+                    &principal.0,
+                    &name,
+                    hold_ms,
+                    self.config.file_ttl_s * 1000,
+                    &cmd.files,
+                )
+                .await?;
+                cmd.files.extend(inputs);
+                Some(lease)
+            }
+            None => None,
+        };
         let inputs =
             files::ops::resolve_inputs(&*self.files, &principal.0, &cmd.files, cmd.limits.workspace_bytes).await?;
         let queued = std::time::Instant::now();
         let slot = self.admission.admit(&principal.0).await?;
         telemetry::elapsed(telemetry::QUEUE_SECONDS, queued);
-        // A warm sandbox serves requests that keep the default limits.
+        // A warm sandbox serves requests that keep the default limits (with `zygote`, one
+        // forked now when the pool is empty).
         let warm = if cmd.custom_limits {
             None
         } else {
-            self.pool.take(cmd.language, &cmd.code)
+            self.pool.take_or_fork(cmd.language, &cmd.code).await
         };
         let session_id = warm.as_ref().map_or_else(ids::new_id, |h| h.run_id().to_owned());
         tracing::Span::current().record("session_id", session_id.as_str());
@@ -153,6 +177,9 @@ impl AppState {
         response.files = files;
         response.files_skipped = skipped;
         response.files_skipped_total = skipped_total;
+        if let Some(lease) = workspace {
+            lease.save(&response.files).await;
+        }
         Ok((response, was_warm))
     }
 
@@ -167,6 +194,10 @@ impl AppState {
         }
     }
 }
+
+/// How long a workspace's lease outlasts the run's own time and its wait for a slot:
+/// collecting and storing the outputs.
+const WORKSPACE_HOLD_MARGIN_MS: u64 = 120_000;
 
 /// Removes a run's outbox directory when dropped.
 struct OutboxGuard(std::path::PathBuf);
@@ -257,12 +288,33 @@ async fn run(config: Config, frontend: Frontend) -> Result<(), ServeError> {
     let key = programmatic::token::TokenKey::load(config.token_secret.as_deref(), &host.data_dir)
         .map_err(ServeError::Preflight)?;
     let shared_config = Arc::new(config.clone());
-    let store: Arc<dyn files::FileStore> =
-        Arc::new(store::embedded::LocalStore::open(&host.data_dir).map_err(|e| ServeError::Preflight(e.to_string()))?);
-    let session_store: Arc<dyn store::SessionStore> = Arc::new(
-        store::embedded::EmbeddedSessionStore::open(&host.data_dir)
-            .map_err(|e| ServeError::Preflight(e.to_string()))?,
-    );
+    let store = store::open_file_store(&config, &host.data_dir)
+        .await
+        .map_err(|e| ServeError::Preflight(e.to_string()))?;
+    let session_store: Arc<dyn store::SessionStore> = match config.session_store.as_deref() {
+        Some(url) if url.starts_with("redis://") => {
+            // A session's keys outlive its last write by as long as it can wait or run
+            // before its next one: a session no node ends does not stay in Redis forever.
+            let ttl_ms = config
+                .session_expiry_s
+                .saturating_mul(1000)
+                .max(config.tool_call_timeout_ms)
+                .saturating_add(config.max_run_timeout_ms)
+                .saturating_add(60_000);
+            Arc::new(
+                store::redis::RedisSessionStore::open(url, ttl_ms).map_err(|e| ServeError::Preflight(e.to_string()))?,
+            )
+        }
+        _ => Arc::new(
+            store::embedded::EmbeddedSessionStore::open(&host.data_dir)
+                .map_err(|e| ServeError::Preflight(e.to_string()))?,
+        ),
+    };
+    let cluster = config
+        .node_url
+        .clone()
+        .filter(|_| session_store.shared())
+        .map(|url| Arc::new(cluster::Forwarder::new(url)));
     let outbox_dir = host.data_dir.join("outbox");
     // Outputs of runs a previous server did not finish storing are lost with it.
     let _ = std::fs::remove_dir_all(&outbox_dir);
@@ -286,11 +338,14 @@ async fn run(config: Config, frontend: Frontend) -> Result<(), ServeError> {
             files: store.clone(),
             outbox_dir: outbox_dir.clone(),
             store: session_store,
+            node: cluster.as_ref().map(|c| c.node_url().to_owned()),
         },
     );
     // Sessions an earlier server left paused wait for their resume (replay).
     sessions.recover().await;
     tokio::spawn(sessions.clone().expire_dormant());
+    tokio::spawn(sessions.clone().renew_leases());
+    let sessions_at_exit = sessions.clone();
     let state = AppState {
         config: shared_config,
         runner: runner.clone(),
@@ -302,6 +357,7 @@ async fn run(config: Config, frontend: Frontend) -> Result<(), ServeError> {
         files: store.clone(),
         outbox_dir,
         rate_limits: rate_limit::RateLimits::new(&config),
+        cluster,
     };
     tokio::spawn(rate_limit::forget_idle_every(
         state.rate_limits.clone(),
@@ -354,6 +410,8 @@ async fn run(config: Config, frontend: Frontend) -> Result<(), ServeError> {
     while runner.active() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    // Many nodes: this node's sessions are free for the others now.
+    sessions_at_exit.release_leases().await;
     let left = host.cgroups.sweep();
     tracing::info!(left, "stopped");
     Ok(())

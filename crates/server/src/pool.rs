@@ -33,6 +33,17 @@ struct Inner {
     /// The top-level packages of `warm_preload` when a preloaded set is kept: a run
     /// whose code imports one of them is given a preloaded sandbox.
     preloaded_packages: Vec<String>,
+    /// The sets forked from a template (`zygote`), and what a fork of each needs.
+    forks: Mutex<HashMap<Set, ForkFrom>>,
+}
+
+/// What it takes to fork one more sandbox of a set on demand (`Pool::take_or_fork`).
+#[derive(Clone)]
+struct ForkFrom {
+    zygote: Arc<Zygote>,
+    runner: Runner,
+    limits: Limits,
+    tools: ToolChannel,
 }
 
 impl Pool {
@@ -63,6 +74,7 @@ impl Pool {
                 ready: Mutex::new(HashMap::new()),
                 wake: Notify::new(),
                 preloaded_packages,
+                forks: Mutex::new(HashMap::new()),
             }),
         };
         if config.warm_pool_size == 0 {
@@ -95,7 +107,49 @@ impl Pool {
                 sets.push((true, config.warm_preload_pool_size, env));
             }
             for (preloaded, size, env) in sets {
+                // Python's sets fork from a template of their own when `zygote` is on.
+                // Without root, a run's helper could not reach its non-dumpable init
+                // through /proc, so the sets are built the usual way.
+                let zygote_on = config.zygote && language == Language::Python;
+                if zygote_on && !nix::unistd::geteuid().is_root() {
+                    tracing::warn!(
+                        "zygote needs the server to run as root; warm Python sandboxes are built the usual way"
+                    );
+                }
+                let zygote = (zygote_on && nix::unistd::geteuid().is_root()).then(|| {
+                    let zygote = Arc::new(Zygote::default());
+                    let (argv, mut env) = runtime::template_launch(interpreter);
+                    env.extend(runtime::languages::config_env(language, &config));
+                    if preloaded {
+                        env.push(("SANDCALL_PRELOAD".into(), config.warm_preload.join(",")));
+                    }
+                    let keeper = Keeper {
+                        zygote: zygote.clone(),
+                        pool: pool.clone(),
+                        runner: runner.clone(),
+                        launch: Launch {
+                            argv,
+                            env,
+                            wait_ready: true,
+                        },
+                        limits: limits.clone(),
+                    };
+                    tokio::spawn(keeper.run(shutdown.clone()));
+                    let fork = ForkFrom {
+                        zygote: zygote.clone(),
+                        runner: runner.clone(),
+                        limits: limits.clone(),
+                        tools: tools.clone(),
+                    };
+                    pool.inner
+                        .forks
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(Set { language, preloaded }, fork);
+                    zygote
+                });
                 let fill = Refill {
+                    zygote,
                     pool: pool.clone(),
                     runner: runner.clone(),
                     set: Set { language, preloaded },
@@ -126,12 +180,50 @@ impl Pool {
     /// up the preloaded sandboxes, which are slow to rebuild. Either way the run's
     /// results are the same: only its import time differs.
     pub fn take(&self, language: Language, code: &str) -> Option<Helper> {
+        let helper = self.ready().get_mut(&self.set_for(language, code)).and_then(Vec::pop);
+        self.inner.wake.notify_waiters();
+        helper
+    }
+
+    /// Like `take`, and when the set is empty but forks from a ready template, a
+    /// sandbox forked for this run now (a fork, a cgroup and a few mounts; no
+    /// interpreter to start). None when neither is to be had: the run takes the cold
+    /// path.
+    pub async fn take_or_fork(&self, language: Language, code: &str) -> Option<Helper> {
+        if let Some(helper) = self.take(language, code) {
+            return Some(helper);
+        }
+        let set = self.set_for(language, code);
+        let fork = self
+            .inner
+            .forks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&set)
+            .cloned()?;
+        let (socket, seed) = fork.zygote.get()?;
+        match fork
+            .runner
+            .prepare_forked(ids::new_id(), fork.limits, fork.tools, socket)
+            .await
+        {
+            Ok(mut helper) => {
+                helper.set_hash_seed(seed);
+                Some(helper)
+            }
+            Err(e) => {
+                tracing::warn!(?set, error = %e, "could not fork a sandbox on demand");
+                None
+            }
+        }
+    }
+
+    /// The set a run of `code` in `language` takes its sandbox from.
+    fn set_for(&self, language: Language, code: &str) -> Set {
         let preloaded = language == Language::Python
             && !self.inner.preloaded_packages.is_empty()
             && imports_any(code, &self.inner.preloaded_packages);
-        let helper = self.ready().get_mut(&Set { language, preloaded }).and_then(Vec::pop);
-        self.inner.wake.notify_waiters();
-        helper
+        Set { language, preloaded }
     }
 
     /// Warm sandboxes ready now, by set: language, preloaded, how many (empty sets too).
@@ -169,7 +261,86 @@ fn imports_any(code: &str, packages: &[String]) -> bool {
     })
 }
 
+/// A set's template ("zygote"), while it is ready to fork.
+#[derive(Default)]
+struct Zygote {
+    /// Its socket and hash seed, while it is ready; None while it is being (re)built.
+    ready: Mutex<Option<(std::path::PathBuf, u32)>>,
+}
+
+impl Zygote {
+    fn get(&self) -> Option<(std::path::PathBuf, u32)> {
+        self.ready.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn set(&self, ready: Option<(std::path::PathBuf, u32)>) {
+        *self.ready.lock().unwrap_or_else(|p| p.into_inner()) = ready;
+    }
+}
+
+/// Keeps a set's template running: builds it, and builds a new one whenever it exits.
+/// Runs already forked from a template that exits live on (its helper waits for them).
+struct Keeper {
+    zygote: Arc<Zygote>,
+    pool: Pool,
+    runner: Runner,
+    launch: Launch,
+    limits: Limits,
+}
+
+impl Keeper {
+    async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        while !*shutdown.borrow() {
+            let id = ids::new_id();
+            let socket = self.runner.settings().runs_dir.join(format!("zygote-{id}.sock"));
+            // One hash seed per template, shared by the runs it forks (the threat
+            // model says why that is safe), and journaled by programmatic sessions.
+            let seed = rand::random::<u32>();
+            let mut launch = self.launch.clone();
+            launch.env.push(("PYTHONHASHSEED".into(), seed.to_string()));
+            let started = self
+                .runner
+                .prepare_template(id, self.limits.clone(), launch, socket.clone())
+                .await;
+            let mut helper = match started {
+                Ok(helper) => helper,
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not start a Python template");
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        _ = shutdown.changed() => {}
+                    }
+                    continue;
+                }
+            };
+            self.zygote.set(Some((socket, seed)));
+            self.pool.inner.wake.notify_waiters();
+            tokio::select! {
+                event = helper.next_event() => {
+                    // The template exited: its helper stays until the runs it forked
+                    // have ended, and is reaped in the background.
+                    self.zygote.set(None);
+                    tracing::warn!(?event, "the Python template exited; building a new one");
+                    tokio::spawn(helper.linger());
+                }
+                _ = shutdown.changed() => {
+                    self.zygote.set(None);
+                    helper.abort();
+                    helper.wait().await;
+                }
+            }
+        }
+        self.zygote.set(None);
+    }
+}
+
+/// How long a set with a template waits for it at start before it builds sandboxes
+/// the usual way.
+const TEMPLATE_START_WAIT: Duration = Duration::from_secs(10);
+
 struct Refill {
+    /// The set's template, when it forks its sandboxes.
+    zygote: Option<Arc<Zygote>>,
     pool: Pool,
     runner: Runner,
     set: Set,
@@ -181,6 +352,14 @@ struct Refill {
 
 impl Refill {
     async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        // At start, the set waits a little for its template (about an interpreter's
+        // start), rather than filling itself with sandboxes built the usual way.
+        if let Some(zygote) = &self.zygote {
+            let until = tokio::time::Instant::now() + TEMPLATE_START_WAIT;
+            while zygote.get().is_none() && tokio::time::Instant::now() < until && !*shutdown.borrow() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
         loop {
             if *shutdown.borrow() {
                 break;
@@ -195,6 +374,23 @@ impl Refill {
                     _ = tokio::time::sleep(Duration::from_millis(200)) => {}
                 }
                 continue;
+            }
+            // A sandbox forked from the set's template, while it is ready; else one
+            // built the usual way (also when the fork fails: the template may have
+            // just exited).
+            if let Some((socket, seed)) = self.zygote.as_ref().and_then(|z| z.get()) {
+                let forked = self
+                    .runner
+                    .prepare_forked(ids::new_id(), self.limits.clone(), self.tools.clone(), socket)
+                    .await;
+                match forked {
+                    Ok(mut helper) => {
+                        helper.set_hash_seed(seed);
+                        self.pool.ready().entry(self.set).or_default().push(helper);
+                        continue;
+                    }
+                    Err(e) => tracing::warn!(set = ?self.set, error = %e, "could not fork a warm sandbox"),
+                }
             }
             // Each warm Python program gets a hash seed of its own, as random as
             // Python's own, but known: a programmatic session's replay uses it again.

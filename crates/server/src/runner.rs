@@ -274,7 +274,38 @@ impl Runner {
             max_code_bytes: s.max_code_bytes,
             launch,
             tools,
+            template: None,
+            fork_from: None,
         }
+    }
+
+    /// A template ("zygote", `runtime/zygote.py`) started with `launch` and listening at
+    /// `socket`: the helper answers once it is ready to fork. The returned helper's next
+    /// event comes when the template exits.
+    pub async fn prepare_template(
+        &self,
+        run_id: String,
+        limits: Limits,
+        launch: Launch,
+        socket: PathBuf,
+    ) -> Result<Helper, RunError> {
+        let mut prepare = self.prepare_message(run_id, limits, Some(launch), None);
+        prepare.template = Some(socket);
+        self.prepare(&prepare).await
+    }
+
+    /// A warm sandbox forked from the template listening at `socket`: like
+    /// `prepare_warm`, its program is started and waits for `Helper::begin`.
+    pub async fn prepare_forked(
+        &self,
+        run_id: String,
+        limits: Limits,
+        tools: ToolChannel,
+        socket: PathBuf,
+    ) -> Result<Helper, RunError> {
+        let mut prepare = self.prepare_message(run_id, limits, None, Some(tools));
+        prepare.fork_from = Some(socket);
+        self.prepare(&prepare).await
     }
 
     /// Spawns a helper and has it build a sandbox.
@@ -433,6 +464,13 @@ impl Helper {
 
     pub fn aborted(&self) -> bool {
         self.stdin.is_none()
+    }
+
+    /// Waits for the helper to exit on its own, its stdin kept open: a template's
+    /// helper whose template exited stays until the runs forked from it have ended, and
+    /// closing its stdin would kill them.
+    pub async fn linger(mut self) {
+        let _ = self.child.wait().await;
     }
 
     /// Waits for the helper to exit (it does once everything is reclaimed).

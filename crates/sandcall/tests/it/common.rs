@@ -68,6 +68,18 @@ impl Server {
 
     /// Starts `sandcall serve` with its files in `dir`, as root or as `user` (uid, gid).
     pub fn launch(dir: PathBuf, env: &[(&str, &str)], config: &str, user: Option<(u32, u32)>) -> Server {
+        Server::launch_at(dir, env, config, user, "127.0.0.1:0")
+    }
+
+    /// The same, listening on `listen` (a cluster's node must know its own address
+    /// before it starts: its `node_url`).
+    pub fn launch_at(
+        dir: PathBuf,
+        env: &[(&str, &str)],
+        config: &str,
+        user: Option<(u32, u32)>,
+        listen: &str,
+    ) -> Server {
         let data_dir = dir.join("data");
         let config_path = dir.join("sandcall.toml");
         std::fs::write(&config_path, config).unwrap();
@@ -84,7 +96,7 @@ impl Server {
                 cmd
             }
         };
-        cmd.args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        cmd.args(["serve", "--listen", listen, "--data-dir"])
             .arg(&data_dir)
             .arg("--config")
             .arg(&config_path)
@@ -106,6 +118,14 @@ impl Server {
         // No preloaded Python sandboxes (a second of CPU each to build) unless a test
         // asks for them.
         cmd.env("SANDCALL_WARM_PRELOAD_POOL_SIZE", "0");
+        // SANDCALL_TEST_FILE_STORE=s3 (a pass of `.ci/run`): every server keeps its files
+        // in the test S3 server, under a prefix of its own.
+        if std::env::var("SANDCALL_TEST_FILE_STORE").as_deref() == Ok("s3") {
+            let prefix = format!("it-{}-{}", std::process::id(), rand_suffix());
+            for (k, v) in s3_env(&prefix) {
+                cmd.env(k, v);
+            }
+        }
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -317,6 +337,41 @@ impl Drop for Server {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// The S3-compatible server the tests use (moto's server mode, which `.ci/run` starts)
+/// and its bucket: SANDCALL_TEST_S3_ENDPOINT and SANDCALL_TEST_S3_BUCKET. A test that
+/// needs them fails when they are unset: it must not pass without S3.
+pub fn s3_server() -> (String, String) {
+    let endpoint = std::env::var("SANDCALL_TEST_S3_ENDPOINT").unwrap_or_default();
+    let bucket = std::env::var("SANDCALL_TEST_S3_BUCKET").unwrap_or_default();
+    assert!(
+        !endpoint.is_empty() && !bucket.is_empty(),
+        "SANDCALL_TEST_S3_ENDPOINT and SANDCALL_TEST_S3_BUCKET are unset: this test needs the S3 server \
+         that .ci/run starts (moto)"
+    );
+    (endpoint, bucket)
+}
+
+/// The environment of a server whose files live in the test S3 server under `prefix`
+/// (servers given the same prefix share their files).
+pub fn s3_env(prefix: &str) -> Vec<(String, String)> {
+    let (endpoint, bucket) = s3_server();
+    [
+        ("SANDCALL_FILE_STORE", format!("s3://{bucket}/{prefix}")),
+        ("SANDCALL_S3_ENDPOINT", endpoint),
+        ("AWS_ACCESS_KEY_ID", "sandcall-test".to_owned()),
+        ("AWS_SECRET_ACCESS_KEY", "sandcall-test".to_owned()),
+        ("AWS_DEFAULT_REGION", "us-east-1".to_owned()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect()
+}
+
+/// A key prefix no other test uses.
+pub fn unique_prefix(what: &str) -> String {
+    format!("{what}-{}-{}", std::process::id(), rand_suffix())
 }
 
 fn rand_suffix() -> u64 {

@@ -228,6 +228,12 @@ fn an_idle_paused_session_is_evicted_and_still_completes() {
     // Evicted: its sandbox is gone.
     std::thread::sleep(Duration::from_millis(1200));
     wait_until_no_sandbox(&s);
+    let (_, _, health) = s.request("GET", "/v1/health", None, None);
+    assert_eq!(
+        (health["sessions"].as_u64(), health["dormant_sessions"].as_u64()),
+        (Some(0), Some(1)),
+        "{health}"
+    );
     let now = status(&s, &p);
     assert_eq!(now["status"], "tool_call_required", "{now}");
     // Each resume brings it back by replay; it pauses again and is evicted again.

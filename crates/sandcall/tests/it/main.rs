@@ -3,6 +3,7 @@
 
 mod audit;
 mod bounded_work;
+mod cluster;
 mod common;
 mod compiled;
 mod durable;
@@ -23,6 +24,9 @@ mod programmatic;
 mod rate_limits;
 mod readme;
 mod runtime;
+mod s3;
 mod soak;
 mod unprivileged;
 mod warm;
+mod workspaces;
+mod zygote;

@@ -796,6 +796,7 @@ fn health_needs_no_key_and_says_more_with_one() {
         [
             "active_runs",
             "cgroup",
+            "dormant_sessions",
             "max_concurrent_runs",
             "max_sessions",
             "paused_sessions",

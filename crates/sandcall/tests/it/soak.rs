@@ -1,7 +1,7 @@
-//! Soak: one server under sixteen concurrent clients for a bounded time, every kind of
-//! request mixed (plain runs, programmatic sessions resumed, failed, gathered, cancelled
-//! and abandoned, files, hostile programs), each answer checked exactly; afterwards
-//! nothing may be left over.
+//! Soak: one server (and then two nodes sharing Redis and S3) under sixteen concurrent
+//! clients for a bounded time, every kind of request mixed (plain runs, programmatic
+//! sessions resumed, failed, gathered, cancelled and abandoned, files, hostile programs),
+//! each answer checked exactly; afterwards nothing may be left over.
 //!
 //! **Run this test alone.** It compares host-wide counts before and after the load
 //! (processes under the server, run cgroups, host mounts, the server's descriptors), and
@@ -26,14 +26,40 @@ const SESSION_EXPIRY: Duration = Duration::from_secs(4);
 /// How long after its expiry an abandoned session may still be answered as paused.
 const EXPIRY_GRACE: Duration = Duration::from_secs(10);
 /// Caps low enough that the load meets them: 16 clients of one principal (local mode)
-/// against 6 run slots, 2 places in the queue, 9 runs and 8 sessions per principal. Both
-/// kinds of refusal, `503 at_capacity` and `429 principal_at_capacity`, must happen, and
-/// each is retried unchanged: its retry must get exactly the answer the first try would
-/// have, so the refusal changed nothing (a refused resume left its token good).
-const CAPS: &str =
-    "max_concurrent_runs = 6\nmax_queued_runs = 2\nmax_runs_per_principal = 9\nmax_sessions_per_principal = 8\n";
-const MAX_CONCURRENT_RUNS: u64 = 6;
-const MAX_SESSIONS_PER_PRINCIPAL: u64 = 8;
+/// against 6 run slots, 2 places in the queue, 9 runs and 8 sessions per principal (per
+/// node: on two nodes each node has half of each). Both kinds of refusal, `503
+/// at_capacity` and `429 principal_at_capacity`, must happen, and each is retried
+/// unchanged: its retry must get exactly the answer the first try would have, so the
+/// refusal changed nothing (a refused resume left its token good).
+#[derive(Clone, Copy)]
+struct Caps {
+    runs: u64,
+    queued: u64,
+    runs_per_principal: u64,
+    sessions_per_principal: u64,
+}
+
+impl Caps {
+    const ONE_NODE: Caps = Caps {
+        runs: 6,
+        queued: 2,
+        runs_per_principal: 9,
+        sessions_per_principal: 8,
+    };
+    const EACH_OF_TWO: Caps = Caps {
+        runs: 3,
+        queued: 1,
+        runs_per_principal: 5,
+        sessions_per_principal: 4,
+    };
+
+    fn config(self) -> String {
+        format!(
+            "max_concurrent_runs = {}\nmax_queued_runs = {}\nmax_runs_per_principal = {}\nmax_sessions_per_principal = {}\n",
+            self.runs, self.queued, self.runs_per_principal, self.sessions_per_principal
+        )
+    }
+}
 /// Failure messages kept per client (all are counted).
 const KEPT_FAILURES: usize = 20;
 const ROUTE: &str = "/v1/exec/programmatic";
@@ -73,30 +99,73 @@ macro_rules! ensure {
     };
 }
 
+/// Files expire and are swept during the load too; abandoned sessions expire.
+fn soak_env() -> Vec<(String, String)> {
+    vec![
+        ("SANDCALL_SESSION_EXPIRY_S".into(), SESSION_EXPIRY.as_secs().to_string()),
+        ("SANDCALL_FILE_TTL_S".into(), "60".into()),
+        ("SANDCALL_FILE_SWEEP_INTERVAL_S".into(), "5".into()),
+    ]
+}
+
 #[test]
 fn soak_mixed_load_leaves_nothing_behind() {
+    let env = soak_env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let s = Server::start_with(&env, &Caps::ONE_NODE.config());
+    soak(vec![s], Caps::ONE_NODE);
+}
+
+/// The same load against two nodes that share their sessions through Redis and their
+/// files through S3 (the servers `.ci/run` starts): every request of a client goes to the
+/// two nodes in turn, so sessions are resumed, read and cancelled through the node that
+/// does not hold them (forwarded to the one that does), and files uploaded through one
+/// are used and downloaded through the other.
+#[test]
+fn soak_two_nodes_over_redis_and_s3_leave_nothing_behind() {
+    let redis = crate::cluster::redis_url();
+    let prefix = crate::common::unique_prefix("soak");
+    let nodes = (0..2)
+        .map(|_| {
+            let mut env = soak_env();
+            env.extend(crate::common::s3_env(&prefix));
+            env.push(("SANDCALL_TOKEN_SECRET".into(), crate::cluster::SECRET.into()));
+            // The harness's warm pool (cluster nodes default to none), as Footprint expects.
+            let pool = std::env::var("SANDCALL_TEST_WARM_POOL").unwrap_or_else(|_| "0".into());
+            env.push(("SANDCALL_WARM_POOL_SIZE".into(), pool));
+            let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            crate::cluster::node_with_config(&redis, &env, &Caps::EACH_OF_TWO.config())
+        })
+        .collect();
+    soak(nodes, Caps::EACH_OF_TWO);
+}
+
+/// One node's footprint before the load.
+struct Before {
+    idle: Footprint,
+    fds: usize,
+    rss: u64,
+}
+
+fn soak(mut nodes: Vec<Server>, caps: Caps) {
     let secs: u64 = std::env::var("SANDCALL_SOAK_SECS")
         .ok()
         .map(|v| v.parse().expect("SANDCALL_SOAK_SECS is a number of seconds"))
         .unwrap_or(DEFAULT_SECS);
     let began = Instant::now();
-    let expiry = SESSION_EXPIRY.as_secs().to_string();
-    // Files expire and are swept during the load too.
-    let mut s = Server::start_with(
-        &[
-            ("SANDCALL_SESSION_EXPIRY_S", &expiry),
-            ("SANDCALL_FILE_TTL_S", "60"),
-            ("SANDCALL_FILE_SWEEP_INTERVAL_S", "5"),
-        ],
-        CAPS,
-    );
-    s.assert_healthy();
-    let idle = Footprint::idle(&s);
-    let before = settle(|| Footprint::measure(&s), idle);
-    assert_eq!(before, idle, "the server is not idle before the load");
+    let mut before = Vec::new();
+    for s in &nodes {
+        s.assert_healthy();
+        let idle = Footprint::idle(s);
+        let now = settle(|| Footprint::measure(s), idle);
+        assert_eq!(now, idle, "the server is not idle before the load");
+        before.push(Before {
+            idle,
+            fds: fd_count(s.pid()),
+            rss: rss_kib(s.pid()),
+        });
+    }
     let mounts_before = mount_count();
-    let fds_before = fd_count(s.pid());
-    let rss_before = rss_kib(s.pid());
 
     let load_began = Instant::now();
     let deadline = load_began + Duration::from_secs(secs);
@@ -106,11 +175,11 @@ fn soak_mixed_load_leaves_nothing_behind() {
         // Meanwhile, health must never count more programs running than there are slots,
         // nor more sessions than the principal may hold: a refused request that ran (or
         // kept its session) anyway would show here.
-        let watcher = scope.spawn(|| watch_counts(&s, &watching));
+        let watcher = scope.spawn(|| watch_counts(&nodes, caps, &watching));
         let handles: Vec<_> = (0..CLIENTS)
             .map(|index| {
-                let s = &s;
-                scope.spawn(move || Client::new(s, index).run_until(deadline))
+                let nodes = &nodes;
+                scope.spawn(move || Client::new(nodes, index).run_until(deadline))
             })
             .collect();
         for (index, handle) in handles.into_iter().enumerate() {
@@ -134,25 +203,48 @@ fn soak_mixed_load_leaves_nothing_behind() {
     let load_time = load_began.elapsed();
 
     // A server that died under the load has nothing left to measure.
-    let exited = s.child.as_mut().and_then(|c| c.try_wait().ok().flatten());
-    let (rss_after, fds_after) = match exited {
-        Some(status) => {
-            tally.fail(format!("the server exited during the load: {status}"));
-            (0, 0)
+    let mut after = Vec::new();
+    for (s, before) in nodes.iter_mut().zip(&before) {
+        let exited = s.child.as_mut().and_then(|c| c.try_wait().ok().flatten());
+        after.push(match exited {
+            Some(status) => {
+                tally.fail(format!("the server exited during the load: {status}"));
+                (0, 0)
+            }
+            None => check_nothing_left(s, before.idle, before.fds, &mut tally),
+        });
+    }
+    let mounts_after = settle(mount_count, mounts_before);
+    if mounts_after != mounts_before {
+        tally.fail(format!("host mounts {mounts_before} -> {mounts_after}"));
+    }
+    let mut last = Client::new(&nodes, CLIENTS);
+    for _ in &nodes {
+        if let Err(e) = last.python(0) {
+            last.tally.fail(format!("a run after the load: {e}"));
         }
-        None => check_nothing_left(&s, idle, mounts_before, fds_before, &mut tally),
-    };
+    }
+    tally.merge(last.tally);
 
+    let (rss_after, fds_after) = after[0];
     eprintln!(
         "{}",
         tally.summary(
             secs,
             load_time,
             began.elapsed(),
-            (rss_before, rss_after),
-            (fds_before, fds_after)
+            (before[0].rss, rss_after),
+            (before[0].fds, fds_after)
         )
     );
+    for (i, (before, (rss_after, fds_after))) in before.iter().zip(after).enumerate().skip(1) {
+        eprintln!(
+            "node {i}: server RSS {} -> {} MiB, fds {} -> {fds_after}",
+            before.rss >> 10,
+            rss_after >> 10,
+            before.fds
+        );
+    }
     assert!(
         tally.failures.is_empty(),
         "{} failures (first {} shown):\n{}",
@@ -162,20 +254,25 @@ fn soak_mixed_load_leaves_nothing_behind() {
     );
 }
 
-/// Polls health until `watching` goes false; a failure for every count over its cap.
-fn watch_counts(s: &Server, watching: &std::sync::atomic::AtomicBool) -> Tally {
+/// Polls every node's health until `watching` goes false; a failure for every count over
+/// its cap (the caps are each node's).
+fn watch_counts(nodes: &[Server], caps: Caps, watching: &std::sync::atomic::AtomicBool) -> Tally {
     let mut tally = Tally::default();
     let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(30)).build();
+    let (max_runs, max_sessions) = (caps.runs, caps.sessions_per_principal);
+    let mut turn = 0usize;
     while watching.load(std::sync::atomic::Ordering::SeqCst) {
+        turn += 1;
+        let s = &nodes[turn % nodes.len()];
         if let Ok(reply) = agent.get(&s.url("/v1/health")).call() {
             let health: Value = reply.into_json().unwrap_or_default();
             let active = health["active_runs"].as_u64().unwrap_or(0);
             tally.health_samples += 1;
             let sessions = health["sessions"].as_u64().unwrap_or(u64::MAX);
             let paused = health["paused_sessions"].as_u64().unwrap_or(u64::MAX);
-            if active > MAX_CONCURRENT_RUNS || sessions > MAX_SESSIONS_PER_PRINCIPAL || paused > sessions {
+            if active > max_runs || sessions > max_sessions || paused > sessions {
                 tally.fail(format!(
-                    "health counts over the caps ({MAX_CONCURRENT_RUNS} runs, {MAX_SESSIONS_PER_PRINCIPAL} sessions): {health}"
+                    "health counts over the caps ({max_runs} runs, {max_sessions} sessions): {health}"
                 ));
             }
         }
@@ -191,20 +288,10 @@ fn watch_counts(s: &Server, watching: &std::sync::atomic::AtomicBool) -> Tally {
 /// After the load: every abandoned session has been seen to expire; the sandboxes of the
 /// rest must be gone too, and the warm pool refilled. Returns the server's RSS (KiB) and
 /// descriptors, for the summary.
-fn check_nothing_left(
-    s: &Server,
-    idle: Footprint,
-    mounts_before: usize,
-    fds_before: usize,
-    tally: &mut Tally,
-) -> (u64, usize) {
+fn check_nothing_left(s: &Server, idle: Footprint, fds_before: usize, tally: &mut Tally) -> (u64, usize) {
     let after = settle(|| Footprint::measure(s), idle);
     if after != idle {
         tally.fail(format!("left over after the load: {after:?}, idle was {idle:?}"));
-    }
-    let mounts_after = settle(mount_count, mounts_before);
-    if mounts_after != mounts_before {
-        tally.fail(format!("host mounts {mounts_before} -> {mounts_after}"));
     }
     // A few descriptors may come and go (connections closing, epoll); runs must not add up.
     let fds_settled = settle(|| fd_count(s.pid()) <= fds_before + 4, true);
@@ -212,11 +299,6 @@ fn check_nothing_left(
     if !fds_settled {
         tally.fail(format!("server descriptors {fds_before} -> {fds_after}"));
     }
-    let mut last = Client::new(s, CLIENTS);
-    if let Err(e) = last.python(0) {
-        last.tally.fail(format!("a run after the load: {e}"));
-    }
-    tally.merge(last.tally);
     (rss_kib(s.pid()), fds_after)
 }
 
@@ -449,7 +531,9 @@ struct Abandoned {
 
 /// One of the concurrent clients: its own connection pool, counts and failures.
 struct Client<'a> {
-    server: &'a Server,
+    /// The nodes, each request to the next in turn.
+    nodes: &'a [Server],
+    turn: usize,
     index: usize,
     agent: ureq::Agent,
     tally: Tally,
@@ -457,9 +541,10 @@ struct Client<'a> {
 }
 
 impl<'a> Client<'a> {
-    fn new(server: &'a Server, index: usize) -> Client<'a> {
+    fn new(nodes: &'a [Server], index: usize) -> Client<'a> {
         Client {
-            server,
+            nodes,
+            turn: index,
             index,
             agent: ureq::AgentBuilder::new().timeout(Duration::from_secs(120)).build(),
             tally: Tally::default(),
@@ -519,7 +604,9 @@ impl<'a> Client<'a> {
     ) -> Result<Reply, String> {
         let give_up = Instant::now() + Duration::from_secs(120);
         loop {
-            let mut req = self.agent.request(method, &self.server.url(path));
+            self.turn += 1;
+            let node = &self.nodes[self.turn % self.nodes.len()];
+            let mut req = self.agent.request(method, &node.url(path));
             if let Some(ct) = content_type {
                 req = req.set("Content-Type", ct);
             }
@@ -878,7 +965,15 @@ impl<'a> Client<'a> {
             "resume after expiry answered {status}: {}",
             shown(&v)
         );
-        let left = settle(|| remains_of(self.server, &session.id), Vec::new());
+        let left = settle(
+            || {
+                self.nodes
+                    .iter()
+                    .flat_map(|s| remains_of(s, &session.id))
+                    .collect::<Vec<_>>()
+            },
+            Vec::new(),
+        );
         ensure!(left.is_empty(), "not reclaimed: {left:?}");
         Ok(())
     }

@@ -5,6 +5,7 @@
 
 pub mod ops;
 pub mod routes;
+pub mod workspace;
 
 pub use crate::store::{FileMeta, FileStore, Quota, QuotaExceeded, StoreError, Usage};
 

@@ -23,6 +23,7 @@ pub fn storage_error(e: StoreError) -> ApiError {
         ),
         StoreError::Quota(q) => ApiError::quota_exceeded(q.to_string()),
         StoreError::Io(detail) => ApiError::internal(error_type::INTERNAL, &detail),
+        StoreError::Unavailable(detail) => ApiError::store_unavailable(&detail),
     }
 }
 
@@ -185,6 +186,10 @@ pub async fn ingest_outputs(
                     StoreError::Full => "storage_full",
                     StoreError::Quota(_) => "quota_exceeded",
                     StoreError::Io(detail) => {
+                        tracing::error!(%detail, "storing an output file");
+                        "storage_error"
+                    }
+                    StoreError::Unavailable(detail) => {
                         tracing::error!(%detail, "storing an output file");
                         "storage_error"
                     }

@@ -256,8 +256,7 @@ impl SandcallMcp {
             stdin: args.stdin,
             files: Some(files),
             run_timeout: args.timeout_ms,
-            timeout: None,
-            limits: None,
+            ..Default::default()
         };
         let cmd = exec::parse_exec(req, &self.state.config)?;
         let (response, _warm) = self.state.execute(&principal, cmd).await?;

@@ -35,7 +35,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
-use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -111,13 +111,73 @@ pub struct Session {
 }
 
 enum DriverCommand {
-    /// The caller's results, with the run slot the program runs on from now, and the
-    /// digest of the results (journalled, for a retry of the resume).
-    Results(Vec<(u64, ToolReply)>, Slot, [u8; 32]),
+    /// The caller's results, with the run slot the program runs on from now, the
+    /// digest of the results (journalled, for a retry of the resume), and what to go
+    /// back to if the store cannot take them.
+    Results(Vec<(u64, ToolReply)>, Slot, [u8; 32], Box<Undo>),
     Cancel,
+    /// Many nodes: another node took the session over (this node's lease ran out, as
+    /// in a Redis outage longer than a lease): this copy ends, and leaves the journal.
+    Abandon,
+}
+
+/// A pause as it was before a resume moved it on: what the session goes back to when
+/// the session store cannot record the resume now (Redis down). The resume then gets
+/// `reject`'s 503 and the token stays good.
+struct Undo {
+    calls: Vec<(String, u64)>,
+    response: Published,
+    last_resume: Option<LastResume>,
+    dormant: Option<u64>,
+    reject: oneshot::Sender<ApiError>,
+}
+
+impl Published {
+    /// A copy: the response shares its arguments, the JSON its bytes.
+    fn copy(&self) -> Published {
+        Published {
+            response: self.response.clone(),
+            json: self.json.clone(),
+        }
+    }
+}
+
+impl LastResume {
+    fn copy(&self) -> LastResume {
+        LastResume {
+            pause: self.pause,
+            digest: self.digest,
+            answer: self.answer.as_ref().map(|(v, p)| (*v, p.copy())),
+        }
+    }
 }
 
 impl Session {
+    /// Puts the pause back as `undo` has it, and answers its resume 503: the store did
+    /// not record the resume, so the token is still good.
+    fn undo(&self, pause: u64, undo: Undo, detail: &str) {
+        let Undo {
+            calls,
+            response,
+            last_resume,
+            dormant,
+            reject,
+        } = undo;
+        {
+            let mut shared = self.lock();
+            shared.phase = Phase::Paused { pause, calls };
+            shared.response = response;
+            shared.last_resume = last_resume;
+            shared.dormant = dormant;
+            if dormant.is_some() {
+                self.set_commands(None);
+            }
+        }
+        let _ = reject.send(ApiError::store_unavailable(detail));
+        // Retries of the same resume waiting for its answer look again.
+        self.version.send_modify(|v| *v += 1);
+    }
+
     fn new(
         id: String,
         principal: String,
@@ -258,6 +318,33 @@ impl Session {
     }
 }
 
+/// How a resume reached its program: the live sandbox's process, or a replay of the
+/// journal in a fresh one (the session was dormant). The route says it in the
+/// `sandcall-resume` header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Served {
+    Live,
+    Replay,
+}
+
+impl Served {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Served::Live => "live",
+            Served::Replay => "replay",
+        }
+    }
+}
+
+/// Where a request about a session is to be served (`Sessions::locate`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Located {
+    /// On this node: it holds the session, or has just taken it over.
+    Here,
+    /// On the node at this `node_url`, which holds it live (its lease is good).
+    Owner(String),
+}
+
 /// Everything a new session needs, validated.
 pub struct StartCommand {
     pub spec: RunSpec,
@@ -308,6 +395,11 @@ struct Inner {
     store: Arc<dyn SessionStore>,
     /// The MCP servers whose tools programs may call (`mcp_servers`).
     mcp: crate::mcp::client::McpServers,
+    /// With a store that many nodes share: this node's id (its `node_url`), which the
+    /// leases name. None on a single node.
+    node: Option<String>,
+    /// How long a lease lasts unless renewed (`node_lease_ms`).
+    lease_ms: u64,
 }
 
 fn not_found() -> ApiError {
@@ -328,6 +420,8 @@ pub struct Backing {
     pub outbox_dir: PathBuf,
     /// Where sessions are journalled.
     pub store: Arc<dyn SessionStore>,
+    /// This node's `node_url`, when the store is shared by many nodes.
+    pub node: Option<String>,
 }
 
 impl Sessions {
@@ -339,7 +433,10 @@ impl Sessions {
             files,
             outbox_dir,
             store,
+            node,
         } = backing;
+        let node = node.filter(|_| store.shared());
+        let lease_ms = config.node_lease_ms;
         let slots = Arc::new(Semaphore::new(config.max_sessions));
         let config_mcp = config.mcp_servers.clone();
         let per_principal = PerPrincipal::new(config.sessions_per_principal());
@@ -363,6 +460,8 @@ impl Sessions {
                 pool,
                 store,
                 mcp: crate::mcp::client::McpServers::new(&config_mcp),
+                node,
+                lease_ms,
             }),
         }
     }
@@ -428,6 +527,18 @@ impl Sessions {
                 tokio::spawn(helper.wait());
             }
             return Err(journal_failed(&e));
+        }
+        // Many nodes: this node owns the session while it holds it live.
+        if let Some(node) = &inner.node {
+            let now = now_ms();
+            if let Err(e) = inner.store.claim(&id, node, now, now + inner.lease_ms).await {
+                let _ = inner.store.remove(&id).await;
+                if let Some(mut helper) = warm {
+                    helper.abort();
+                    tokio::spawn(helper.wait());
+                }
+                return Err(journal_failed(&e));
+            }
         }
         let started = match warm {
             Some(helper) => {
@@ -546,7 +657,7 @@ impl Sessions {
         session_id: Option<&str>,
         results: Vec<ToolResult>,
         request_id: Option<String>,
-    ) -> Result<Bytes, ApiError> {
+    ) -> Result<(Bytes, Served), ApiError> {
         let (id, pause) = self.inner.key.verify(token).ok_or_else(|| {
             ApiError::new(
                 StatusCode::UNAUTHORIZED,
@@ -582,7 +693,7 @@ impl Sessions {
                 match &shared.phase {
                     Phase::Paused { calls, .. } if open => Step::Go(match_results(calls, results)?),
                     _ => match answer_again(&mut shared, *session.version.borrow(), pause, &digest) {
-                        Again::Answer(json) => return json,
+                        Again::Answer(json) => return json.map(|j| (j, Served::Live)),
                         Again::Stored => Step::Stored,
                         // Read under the lock that publishing takes: no answer can slip
                         // in between.
@@ -593,7 +704,7 @@ impl Sessions {
             };
             let replies = match step {
                 Step::Go(replies) => replies,
-                Step::Stored => return self.stored_answer(&session).await,
+                Step::Stored => return self.stored_answer(&session).await.map(|j| (j, Served::Live)),
                 Step::Wait(seen) => {
                     session.wait_past(seen).await;
                     continue;
@@ -608,6 +719,8 @@ impl Sessions {
             } else {
                 None
             };
+            let mut served = Served::Live;
+            let rejection;
             let seen = {
                 let mut shared = session.lock();
                 let calls = match &shared.phase {
@@ -616,6 +729,17 @@ impl Sessions {
                     // or 409, as above.
                     _ => continue,
                 };
+                // What the session goes back to if the store cannot take the resume now
+                // (503, the token stays good).
+                let (reject, rejected) = oneshot::channel();
+                let undo = Undo {
+                    calls: calls.clone(),
+                    response: shared.response.copy(),
+                    last_resume: shared.last_resume.as_ref().map(LastResume::copy),
+                    dormant: shared.dormant,
+                    reject,
+                };
+                rejection = rejected;
                 if shared.dormant.is_some() {
                     // It went dormant meanwhile: look again, with a session slot.
                     let Some(slot) = revive_slot.take() else { continue };
@@ -633,9 +757,11 @@ impl Sessions {
                         pause,
                         digest: Some(digest),
                         replies,
+                        undo: Some(undo),
                     };
                     tokio::spawn(self.clone().revive(session.clone(), rx, slot, run_slot, Some(resumed)));
-                } else if !session.send(DriverCommand::Results(replies, run_slot, digest)) {
+                    served = Served::Replay;
+                } else if !session.send(DriverCommand::Results(replies, run_slot, digest, Box::new(undo))) {
                     return Err(not_found());
                 }
                 shared.phase = Phase::Running;
@@ -647,7 +773,211 @@ impl Sessions {
                 });
                 *session.version.borrow()
             };
-            return session.next_outcome_json(seen).await;
+            let mut rejected: oneshot::Receiver<ApiError> = rejection;
+            // The rejection is sent before the version moves: it is seen first.
+            let outcome = tokio::select! {
+                biased;
+                Ok(e) = &mut rejected => return Err(e),
+                json = session.next_outcome_json(seen) => json,
+            };
+            return outcome.map(|j| (j, served));
+        }
+    }
+
+    /// The session a token names, if the token is this cluster's (its state is not
+    /// looked at): to find the session's node before the resume.
+    pub fn token_session(&self, token: &str) -> Option<String> {
+        self.inner.key.verify(token).map(|(id, _)| id)
+    }
+
+    /// This node's id, when the session store is shared by many nodes.
+    pub fn node(&self) -> Option<&str> {
+        self.inner.node.as_deref()
+    }
+
+    /// Where a request about session `id` is served. On one node: here. In a cluster: here
+    /// if this node holds it live (no store round trip: the fast path); at its owner's
+    /// node while the owner's lease is good; else here, after taking it over: `own` (a
+    /// resume or a cancel, which change it) claims the lease atomically, so that one node
+    /// at a time brings it back, and the session is registered from the store (dormant,
+    /// or run again to its next pause if it was running when its node died).
+    /// `forwarded`: the request came from another node, and is never sent on again.
+    pub async fn locate(
+        &self,
+        id: &str,
+        principal: &Principal,
+        forwarded: bool,
+        own: bool,
+    ) -> Result<Located, ApiError> {
+        let inner = &self.inner;
+        let Some(node) = inner.node.as_deref() else {
+            return Ok(Located::Here);
+        };
+        if self.map().get(id).is_some_and(|s| s.lock().dormant.is_none()) {
+            return Ok(Located::Here);
+        }
+        let store = &inner.store;
+        // A claim lost to another node sends the request there on the next round.
+        for _ in 0..3 {
+            let now = now_ms();
+            match store.owner(id, now).await.map_err(|e| journal_failed(&e))? {
+                Some(owner) if owner != node => {
+                    if forwarded {
+                        return Err(owner_moved());
+                    }
+                    return Ok(Located::Owner(owner));
+                }
+                _ => {}
+            }
+            let Some((owner_principal, state)) = store.entry(id).await.map_err(|e| journal_failed(&e))? else {
+                self.drop_stale(id);
+                return Err(not_found());
+            };
+            if owner_principal != principal.0 {
+                return Err(not_found());
+            }
+            // A running session whose node is gone is run again here: that needs the lease.
+            let claim = own || !state.open;
+            if claim
+                && !store
+                    .claim(id, node, now, now + inner.lease_ms)
+                    .await
+                    .map_err(|e| journal_failed(&e))?
+            {
+                continue;
+            }
+            self.adopt(id, owner_principal, state).await;
+            return Ok(Located::Here);
+        }
+        Err(owner_moved())
+    }
+
+    /// Registers the session as the store has it, unless this node's entry is live or
+    /// already at the same pause.
+    async fn adopt(&self, id: &str, principal: String, state: SessionState) {
+        let current = self.map().get(id).cloned();
+        if let Some(session) = current {
+            let shared = session.lock();
+            let same = match &shared.phase {
+                Phase::Paused { pause, .. } => state.open && *pause == state.pause,
+                _ => true,
+            };
+            if shared.dormant.is_none() || same {
+                return;
+            }
+        }
+        self.bring_back(id.to_owned(), principal, state).await;
+    }
+
+    /// Forgets this node's entry of a session that is no longer journalled (ended on
+    /// another node), unless it holds it live.
+    fn drop_stale(&self, id: &str) {
+        let stale = self.map().get(id).filter(|s| s.lock().dormant.is_some()).cloned();
+        if let Some(session) = stale {
+            self.remove(&session);
+        }
+    }
+
+    /// A dormant session this node has an entry of is still its to act on (expire, time
+    /// out): it holds the lease now, and the store has the session at the same pause.
+    /// Otherwise another node moved it on, and the stale entry goes.
+    async fn still_mine(&self, session: &Arc<Session>) -> bool {
+        let inner = &self.inner;
+        let Some(node) = inner.node.as_deref() else {
+            return true;
+        };
+        let now = now_ms();
+        if !matches!(
+            inner.store.claim(&session.id, node, now, now + inner.lease_ms).await,
+            Ok(true)
+        ) {
+            self.remove(session);
+            return false;
+        }
+        let pause = match &session.lock().phase {
+            Phase::Paused { pause, .. } => *pause,
+            _ => return true,
+        };
+        match inner.store.entry(&session.id).await {
+            Ok(Some((_, state))) if state.open && state.pause == pause => true,
+            Ok(_) => {
+                self.remove(session);
+                let _ = inner.store.release(&session.id, node).await;
+                false
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Many nodes: the owner at `owner` could not be reached. Waits (at most the lease's
+    /// length and a second) until its lease runs out or the session has another owner;
+    /// 503 if it does not.
+    pub async fn wait_out_lease(&self, id: &str, owner: &str) -> Result<(), ApiError> {
+        let inner = &self.inner;
+        let deadline = Instant::now() + Duration::from_millis(inner.lease_ms) + Duration::from_secs(1);
+        loop {
+            let current = inner.store.owner(id, now_ms()).await.map_err(|e| journal_failed(&e))?;
+            if current.as_deref() != Some(owner) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(owner_moved());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Many nodes, at shutdown: gives up this node's leases, so that the other nodes take
+    /// its sessions over at once instead of waiting for the leases to run out.
+    pub async fn release_leases(&self) {
+        let Some(node) = self.inner.node.as_deref() else {
+            return;
+        };
+        let ids: Vec<String> = self.map().keys().cloned().collect();
+        for id in ids {
+            if let Err(e) = self.inner.store.release(&id, node).await {
+                tracing::warn!(session = %id, error = %e, "could not release a session's lease");
+            }
+        }
+    }
+
+    /// Many nodes: renews this node's lease on every session it holds live, every third
+    /// of `node_lease_ms`, until the server stops.
+    pub async fn renew_leases(self) {
+        let inner = &self.inner;
+        let Some(node) = inner.node.clone() else {
+            return;
+        };
+        let mut shutdown = inner.shutdown.clone();
+        let every = Duration::from_millis((inner.lease_ms / 3).max(100));
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = shutdown.wait_for(|stop| *stop) => return,
+            }
+            let live: Vec<String> = self
+                .map()
+                .values()
+                .filter(|s| s.lock().dormant.is_none())
+                .map(|s| s.id.clone())
+                .collect();
+            for id in live {
+                let now = now_ms();
+                match inner.store.claim(&id, &node, now, now + inner.lease_ms).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        // Another node took it over: its requests go there from now, and
+                        // this copy ends without touching the journal.
+                        tracing::warn!(session = %id, "another node took over a session this node held; its copy here ends");
+                        let session = self.map().get(&id).cloned();
+                        if let Some(session) = session {
+                            self.remove(&session);
+                            session.send(DriverCommand::Abandon);
+                        }
+                    }
+                    Err(e) => tracing::warn!(session = %id, error = %e, "could not renew a session's lease"),
+                }
+            }
         }
     }
 
@@ -803,6 +1133,8 @@ struct Resumed {
     /// can be retried then.
     digest: Option<[u8; 32]>,
     replies: Vec<(String, ToolReply)>,
+    /// What to go back to if the store cannot record the replies now.
+    undo: Option<Undo>,
 }
 
 /// What a replay still has to meet: the journalled calls the program has not made
@@ -867,6 +1199,11 @@ impl Sessions {
     /// holds a token of it.
     pub async fn recover(&self) {
         let inner = &self.inner;
+        // A store that many nodes share holds every node's sessions: each is looked up
+        // by id when a request names it (`locate`), not taken at start.
+        if inner.store.shared() {
+            return;
+        }
         let listed = match inner.store.list().await {
             Ok(listed) => listed,
             Err(e) => {
@@ -874,75 +1211,90 @@ impl Sessions {
                 return;
             }
         };
-        let expiry_ms = inner.config.session_expiry_s.saturating_mul(1000);
         let mut recovered = 0usize;
         for (id, principal, state) in listed {
-            let expired = state.open && now_ms().saturating_sub(state.paused_ms) > expiry_ms;
-            if state.pause == 0 || expired {
-                let _ = inner.store.remove(&id).await;
-                continue;
-            }
-            // Each outstanding call is named by its place in the pause (a dormant session
-            // has no helper keys); `revive` maps the results back to call ids.
-            let calls = state
-                .outstanding
-                .iter()
-                .enumerate()
-                .map(|(i, call_id)| (call_id.clone(), i as u64))
-                .collect();
-            let last_resume = state.last_resume.as_ref().and_then(|(pause, digest)| {
-                Some(LastResume {
-                    pause: *pause,
-                    digest: unhex(digest)?,
-                    answer: None,
-                })
-            });
-            let shared = if state.open {
-                Shared {
-                    phase: Phase::Paused {
-                        pause: state.pause,
-                        calls,
-                    },
-                    response: dormant_placeholder(&id),
-                    last_resume,
-                    dormant: Some(state.paused_ms),
-                }
-            } else {
-                Shared {
-                    phase: Phase::Running,
-                    response: ProgrammaticResponse::Running { session_id: id.clone() }.into(),
-                    last_resume,
-                    dormant: None,
-                }
-            };
-            let (commands, rx) = if state.open {
-                (None, None)
-            } else {
-                let (commands, rx) = mpsc::unbounded_channel();
-                (Some(commands), Some(rx))
-            };
-            let session = Arc::new(Session::new(id.clone(), principal.clone(), shared, commands));
-            if state.open {
-                // Counted among its principal's sessions, as before the restart (unless
-                // the cap was lowered meanwhile).
-                if let Some(held) = inner.per_principal.take(&principal) {
-                    session.park(held);
-                }
-            }
-            self.map().insert(id.clone(), session.clone());
-            recovered += 1;
-            if let Some(rx) = rx {
-                let Ok(slot) = self.take_session_slot(&Principal(principal.clone())) else {
-                    self.forget(&session).await;
-                    continue;
-                };
-                let run_slot = inner.admission.admit_now(&principal);
-                tokio::spawn(self.clone().revive(session, rx, slot, run_slot, None));
+            if self.bring_back(id, principal, state).await {
+                recovered += 1;
             }
         }
         if recovered > 0 {
             tracing::info!(recovered, "programmatic sessions recovered from the session store");
         }
+    }
+
+    /// Registers one journalled session: paused, dormant; running when its node
+    /// stopped, run again to its next pause. False if it was forgotten instead (it never
+    /// paused, so nobody holds a token of it, or its pause expired).
+    async fn bring_back(&self, id: String, principal: String, state: SessionState) -> bool {
+        let inner = &self.inner;
+        let expiry_ms = inner.config.session_expiry_s.saturating_mul(1000);
+        let expired = state.open && now_ms().saturating_sub(state.paused_ms) > expiry_ms;
+        if state.pause == 0 || expired {
+            let _ = inner.store.remove(&id).await;
+            return false;
+        }
+        // Each outstanding call is named by its place in the pause (a dormant session
+        // has no helper keys); `revive` maps the results back to call ids.
+        let calls = state
+            .outstanding
+            .iter()
+            .enumerate()
+            .map(|(i, call_id)| (call_id.clone(), i as u64))
+            .collect();
+        let last_resume = state.last_resume.as_ref().and_then(|(pause, digest)| {
+            Some(LastResume {
+                pause: *pause,
+                digest: unhex(digest)?,
+                answer: None,
+            })
+        });
+        let shared = if state.open {
+            Shared {
+                phase: Phase::Paused {
+                    pause: state.pause,
+                    calls,
+                },
+                response: dormant_placeholder(&id),
+                last_resume,
+                dormant: Some(state.paused_ms),
+            }
+        } else {
+            Shared {
+                phase: Phase::Running,
+                response: ProgrammaticResponse::Running { session_id: id.clone() }.into(),
+                last_resume,
+                dormant: None,
+            }
+        };
+        let (commands, rx) = if state.open {
+            (None, None)
+        } else {
+            let (commands, rx) = mpsc::unbounded_channel();
+            (Some(commands), Some(rx))
+        };
+        let session = Arc::new(Session::new(id.clone(), principal.clone(), shared, commands));
+        if state.open {
+            // Counted among its principal's sessions, as before the restart (unless
+            // the cap was lowered meanwhile).
+            if let Some(held) = inner.per_principal.take(&principal) {
+                session.park(held);
+            }
+        }
+        self.map().insert(id.clone(), session.clone());
+        if let Some(rx) = rx {
+            let Ok(slot) = self.take_session_slot(&Principal(principal.clone())) else {
+                if inner.node.is_some() {
+                    // Another node may bring it back: its journal stays.
+                    self.remove(&session);
+                } else {
+                    self.forget(&session).await;
+                }
+                return false;
+            };
+            let run_slot = inner.admission.admit_now(&principal);
+            tokio::spawn(self.clone().revive(session, rx, slot, run_slot, None));
+        }
+        true
     }
 
     /// Every second: ends dormant sessions whose pause outlived `session_expiry_s`, and
@@ -973,6 +1325,10 @@ impl Sessions {
                 })
                 .collect();
             for (session, expired) in due {
+                // Many nodes: act only on what is still this node's.
+                if !self.still_mine(&session).await {
+                    continue;
+                }
                 if !expired {
                     self.time_out_dormant(&session);
                 } else if session.lock().dormant.take().is_some() {
@@ -1013,6 +1369,15 @@ impl Sessions {
                         .iter()
                         .map(|(call_id, _)| (call_id.clone(), ToolReply::error("timeout", message.clone())))
                         .collect(),
+                    // With the store down, the session stays dormant and the next tick
+                    // tries again.
+                    undo: Some(Undo {
+                        calls: calls.clone(),
+                        response: shared.response.copy(),
+                        last_resume: shared.last_resume.as_ref().map(LastResume::copy),
+                        dormant: shared.dormant,
+                        reject: oneshot::channel().0,
+                    }),
                 },
                 _ => {
                     drop(shared);
@@ -1043,10 +1408,36 @@ impl Sessions {
         rx: mpsc::UnboundedReceiver<DriverCommand>,
         slot: SessionSlot,
         run_slot: Slot,
-        resumed: Option<Resumed>,
+        mut resumed: Option<Resumed>,
     ) {
+        let undo = resumed.as_mut().and_then(|r| r.undo.take());
+        let pause = resumed.as_ref().map(|r| r.pause);
         match self.replay_driver(&session, resumed).await {
             Ok((driver, helper)) => driver.run(helper, rx, slot, run_slot).await,
+            Err(e) if e.starts_with(STORE_UNAVAILABLE) && undo.is_some() => {
+                // Nothing was recorded: the session stays dormant, its token good.
+                drop((rx, run_slot));
+                if let (Some(undo), Some(pause)) = (undo, pause) {
+                    session.undo(pause, undo, &e);
+                }
+                session.park(slot.held);
+            }
+            Err(e) if e == TOKEN_USED_ALREADY && self.inner.node.is_some() => {
+                // Another node used the token first, and runs the session on: only this
+                // node's entry goes, not the journal.
+                drop((slot, run_slot));
+                self.remove(&session);
+                session.publish(
+                    Phase::Done,
+                    ProgrammaticResponse::Error {
+                        session_id: session.id.clone(),
+                        error: "another node resumed this session first".into(),
+                        error_type: error_type::CONTINUATION_TOKEN_USED.into(),
+                        stdout: String::new(),
+                        stderr: String::new(),
+                    },
+                );
+            }
             Err(e) => {
                 tracing::error!(session = %session.id, error = %e, "a session could not be brought back");
                 drop((slot, run_slot));
@@ -1095,13 +1486,12 @@ impl Sessions {
             state.last_resume = resumed.digest.map(|digest| (resumed.pause, hex(&digest)));
             state.partial_stdout.clear();
             state.partial_stderr.clear();
-            if !inner
-                .store
-                .consume(id, resumed.pause, &answered, &state)
-                .await
-                .map_err(|e| e.to_string())?
-            {
-                return Err("its token was used already".into());
+            let consumed = inner.store.consume(id, resumed.pause, &answered, &state).await;
+            if !consumed.map_err(|e| match e {
+                crate::store::StoreError::Unavailable(detail) => format!("{STORE_UNAVAILABLE}: {detail}"),
+                e => e.to_string(),
+            })? {
+                return Err(TOKEN_USED_ALREADY.into());
             }
             entries.extend(answered);
         }
@@ -1156,6 +1546,13 @@ impl Sessions {
         Ok((driver, helper))
     }
 }
+
+/// Why a revive failed when the store had the token used already (by another node, or
+/// a timer).
+const TOKEN_USED_ALREADY: &str = "its token was used already";
+
+/// How a revive's error begins when the store could not be reached (nothing recorded).
+const STORE_UNAVAILABLE: &str = "the session store is unavailable";
 
 /// A session's place among `max_sessions` and among its principal's sessions.
 struct SessionSlot {
@@ -1224,6 +1621,9 @@ fn seed_run(spec: &mut RunSpec, language: sandcall_api::Language, seed: u32, has
 }
 
 fn journal_failed(e: &crate::store::StoreError) -> ApiError {
+    if let crate::store::StoreError::Unavailable(detail) = e {
+        return ApiError::store_unavailable(detail);
+    }
     tracing::error!(error = %e, "the session store failed");
     ApiError::internal(
         error_type::INTERNAL,
@@ -1270,6 +1670,18 @@ fn dormant_placeholder(id: &str) -> Published {
         session_id: id.to_owned(),
     }
     .into()
+}
+
+/// 503: the lease moved to another node while the request was on its way.
+fn owner_moved() -> ApiError {
+    ApiError {
+        retry_after_s: Some(1),
+        ..ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            error_type::SESSION_OWNER_UNAVAILABLE,
+            "the session is moving between nodes; retry",
+        )
+    }
 }
 
 fn token_used() -> ApiError {
@@ -1723,7 +2135,17 @@ impl Driver {
                         }
                         state.calls_made = delivered;
                         state.paused_ms = now_ms();
-                        if let Err(e) = store.append(&id, &entries, &state).await {
+                        // A store that is down for a moment (Redis restarting) is waited
+                        // for, up to 10 s: the pause is handed out once it is recorded.
+                        let mut appended = store.append(&id, &entries, &state).await;
+                        for _ in 0..20 {
+                            if !matches!(appended, Err(crate::store::StoreError::Unavailable(_))) {
+                                break;
+                            }
+                            tokio::time::sleep(Duration::from_millis(500)).await;
+                            appended = store.append(&id, &entries, &state).await;
+                        }
+                        if let Err(e) = appended {
                             tracing::error!(session = %id, error = %e, "could not journal a pause");
                             ending = Ending::Unjournalled;
                             helper.abort();
@@ -1752,8 +2174,8 @@ impl Driver {
                     let _ = helper.send(&Command::Reply { key, reply }).await;
                 },
                 command = commands.recv() => match command {
-                    Some(DriverCommand::Results(replies, slot, digest)) => {
-                        paused_at = None;
+                    Some(DriverCommand::Results(replies, slot, digest, undo)) => {
+                        let was_paused_at = paused_at.take();
                         results_on_their_way = false;
                         run_slot = Some(slot);
                         paused_count.set(false);
@@ -1772,12 +2194,36 @@ impl Driver {
                                 None => unjournalled.push((key, reply)),
                             }
                         }
+                        // The pause's state, put back if the store cannot take the resume.
+                        let before = (
+                            state.open,
+                            state.outstanding.clone(),
+                            state.last_resume.take(),
+                            std::mem::take(&mut state.partial_stdout),
+                            std::mem::take(&mut state.partial_stderr),
+                        );
                         state.open = false;
                         state.outstanding.retain(|c| !entries.iter().any(|e| matches!(e, JournalEntry::Reply { call_id, .. } if call_id == c)));
                         state.last_resume = Some((pause, hex(&digest)));
-                        state.partial_stdout.clear();
-                        state.partial_stderr.clear();
-                        if !matches!(store.consume(&id, pause, &entries, &state).await, Ok(true)) {
+                        let consumed = store.consume(&id, pause, &entries, &state).await;
+                        if let Err(crate::store::StoreError::Unavailable(detail)) = &consumed {
+                            // Nothing was recorded: the pause goes on as it was, its token
+                            // good, and the resume gets 503.
+                            (
+                                state.open,
+                                state.outstanding,
+                                state.last_resume,
+                                state.partial_stdout,
+                                state.partial_stderr,
+                            ) = before;
+                            self.session.undo(pause, *undo, detail);
+                            paused_at = was_paused_at.or_else(|| Some(Instant::now()));
+                            run_slot = None;
+                            paused_count.set(true);
+                            continue;
+                        }
+                        drop(undo);
+                        if !matches!(consumed, Ok(true)) {
                             tracing::error!(session = %id, "could not journal a resume");
                             ending = Ending::Unjournalled;
                             helper.abort();
@@ -1792,6 +2238,13 @@ impl Driver {
                             self.session.audit().answered(&id, key, &reply);
                             let _ = helper.send(&Command::Reply { key, reply }).await;
                         }
+                    }
+                    Some(DriverCommand::Abandon) => {
+                        if ending == Ending::Normal {
+                            ending = Ending::Unjournalled;
+                        }
+                        self.session.unpause();
+                        helper.abort();
                     }
                     Some(DriverCommand::Cancel) => {
                         if ending == Ending::Normal {
@@ -1887,6 +2340,12 @@ impl Driver {
             let SessionSlot { _permit, held } = slot;
             self.session.park(held);
             let _ = tokio::fs::remove_dir_all(&self.outbox).await;
+            // No sandbox holds it now: any node may bring it back.
+            if let Some(node) = &self.sessions.inner.node {
+                if let Err(e) = store.release(&id, node).await {
+                    tracing::warn!(session = %id, error = %e, "could not release a session's lease");
+                }
+            }
             return;
         }
         // No resume reaches the program from here: one that comes later finds the session
@@ -1899,8 +2358,12 @@ impl Driver {
         drop(run_slot);
         drop(paused_count);
         drop(slot);
-        // The session has ended: its journal goes.
-        if let Err(e) = store.remove(&id).await {
+        // The session has ended: its journal goes. Unless many nodes share it and this
+        // node could not write it: another node may have moved the session on.
+        let shared_and_lost = ending == Ending::Unjournalled && self.sessions.inner.node.is_some();
+        if shared_and_lost {
+            tracing::warn!(session = %id, "a session's journal moved on without this node; its copy here ends");
+        } else if let Err(e) = store.remove(&id).await {
             tracing::warn!(session = %id, error = %e, "could not remove a session's journal");
         }
         // The ending holds the whole run's output, as a live one does: the replay

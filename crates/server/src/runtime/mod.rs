@@ -301,6 +301,25 @@ pub fn warm_launch(language: Language, interpreter: &Path) -> (Vec<String>, Vec<
     (argv, env)
 }
 
+/// The Python template ("zygote") that forks warm Python sandboxes (`config.zygote`).
+pub const ZYGOTE_SOURCE: &str = include_str!("zygote.py");
+
+/// How a Python template starts: the warm Python launch's environment, with
+/// `zygote.py` inline and the runner's source as its argument, which it loads as a
+/// module and runs in each forked run. Python only: the template forks a running
+/// interpreter, and only Python's runner is written for it.
+pub fn template_launch(interpreter: &Path) -> (Vec<String>, Vec<(String, String)>) {
+    let (_, env) = warm_launch(Language::Python, interpreter);
+    let runner = declaration(Language::Python).runner.map_or("", |r| r.source);
+    let argv = vec![
+        interpreter.to_string_lossy().into_owned(),
+        "-c".into(),
+        ZYGOTE_SOURCE.into(),
+        runner.into(),
+    ];
+    (argv, env)
+}
+
 /// What a warm sandbox's program needs at its start: the go line, and support files.
 pub fn warm_go(language: Language, args: &[String], tools: Option<&[ToolNames]>) -> (String, Vec<(String, String)>) {
     let decl = declaration(language);

@@ -392,8 +392,10 @@ def _seed_generators():
     sys.meta_path.insert(0, SeedNumpy())
 
 
-def main():
-    if os.environ.get("SANDCALL_WARM") == "1":
+def main(warmed=False):
+    """`warmed`: the warm-up already ran, in the template this process was forked from
+    (zygote.py)."""
+    if not warmed and os.environ.get("SANDCALL_WARM") == "1":
         _warm_up()
     if os.environ.pop("SANDCALL_WARM", None) == "1":
         global _status_fd
@@ -470,4 +472,6 @@ def main():
     _finish(0)
 
 
-main()
+# zygote.py loads this file as a module of its own and calls main() in each forked run.
+if __name__ == "__main__":
+    main()

@@ -11,6 +11,7 @@
 
 use super::{
     FileMeta, FileStore, Journal, JournalEntry, Quota, SessionStart, SessionState, SessionStore, StoreError, Usage,
+    Workspace, WorkspaceFile,
 };
 use async_trait::async_trait;
 use redb::{Database, ReadableTable, TableDefinition, TableHandle, WriteTransaction};
@@ -25,6 +26,8 @@ const FILES: TableDefinition<&str, &[u8]> = TableDefinition::new("files");
 const EXPIRY: TableDefinition<(u64, &str), ()> = TableDefinition::new("expiry");
 /// principal -> (bytes, files) of its stored files, expired ones not yet swept included.
 const USAGE: TableDefinition<&str, (u64, u64)> = TableDefinition::new("usage");
+/// `principal \0 workspace name` -> Workspace as JSON.
+const WORKSPACES: TableDefinition<&str, &[u8]> = TableDefinition::new("workspaces");
 
 pub struct LocalStore {
     root: PathBuf,
@@ -55,6 +58,7 @@ impl LocalStore {
         let has_usage = tx.list_tables().map_err(db_err)?.any(|t| t.name() == USAGE.name());
         tx.open_table(FILES).map_err(db_err)?;
         tx.open_table(EXPIRY).map_err(db_err)?;
+        tx.open_table(WORKSPACES).map_err(db_err)?;
         // A data dir from before quotas: count what it holds, once.
         if !has_usage {
             count_usage(&tx)?;
@@ -282,6 +286,90 @@ impl FileStore for LocalStore {
         }
         Ok(n)
     }
+
+    async fn renew(
+        &self,
+        principal: &str,
+        files: &[(String, String)],
+        now_ms: u64,
+        expires_ms: u64,
+    ) -> Result<(), StoreError> {
+        let keys: Vec<String> = files.iter().map(|(s, i)| key(principal, s, i)).collect();
+        self.blocking(move |db| {
+            let tx = db.begin_write().map_err(db_err)?;
+            {
+                let mut table = tx.open_table(FILES).map_err(db_err)?;
+                let mut expiry = tx.open_table(EXPIRY).map_err(db_err)?;
+                for k in &keys {
+                    let meta = table
+                        .get(k.as_str())
+                        .map_err(db_err)?
+                        .and_then(|v| serde_json::from_slice::<FileMeta>(v.value()).ok());
+                    let Some(mut meta) = meta.filter(|m| m.expires_ms > now_ms && m.expires_ms < expires_ms) else {
+                        continue;
+                    };
+                    expiry.remove((meta.expires_ms, k.as_str())).map_err(db_err)?;
+                    meta.expires_ms = expires_ms;
+                    expiry.insert((expires_ms, k.as_str()), ()).map_err(db_err)?;
+                    let record = serde_json::to_vec(&meta).map_err(db_err)?;
+                    table.insert(k.as_str(), record.as_slice()).map_err(db_err)?;
+                }
+            }
+            tx.commit().map_err(db_err)
+        })
+        .await
+    }
+
+    async fn workspace_take(
+        &self,
+        principal: &str,
+        name: &str,
+        holder: &str,
+        now_ms: u64,
+        until_ms: u64,
+    ) -> Result<Option<Vec<WorkspaceFile>>, StoreError> {
+        let (k, holder) = (format!("{principal}\0{name}"), holder.to_owned());
+        self.blocking(move |db| {
+            change_workspace(db, &k, |ws| {
+                let taken = ws.take(&holder, now_ms, until_ms);
+                (taken, taken.then(|| ws.files.clone()))
+            })
+        })
+        .await
+    }
+
+    async fn workspace_release(
+        &self,
+        principal: &str,
+        name: &str,
+        holder: &str,
+        files: Option<Vec<WorkspaceFile>>,
+    ) -> Result<(), StoreError> {
+        let (k, holder) = (format!("{principal}\0{name}"), holder.to_owned());
+        self.blocking(move |db| change_workspace(db, &k, |ws| (ws.release(&holder, files), ())))
+            .await
+    }
+}
+
+/// Reads the workspace at `k` in a write transaction, lets `f` change it, and writes it
+/// back if `f` says so; returns what `f` returned.
+fn change_workspace<T>(db: &Database, k: &str, f: impl FnOnce(&mut Workspace) -> (bool, T)) -> Result<T, StoreError> {
+    let tx = db.begin_write().map_err(db_err)?;
+    let out = {
+        let mut table = tx.open_table(WORKSPACES).map_err(db_err)?;
+        let mut ws: Workspace = match table.get(k).map_err(db_err)? {
+            Some(v) => serde_json::from_slice(v.value()).unwrap_or_default(),
+            None => Workspace::default(),
+        };
+        let (write, out) = f(&mut ws);
+        if write {
+            let json = serde_json::to_vec(&ws).map_err(db_err)?;
+            table.insert(k, json.as_slice()).map_err(db_err)?;
+        }
+        out
+    };
+    tx.commit().map_err(db_err)?;
+    Ok(out)
 }
 
 /// The embedded session store: every session's journal in a redb database,
@@ -549,6 +637,45 @@ impl SessionStore for EmbeddedSessionStore {
         })
         .await
     }
+
+    async fn entry(&self, id: &str) -> Result<Option<(String, SessionState)>, StoreError> {
+        let id = id.to_owned();
+        self.blocking(move |db| Ok(stored_state(db, &id)?.map(|s| (s.principal, s.state))))
+            .await
+    }
+
+    async fn owner(&self, id: &str, now_ms: u64) -> Result<Option<String>, StoreError> {
+        let id = id.to_owned();
+        self.blocking(move |db| {
+            let tx = db.begin_read().map_err(db_err)?;
+            let table = tx.open_table(SESSION_OWNERS).map_err(db_err)?;
+            let held = table.get(id.as_str()).map_err(db_err)?.and_then(|v| {
+                let (owner, until) = v.value();
+                (until > now_ms).then(|| owner.to_owned())
+            });
+            Ok(held)
+        })
+        .await
+    }
+
+    async fn release(&self, id: &str, owner: &str) -> Result<(), StoreError> {
+        let (id, owner) = (id.to_owned(), owner.to_owned());
+        self.blocking(move |db| {
+            let tx = db.begin_write().map_err(db_err)?;
+            {
+                let mut table = tx.open_table(SESSION_OWNERS).map_err(db_err)?;
+                let mine = table
+                    .get(id.as_str())
+                    .map_err(db_err)?
+                    .is_some_and(|v| v.value().0 == owner);
+                if mine {
+                    table.remove(id.as_str()).map_err(db_err)?;
+                }
+            }
+            tx.commit().map_err(db_err)
+        })
+        .await
+    }
 }
 
 #[cfg(test)]
@@ -734,6 +861,72 @@ mod tests {
         drop(store);
         std::fs::remove_dir_all(&dir).unwrap();
     }
+    #[tokio::test]
+    async fn renew_moves_a_files_time_unless_it_is_due_already() {
+        let dir = test_dir("renew");
+        let store = LocalStore::open(&dir).unwrap();
+        let now = now_ms();
+        put(&store, meta("p", "s", "live", now + 1_000), ROOMY).await.unwrap();
+        put(&store, meta("p", "s", "due", now - 1), ROOMY).await.unwrap();
+        let files = [
+            ("s".to_string(), "live".to_string()),
+            ("s".to_string(), "due".to_string()),
+        ];
+        store.renew("p", &files, now, now + 60_000).await.unwrap();
+        // The renewed file outlives its old time, in the records and the sweep's index.
+        assert_eq!(store.sweep(now + 2_000).await.unwrap(), 1, "only the due one");
+        let live = store.get("p", "s", "live").await.unwrap().unwrap();
+        assert_eq!(live.expires_ms, now + 60_000);
+        assert_eq!(usage(&store, "p").await, (5, 1));
+        assert_eq!(store.sweep(now + 60_001).await.unwrap(), 1);
+        drop(store);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_workspace_is_held_by_one_holder_until_given_back_or_its_lease_ends() {
+        let dir = test_dir("workspace");
+        let store = LocalStore::open(&dir).unwrap();
+        let file = |name: &str| WorkspaceFile {
+            name: name.into(),
+            session_id: "s".into(),
+            id: name.into(),
+        };
+        assert_eq!(
+            store.workspace_take("p", "w", "h1", 100, 200).await.unwrap(),
+            Some(vec![])
+        );
+        // Held: another holder is refused until the lease ends; another principal's or
+        // another name's workspace is another one.
+        assert_eq!(store.workspace_take("p", "w", "h2", 150, 300).await.unwrap(), None);
+        assert!(store.workspace_take("q", "w", "h2", 150, 300).await.unwrap().is_some());
+        assert!(store.workspace_take("p", "v", "h2", 150, 300).await.unwrap().is_some());
+        store
+            .workspace_release("p", "w", "h1", Some(vec![file("a")]))
+            .await
+            .unwrap();
+        assert_eq!(
+            store.workspace_take("p", "w", "h2", 160, 300).await.unwrap(),
+            Some(vec![file("a")])
+        );
+        // A holder whose lease was taken over changes nothing when it gives it back.
+        assert_eq!(
+            store.workspace_take("p", "w", "h3", 301, 400).await.unwrap(),
+            Some(vec![file("a")])
+        );
+        store
+            .workspace_release("p", "w", "h2", Some(vec![file("stale")]))
+            .await
+            .unwrap();
+        store.workspace_release("p", "w", "h3", None).await.unwrap();
+        assert_eq!(
+            store.workspace_take("p", "w", "h4", 302, 400).await.unwrap(),
+            Some(vec![file("a")])
+        );
+        drop(store);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     fn session_start() -> SessionStart {
         SessionStart {
             principal: "p".into(),
@@ -813,12 +1006,22 @@ mod tests {
             .collect();
         assert_eq!(ids, ["call a", "call b", "reply a"]);
         let listed = store.list().await.unwrap();
-        assert_eq!(listed, vec![("S".to_string(), "p".to_string(), answered)]);
+        assert_eq!(listed, vec![("S".to_string(), "p".to_string(), answered.clone())]);
         // Ownership: another owner waits for the lease to run out.
         assert!(store.claim("S", "n1", 100, 200).await.unwrap());
         assert!(!store.claim("S", "n2", 150, 300).await.unwrap());
         assert!(store.claim("S", "n1", 150, 300).await.unwrap());
         assert!(store.claim("S", "n2", 301, 400).await.unwrap());
+        assert_eq!(store.owner("S", 350).await.unwrap().as_deref(), Some("n2"));
+        assert_eq!(store.owner("S", 400).await.unwrap(), None);
+        store.release("S", "n1").await.unwrap();
+        assert_eq!(store.owner("S", 350).await.unwrap().as_deref(), Some("n2"));
+        store.release("S", "n2").await.unwrap();
+        assert_eq!(store.owner("S", 350).await.unwrap(), None);
+        assert_eq!(
+            store.entry("S").await.unwrap(),
+            Some(("p".to_string(), answered.clone()))
+        );
         store.remove("S").await.unwrap();
         assert!(store.load("S").await.unwrap().is_none());
         assert!(store.list().await.unwrap().is_empty());

@@ -1,20 +1,39 @@
 //! Where sandcall keeps what must outlive a request: files (`FileStore`) and
 //! programmatic sessions' journals (`SessionStore`). The routes and the session driver
 //! see only these traits; each backend is one file: `embedded` (the data dir, with
-//! redb) is the default and the only one today; `redis` (sessions) and `s3` (files) are
-//! to come, and the traits' operations are shaped so that they map onto them (see each
-//! operation's note).
+//! redb) is the default; `redis` keeps sessions for many nodes (`session_store =
+//! "redis://..."`) and `s3` keeps files in a bucket that many nodes share (`file_store =
+//! "s3://..."`). The traits' operations are shaped so that each maps onto one atomic
+//! step of every backend (see each operation's note).
 //!
 //! Every principal has a quota of stored bytes and files (`Quota`). The file store, not
 //! the routes, enforces it: `insert` checks and records the principal's usage in one
 //! step, so concurrent inserts cannot pass it together, and answers `StoreError::Quota`.
 
 pub mod embedded;
+pub mod redis;
+pub mod s3;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use tokio::io::AsyncRead;
+
+/// The file store `file_store` names: the embedded one (unset or `embedded`), or S3
+/// (`s3://bucket/prefix`), checked with one request before the server starts.
+pub async fn open_file_store(
+    config: &crate::config::Config,
+    data_dir: &Path,
+) -> Result<std::sync::Arc<dyn FileStore>, StoreError> {
+    match config.file_store.as_deref() {
+        None | Some("embedded") => Ok(std::sync::Arc::new(embedded::LocalStore::open(data_dir)?)),
+        Some(url) => {
+            let store = s3::S3Store::open(data_dir, url, config.s3_endpoint.as_deref(), config.file_cache_mb)?;
+            store.check().await?;
+            Ok(std::sync::Arc::new(store))
+        }
+    }
+}
 
 /// What is known about one stored file.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -101,6 +120,10 @@ pub enum StoreError {
     Quota(#[from] QuotaExceeded),
     #[error("storage: {0}")]
     Io(String),
+    /// The store cannot be reached now (Redis is down or does not answer): nothing was
+    /// written; the same operation may succeed later.
+    #[error("the store is unavailable: {0}")]
+    Unavailable(String),
 }
 
 impl From<std::io::Error> for StoreError {
@@ -139,6 +162,82 @@ pub trait FileStore: Send + Sync {
     /// Deletes every file whose time is up, and frees its part of its principal's usage;
     /// returns how many.
     async fn sweep(&self, now_ms: u64) -> Result<usize, StoreError>;
+    /// Moves the expiry time of the principal's files `(session_id, id)` to `expires_ms`
+    /// (a workspace's files live on while it is used). A file already due (or gone) is
+    /// left to the sweep, so a renewal never races the sweep for one file.
+    async fn renew(
+        &self,
+        principal: &str,
+        files: &[(String, String)],
+        now_ms: u64,
+        expires_ms: u64,
+    ) -> Result<(), StoreError>;
+    /// Takes the principal's workspace `name` for `holder` until `until_ms` and returns
+    /// the files its last run left (none for a new one); `None` while another holder's
+    /// lease is good at `now_ms`. Checking and taking are one step (a write transaction,
+    /// or a conditional put), so two nodes cannot both hold it.
+    async fn workspace_take(
+        &self,
+        principal: &str,
+        name: &str,
+        holder: &str,
+        now_ms: u64,
+        until_ms: u64,
+    ) -> Result<Option<Vec<WorkspaceFile>>, StoreError>;
+    /// Gives the workspace back, with `files` as its new content (`None` keeps what it
+    /// had), if `holder` still holds it; a lease taken over meanwhile is left alone.
+    async fn workspace_release(
+        &self,
+        principal: &str,
+        name: &str,
+        holder: &str,
+        files: Option<Vec<WorkspaceFile>>,
+    ) -> Result<(), StoreError>;
+}
+
+/// One file of a workspace: a stored file of the principal, and the name it has in
+/// the working directory.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct WorkspaceFile {
+    pub name: String,
+    pub session_id: String,
+    pub id: String,
+}
+
+/// A workspace as a store keeps it: its files, and who holds it until when.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Workspace {
+    #[serde(default)]
+    pub files: Vec<WorkspaceFile>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<String>,
+    #[serde(default)]
+    pub until_ms: u64,
+}
+
+impl Workspace {
+    /// Takes the workspace for `holder`, unless another's lease is good at `now_ms`.
+    pub fn take(&mut self, holder: &str, now_ms: u64, until_ms: u64) -> bool {
+        if self.holder.as_deref().is_some_and(|h| h != holder) && self.until_ms > now_ms {
+            return false;
+        }
+        self.holder = Some(holder.to_owned());
+        self.until_ms = until_ms;
+        true
+    }
+
+    /// Gives it back if `holder` holds it; false (nothing changed) otherwise.
+    pub fn release(&mut self, holder: &str, files: Option<Vec<WorkspaceFile>>) -> bool {
+        if self.holder.as_deref() != Some(holder) {
+            return false;
+        }
+        self.holder = None;
+        self.until_ms = 0;
+        if let Some(files) = files {
+            self.files = files;
+        }
+        true
+    }
 }
 
 /// What a programmatic session was started with: enough to start its program again,
@@ -260,4 +359,17 @@ pub trait SessionStore: Send + Sync {
     /// Makes `owner` the session's owner until `until_ms`, unless another owner's lease
     /// is still good at `now_ms`; true if `owner` owns it now.
     async fn claim(&self, id: &str, owner: &str, now_ms: u64, until_ms: u64) -> Result<bool, StoreError>;
+    /// The session's principal and state, if it is journalled (a node that does not hold
+    /// the session looks it up by id).
+    async fn entry(&self, id: &str) -> Result<Option<(String, SessionState)>, StoreError>;
+    /// The session's owner, if its lease is still good at `now_ms`.
+    async fn owner(&self, id: &str, now_ms: u64) -> Result<Option<String>, StoreError>;
+    /// Ends `owner`'s lease on the session, if it holds it (its sandbox is gone); another
+    /// owner's lease is left alone.
+    async fn release(&self, id: &str, owner: &str) -> Result<(), StoreError>;
+    /// True when every node shares this store (Redis): a session may be owned by another
+    /// node, and is looked up by id rather than listed at start.
+    fn shared(&self) -> bool {
+        false
+    }
 }

@@ -1,0 +1,541 @@
+//! Many nodes over one real Redis (`session_store = "redis://..."`): sessions created on
+//! one node are seen by the other, a resume that lands on a node that does not hold the
+//! session live is forwarded to its owner while the owner lives, and taken over by replay
+//! once the owner is dead (SIGKILL) and its lease has run out; a token is accepted once
+//! across nodes; a Redis that goes down answers 503 and loses nothing.
+//!
+//! The nodes share nothing but Redis (each has its own data dir and file store), so the
+//! programs here use no input files. Redis is `SANDCALL_TEST_REDIS_URL` (`.ci/run` starts
+//! one); the test of a Redis restart starts its own `redis-server`.
+
+use crate::common::Server;
+use serde_json::{json, Value};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const ROUTE: &str = "/v1/exec/programmatic";
+/// Every node of a cluster signs tokens with the same key.
+pub(crate) const SECRET: &str = "5ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7";
+/// Short leases, so that a dead node's sessions are taken over within the test.
+const LEASE_MS: &str = "1500";
+
+pub(crate) fn redis_url() -> String {
+    std::env::var("SANDCALL_TEST_REDIS_URL").expect(
+        "SANDCALL_TEST_REDIS_URL is not set: the cluster tests need a real Redis (`.ci/run` starts one; locally: \
+         redis-server --port 6390 --daemonize yes, then SANDCALL_TEST_REDIS_URL=redis://127.0.0.1:6390/0)",
+    )
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A node of the cluster on Redis `redis`, with extra environment.
+fn node(redis: &str, extra: &[(&str, &str)]) -> Server {
+    node_with_config(redis, extra, "")
+}
+
+/// The same, with a configuration file's text; `extra` may override the defaults.
+pub(crate) fn node_with_config(redis: &str, extra: &[(&str, &str)], config: &str) -> Server {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let node_url = format!("http://{listen}");
+    let mut env = vec![
+        ("SANDCALL_SESSION_STORE", redis),
+        ("SANDCALL_NODE_URL", node_url.as_str()),
+        ("SANDCALL_TOKEN_SECRET", SECRET),
+        ("SANDCALL_NODE_LEASE_MS", LEASE_MS),
+        ("SANDCALL_WARM_POOL_SIZE", "0"),
+    ];
+    env.extend_from_slice(extra);
+    Server::launch_at(Server::new_dir(), &env, config, None, &listen)
+}
+
+fn get_tool() -> Value {
+    json!({
+        "name": "get",
+        "description": "gets",
+        "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
+    })
+}
+
+/// One call, then its result printed: `start <k>`, `got <k> <result>`.
+fn program(k: usize) -> String {
+    format!("print('start {k}')\nr = get(n={k})\nprint('got {k}', r)\n")
+}
+
+/// A request with the answer's status, the headers this test looks at, and its body.
+struct Answer {
+    status: u16,
+    node: String,
+    resume: String,
+    body: Value,
+}
+
+fn send(s: &Server, method: &str, path: &str, body: Option<&Value>) -> Answer {
+    let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(120)).build();
+    let req = agent
+        .request(method, &s.url(path))
+        .set("Content-Type", "application/json");
+    let result = match body {
+        Some(b) => req.send_string(&b.to_string()),
+        None => req.call(),
+    };
+    let resp = match result {
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("{method} {path}: {e}"),
+    };
+    let status = resp.status();
+    let node = resp.header("sandcall-node").unwrap_or("").to_owned();
+    let resume = resp.header("sandcall-resume").unwrap_or("").to_owned();
+    let text = resp.into_string().unwrap();
+    let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    Answer {
+        status,
+        node,
+        resume,
+        body,
+    }
+}
+
+fn start(s: &Server, k: usize) -> Value {
+    let a = send(
+        s,
+        "POST",
+        ROUTE,
+        Some(&json!({"language": "python", "code": program(k), "tools": [get_tool()]})),
+    );
+    assert_eq!(a.status, 200, "start: {}", a.body);
+    assert_eq!(a.body["status"], "tool_call_required", "{}", a.body);
+    assert_eq!(a.body["partial_stdout"], format!("start {k}\n"), "{}", a.body);
+    assert_eq!(a.node, s.base, "the node that started it answers");
+    a.body
+}
+
+fn resume(s: &Server, paused: &Value, result: Value) -> Answer {
+    let call = &paused["tool_calls"][0];
+    send(
+        s,
+        "POST",
+        ROUTE,
+        Some(&json!({
+            "session_id": paused["session_id"],
+            "continuation_token": paused["continuation_token"],
+            "tool_results": [{"call_id": call["id"], "result": result, "is_error": false}],
+        })),
+    )
+}
+
+fn completed(a: &Answer, k: usize, result: &str) {
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(a.body["status"], "completed", "{}", a.body);
+    assert_eq!(a.body["stdout"], format!("start {k}\ngot {k} {result}\n"), "{}", a.body);
+}
+
+fn kill_hard(mut s: Server) {
+    let mut child = s.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+#[test]
+fn twenty_sessions_paused_on_a_node_killed_with_sigkill_complete_through_another() {
+    let redis = redis_url();
+    let a = node(&redis, &[]);
+    let b = node(&redis, &[]);
+    let paused: Vec<Value> = (0..20).map(|k| start(&a, k)).collect();
+    // While A lives, B sees them (forwarded to A: GET reads the live pause).
+    let seen = send(
+        &b,
+        "GET",
+        &format!("{ROUTE}/{}", paused[0]["session_id"].as_str().unwrap()),
+        None,
+    );
+    assert_eq!(seen.status, 200, "{}", seen.body);
+    assert_eq!(seen.body["continuation_token"], paused[0]["continuation_token"]);
+    assert_eq!(seen.node, a.base, "A answered it");
+    kill_hard(a);
+    // Each completes through B: once A's lease runs out, B takes it over by replay.
+    let started = Instant::now();
+    for (k, p) in paused.iter().enumerate() {
+        let answer = resume(&b, p, json!(k * 10));
+        completed(&answer, k, &(k * 10).to_string());
+        assert_eq!(answer.node, b.base);
+        assert_eq!(answer.resume, "replay", "B had no live process of it");
+        assert_eq!(answer.body["tool_calls_made"], 1);
+    }
+    assert!(started.elapsed() < Duration::from_secs(120));
+    // Each token is used now, on every node.
+    let again = resume(&b, &paused[3], json!("other"));
+    assert!(
+        again.status == 409 || again.body["status"] == "completed",
+        "{} {}",
+        again.status,
+        again.body
+    );
+}
+
+#[test]
+fn a_resume_sent_to_another_node_is_forwarded_to_the_live_owner() {
+    let redis = redis_url();
+    let a = node(&redis, &[]);
+    let b = node(&redis, &[]);
+    // Two pauses, to see the token of a forwarded answer work again through B.
+    let code = "print('one')\nx = get(n=1)\nprint('two', x)\ny = get(n=2)\nprint('three', y)\n";
+    let first = send(
+        &a,
+        "POST",
+        ROUTE,
+        Some(&json!({"language": "python", "code": code, "tools": [get_tool()]})),
+    );
+    assert_eq!(first.body["status"], "tool_call_required", "{}", first.body);
+    // Paused longer than the lease: A renews it while it holds the session live, so
+    // B still forwards rather than taking it over.
+    std::thread::sleep(Duration::from_millis(3 * LEASE_MS.parse::<u64>().unwrap()));
+    let second = resume(&b, &first.body, json!("x"));
+    assert_eq!(second.status, 200, "{}", second.body);
+    assert_eq!(second.body["status"], "tool_call_required", "{}", second.body);
+    assert_eq!(second.body["partial_stdout"], "two x\n", "{}", second.body);
+    assert_eq!(second.node, a.base, "A, which holds it live, answered");
+    assert_eq!(second.resume, "live", "the live program went on: no replay");
+    let end = resume(&b, &second.body, json!("y"));
+    assert_eq!(end.body["status"], "completed", "{}", end.body);
+    assert_eq!(end.body["stdout"], "one\ntwo x\nthree y\n", "{}", end.body);
+    assert_eq!(end.node, a.base);
+    assert_eq!(end.resume, "live");
+
+    // Cancel through B reaches A's live session too.
+    let other = start(&a, 7);
+    let cancelled = send(
+        &b,
+        "POST",
+        &format!("{ROUTE}/cancel"),
+        Some(&json!({"session_id": other["session_id"]})),
+    );
+    assert_eq!(cancelled.status, 200, "{}", cancelled.body);
+    assert_eq!(cancelled.body["error_type"], "cancelled", "{}", cancelled.body);
+    assert_eq!(cancelled.node, a.base);
+
+    // Another principal's session is 404 through either node; so is one that never was.
+    let missing = send(&b, "GET", &format!("{ROUTE}/no-such-session"), None);
+    assert_eq!(missing.status, 404, "{}", missing.body);
+    assert_eq!(missing.body["error_type"], "session_not_found");
+}
+
+/// Two threads send `paused`'s token at once, to `x` and `y`, with different results:
+/// exactly one is accepted (completed), the other is 409.
+fn one_of_two(x: &Server, y: &Server, paused: &Value, k: usize) {
+    let (first, second) = std::thread::scope(|scope| {
+        let one = scope.spawn(|| resume(x, paused, json!("from-x")));
+        let two = scope.spawn(|| resume(y, paused, json!("from-y")));
+        (one.join().unwrap(), two.join().unwrap())
+    });
+    let accepted: Vec<&Answer> = [&first, &second]
+        .into_iter()
+        .filter(|a| a.status == 200 && a.body["status"] == "completed")
+        .collect();
+    assert_eq!(
+        accepted.len(),
+        1,
+        "exactly one is accepted: {} {} / {} {}",
+        first.status,
+        first.body,
+        second.status,
+        second.body
+    );
+    let refused = if accepted[0].body["stdout"].as_str().unwrap().contains("from-x") {
+        &second
+    } else {
+        &first
+    };
+    assert_eq!(refused.status, 409, "{}", refused.body);
+    assert_eq!(
+        refused.body["error_type"], "continuation_token_used",
+        "{}",
+        refused.body
+    );
+    let won = accepted[0].body["stdout"].as_str().unwrap();
+    assert!(
+        won == format!("start {k}\ngot {k} from-x\n") || won == format!("start {k}\ngot {k} from-y\n"),
+        "{won}"
+    );
+}
+
+#[test]
+fn one_token_sent_to_both_nodes_at_once_is_accepted_by_exactly_one() {
+    let redis = redis_url();
+    // Evicted after a second idle: the dormant sessions have no owner, and both nodes
+    // race to take them over through Redis.
+    let evict = [("SANDCALL_SESSION_IDLE_EVICT_S", "1")];
+    let a = node(&redis, &evict);
+    let b = node(&redis, &evict);
+    for k in 0..3 {
+        // Live on A: B forwards, A's lock decides.
+        let live = start(&a, k);
+        one_of_two(&a, &b, &live, k);
+    }
+    let dormant: Vec<Value> = (10..13).map(|k| start(&a, k)).collect();
+    std::thread::sleep(Duration::from_millis(2500));
+    for (i, p) in dormant.iter().enumerate() {
+        one_of_two(&a, &b, p, 10 + i);
+    }
+}
+
+/// A `redis-server` of the test's own, on a free port, persisting to `dir` (each write
+/// fsynced), so that a restart keeps everything.
+struct OwnRedis {
+    child: Child,
+    port: u16,
+    dir: std::path::PathBuf,
+}
+
+impl OwnRedis {
+    fn start(dir: &std::path::Path, port: u16) -> OwnRedis {
+        std::fs::create_dir_all(dir).unwrap();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
+            .args(["--appendonly", "yes", "--appendfsync", "always", "--dir"])
+            .arg(dir)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (`.ci/run` installs Debian's redis-server)");
+        let started = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "redis-server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        OwnRedis {
+            child,
+            port,
+            dir: dir.to_owned(),
+        }
+    }
+
+    /// SIGTERM, as a restart does; waits for it to exit.
+    fn stop(&mut self) {
+        // SAFETY: plain kill(2) on our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[test]
+fn redis_restarted_mid_run_answers_503_while_down_and_loses_nothing() {
+    let port = free_port();
+    let dir = std::env::temp_dir().join(format!("sandcall-it-redis-{}-{port}", std::process::id()));
+    let mut redis = OwnRedis::start(&dir, port);
+    let url = format!("redis://127.0.0.1:{port}/0");
+    let a = node(&url, &[]);
+    let b = node(&url, &[]);
+    let paused: Vec<Value> = (0..3).map(|k| start(&a, k)).collect();
+    // Two gathered calls, answered one at a time.
+    let gathered = send(
+        &a,
+        "POST",
+        ROUTE,
+        Some(&json!({
+            "language": "python",
+            "code": "rs = await asyncio.gather(get(n=1), get(n=2))\nprint(rs)\n",
+            "tools": [get_tool()],
+        })),
+    )
+    .body;
+    assert_eq!(gathered["tool_calls"].as_array().unwrap().len(), 2, "{gathered}");
+    let answer_one = |s: &Server, i: usize, value: &str| {
+        send(
+            s,
+            "POST",
+            ROUTE,
+            Some(&json!({
+                "session_id": gathered["session_id"],
+                "continuation_token": gathered["continuation_token"],
+                "tool_results": [{"call_id": gathered["tool_calls"][i]["id"], "result": value, "is_error": false}],
+            })),
+        )
+    };
+
+    redis.stop();
+    // While Redis is down: a new session is refused, a resume is refused with its token
+    // still good, a node that must ask Redis where a session lives says so: all 503.
+    let refused = send(
+        &a,
+        "POST",
+        ROUTE,
+        Some(&json!({"language": "python", "code": program(9), "tools": [get_tool()]})),
+    );
+    assert_eq!(refused.status, 503, "{}", refused.body);
+    assert_eq!(refused.body["error_type"], "store_unavailable", "{}", refused.body);
+    let not_now = resume(&a, &paused[0], json!("early"));
+    assert_eq!(not_now.status, 503, "{}", not_now.body);
+    assert_eq!(not_now.body["error_type"], "store_unavailable", "{}", not_now.body);
+    let half = answer_one(&a, 0, "one");
+    assert_eq!(half.status, 503, "{}", half.body);
+    let elsewhere = resume(&b, &paused[1], json!("early"));
+    assert_eq!(elsewhere.status, 503, "{}", elsewhere.body);
+    assert_eq!(elsewhere.body["error_type"], "store_unavailable", "{}", elsewhere.body);
+    // The live pause still answers on its node.
+    let live = send(
+        &a,
+        "GET",
+        &format!("{ROUTE}/{}", paused[2]["session_id"].as_str().unwrap()),
+        None,
+    );
+    assert_eq!(live.status, 200, "{}", live.body);
+    assert_eq!(live.body["status"], "tool_call_required", "{}", live.body);
+
+    let mut redis = OwnRedis::start(&dir, redis.port);
+    // Everything is back: each session completes with the result sent now, through
+    // either node, and a token used once stays used.
+    let started = Instant::now();
+    let mut first = resume(&a, &paused[0], json!("late"));
+    while first.status == 503 && started.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(200));
+        first = resume(&a, &paused[0], json!("late"));
+    }
+    completed(&first, 0, "late");
+    assert_eq!(first.resume, "live");
+    completed(&resume(&b, &paused[1], json!("late")), 1, "late");
+    completed(&resume(&a, &paused[2], json!("late")), 2, "late");
+    // The refused half-answer left nothing behind: answering the other call first still
+    // leaves the first one outstanding, under its id.
+    let rest = answer_one(&a, 1, "two");
+    assert_eq!(rest.status, 200, "{}", rest.body);
+    assert_eq!(rest.body["status"], "tool_call_required", "{}", rest.body);
+    assert_eq!(rest.body["tool_calls"].as_array().unwrap().len(), 1, "{}", rest.body);
+    assert_eq!(rest.body["tool_calls"][0]["id"], gathered["tool_calls"][0]["id"]);
+    let call = &rest.body["tool_calls"][0];
+    let end = send(
+        &b,
+        "POST",
+        ROUTE,
+        Some(&json!({
+            "session_id": gathered["session_id"],
+            "continuation_token": rest.body["continuation_token"],
+            "tool_results": [{"call_id": call["id"], "result": "one", "is_error": false}],
+        })),
+    );
+    assert_eq!(end.body["status"], "completed", "{}", end.body);
+    assert_eq!(end.body["stdout"], "['one', 'two']\n", "{}", end.body);
+    let used = resume(&b, &paused[0], json!("again"));
+    assert_eq!(used.status, 409, "{}", used.body);
+    // New sessions work again.
+    let fresh = start(&b, 5);
+    completed(&resume(&a, &fresh, json!(1)), 5, "1");
+    redis.stop();
+}
+
+#[test]
+fn a_session_running_on_a_node_that_dies_is_run_again_elsewhere_and_its_resume_answered_when_retried() {
+    let redis = redis_url();
+    let a = node(&redis, &[]);
+    let b = node(&redis, &[]);
+    let code =
+        "import time\nprint('s')\nr = get(n=1)\ntime.sleep(3)\nprint('after', r)\nr2 = get(n=2)\nprint('end', r2)\n";
+    let first = send(
+        &a,
+        "POST",
+        ROUTE,
+        Some(&json!({"language": "python", "code": code, "tools": [get_tool()]})),
+    );
+    assert_eq!(first.body["status"], "tool_call_required", "{}", first.body);
+    let paused = first.body;
+    // The resume is accepted on A (journalled), and A dies while the program runs on.
+    let lost = {
+        let url = a.url(ROUTE);
+        let body = json!({
+            "session_id": paused["session_id"],
+            "continuation_token": paused["continuation_token"],
+            "tool_results": [{"call_id": paused["tool_calls"][0]["id"], "result": "r1", "is_error": false}],
+        });
+        std::thread::spawn(move || {
+            let _ = ureq::post(&url)
+                .set("Content-Type", "application/json")
+                .send_string(&body.to_string());
+        })
+    };
+    std::thread::sleep(Duration::from_millis(1000));
+    kill_hard(a);
+    lost.join().unwrap();
+    // Its retry through B: B takes the session over once A's lease has run out, runs it
+    // again from the journal to its next pause, and answers the retry with it.
+    let retried = resume(&b, &paused, json!("r1"));
+    assert_eq!(retried.status, 200, "{}", retried.body);
+    assert_eq!(retried.body["status"], "tool_call_required", "{}", retried.body);
+    assert_eq!(
+        retried.body["partial_stdout"], "after r1\n",
+        "no line twice: {}",
+        retried.body
+    );
+    assert_eq!(retried.node, b.base);
+    let end = resume(&b, &retried.body, json!("r2"));
+    assert_eq!(end.body["status"], "completed", "{}", end.body);
+    assert_eq!(end.body["stdout"], "s\nafter r1\nend r2\n", "{}", end.body);
+}
+
+#[test]
+fn a_node_stopped_with_sigterm_gives_its_sessions_up_at_once() {
+    let redis = redis_url();
+    // Long leases: a session taken over only once its lease ran out would take 20 s.
+    let long = [("SANDCALL_NODE_LEASE_MS", "20000")];
+    let mut a = node(&redis, &long);
+    let b = node(&redis, &long);
+    let paused: Vec<Value> = (0..3).map(|k| start(&a, k)).collect();
+    a.stop();
+    let started = Instant::now();
+    for (k, p) in paused.iter().enumerate() {
+        let answer = resume(&b, p, json!("now"));
+        completed(&answer, k, "now");
+        assert_eq!(answer.resume, "replay");
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "B took the sessions over without waiting for A's leases: {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn a_node_whose_session_was_taken_over_elsewhere_lets_it_go() {
+    let redis = redis_url();
+    let a = node(&redis, &[]);
+    let b = node(&redis, &[]);
+    let paused = start(&a, 4);
+    // As after a Redis outage longer than a lease: B holds the session's lease now.
+    let id = paused["session_id"].as_str().unwrap();
+    let set = Command::new("redis-cli")
+        .args([
+            "-u",
+            &redis,
+            "SET",
+            &format!("sandcall:s:{{{id}}}:owner"),
+            &b.base,
+            "PX",
+            "60000",
+        ])
+        .output()
+        .expect("redis-cli (installed with redis-server)");
+    assert!(set.status.success(), "{set:?}");
+    // A's next renewal finds it and drops its copy: the resume sent to A goes to B, which
+    // brings the session back from the journal.
+    std::thread::sleep(Duration::from_millis(2 * LEASE_MS.parse::<u64>().unwrap() / 3));
+    let answer = resume(&a, &paused, json!("b"));
+    completed(&answer, 4, "b");
+    assert_eq!(answer.node, b.base, "B, which holds the lease, answered");
+    assert_eq!(answer.resume, "replay");
+}

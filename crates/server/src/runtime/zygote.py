@@ -1,0 +1,322 @@
+# sandcall's Python template (the "zygote", ARCHITECTURE.md "Forked runs"). It runs in
+# a sandbox of its own, built like any warm sandbox but without the seccomp filter: it
+# has no capabilities and no_new_privs, and it never runs a line of user code. It starts
+# the interpreter once, loads runner.py (its source is argv[1]), imports the preloads,
+# then forks one run per request that arrives on its listening socket (fd 4):
+#
+#   template --fork--> C: unshare user, pid, mount, net, IPC and UTS namespaces, map
+#                         uid/gid 1000 to itself, fork G, exit
+#              G (pid 1 of the run): fresh /proc, tmpfs on /tmp, /dev/shm, /mnt/data and
+#                         /run/sandcall; says hello with its credentials, so the helper
+#                         learns its pid; waits until the helper placed it in the run's
+#                         cgroup; unshares the cgroup namespace; forks P; reaps
+#              P (pid 2, the program): stdio, rlimits, no capabilities, no_new_privs,
+#                         seccomp, fresh random state, then runner.py's main(), which
+#                         waits on fd 3 for its go exactly as in a warm sandbox.
+#
+# Every message from the helper is trusted (it is sandcall's own); nothing here reads
+# anything a program controls.
+import ctypes
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+_LIBC.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+_LIBC.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+
+_CLONE_NEWNS = 0x00020000
+_CLONE_NEWCGROUP = 0x02000000
+_CLONE_NEWUTS = 0x04000000
+_CLONE_NEWIPC = 0x08000000
+_CLONE_NEWUSER = 0x10000000
+_CLONE_NEWPID = 0x20000000
+_CLONE_NEWNET = 0x40000000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
+_MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
+_MNT_DETACH = 2
+_PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _PR_SET_SECCOMP = 4, 24, 22
+_PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 38, 47, 4
+_SECCOMP_MODE_FILTER = 2
+_SANDBOX_ID = 1000
+_LISTENER = 4
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def _check(result, what):
+    if result != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, "%s: %s" % (what, os.strerror(errno)))
+
+
+def _mount(source, target, fstype, flags, data=None):
+    _check(
+        _LIBC.mount(
+            source.encode() if source else None,
+            target.encode(),
+            fstype.encode() if fstype else None,
+            flags,
+            data.encode() if data else None,
+        ),
+        "mount " + target,
+    )
+
+
+def _tmpfs(target, options):
+    # The template's own mount stays underneath, locked (it came from a more privileged
+    # mount namespace) and empty; nothing of the run can reach it.
+    _mount("tmpfs", target, "tmpfs", _MS_NOSUID | _MS_NODEV, options)
+
+
+def _load_seccomp():
+    """The run's seccomp filters, compiled by the helper (`Policy::to_bytes`): each one
+    a native-endian u32 count of instructions, then 8 bytes per instruction. Kept in
+    ctypes buffers for the template's life, so a run only installs them."""
+    with open("/run/sandcall/seccomp.bpf", "rb") as f:
+        data = f.read()
+    filters = []
+    at = 0
+    while at < len(data):
+        (count,) = struct.unpack_from("=I", data, at)
+        at += 4
+        buf = ctypes.create_string_buffer(data[at : at + 8 * count], 8 * count)
+        at += 8 * count
+        filters.append((count, buf))
+    if not filters:
+        raise RuntimeError("no seccomp filter")
+    return filters
+
+
+def _send_line(fd, obj):
+    data = (json.dumps(obj) + "\n").encode()
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def _read_line(fd):
+    line = b""
+    while not line.endswith(b"\n"):
+        chunk = os.read(fd, 1)
+        if not chunk:
+            return None
+        line += chunk
+    return line[:-1]
+
+
+def _run_init(request, fds, runner, filters):
+    """G: pid 1 of the run's namespaces (see the top of this file). Never returns."""
+    report, stdin_r, stdout_w, stderr_w, go = fds
+    limits = request["limits"]
+    try:
+        # The program runs as the same uid: keep it from ptracing us or reading our
+        # memory and descriptors through /proc/1 (we still hold the capabilities of
+        # the run's user namespace, and no seccomp filter).
+        _check(_LIBC.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0), "set_dumpable")
+        # No parent-death signal: the parent, C, exits at once. The run ends when its
+        # helper closes the report socket (below) or when the template's init dies.
+        # Nothing of this namespace's mounts propagates anywhere.
+        _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
+        # Our own /proc (we are pid 1 of the new pid namespace): it lists only the run.
+        _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+        _tmpfs("/tmp", "size=%d,mode=1777" % limits["tmp_bytes"])
+        _tmpfs("/dev/shm", "size=%d,mode=1777" % limits["tmp_bytes"])
+        _tmpfs("/mnt/data", "size=%d,mode=0755" % limits["workspace_bytes"])
+        # The code directory: written by the helper, then sealed read-only before the go.
+        _tmpfs("/run/sandcall", "size=%d,mode=0755" % (request["max_code_bytes"] + (1 << 20)))
+        os.chdir("/mnt/data")
+        # The helper learns our pid (as it sees it) from these credentials.
+        sock = socket.socket(fileno=report)
+        creds = struct.pack("iII", os.getpid(), os.getuid(), os.getgid())
+        sock.sendmsg([b"hello\n"], [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, creds)])
+        sock.detach()
+        if _read_line(report) != b"placed":
+            os._exit(1)
+        # The helper has placed us in the run's cgroup: make it the root of our view.
+        _check(_LIBC.unshare(_CLONE_NEWCGROUP), "unshare cgroup namespace")
+    except BaseException as error:  # noqa: BLE001 - reported, then this process ends
+        try:
+            _send_line(report, {"init": "setup_failed", "message": str(error)})
+        finally:
+            os._exit(1)
+    program = os.fork()
+    if program == 0:
+        _run_program(request, (stdin_r, stdout_w, stderr_w, go), runner, filters)
+    for fd in (stdin_r, stdout_w, stderr_w, go):
+        os.close(fd)
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    _send_line(report, {"init": "ready"})
+    import select
+
+    while True:
+        ready, _, _ = select.select([report, wake_r], [], [], 1.0)
+        if report in ready:
+            line = _read_line(report)
+            if line is None:
+                # The helper is gone: so is the run (every process of this namespace).
+                os._exit(1)
+            if line == b"seal":
+                _mount(None, "/run/sandcall", None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+                _send_line(report, {"init": "sealed"})
+        try:
+            while os.read(wake_r, 64):
+                pass
+        except BlockingIOError:
+            pass
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                os._exit(0)
+            if pid == 0:
+                break
+            if pid == program:
+                if os.WIFSIGNALED(status):
+                    _send_line(report, {"init": "signaled", "signal": os.WTERMSIG(status)})
+                else:
+                    _send_line(report, {"init": "exited", "code": os.WEXITSTATUS(status)})
+                os._exit(0)
+
+
+def _run_program(request, fds, runner, filters):
+    """P: the program. The same steps, in the same order, as a cold run's program before
+    its execve (ARCHITECTURE.md, steps 16 to 22); then the runner. Never returns."""
+    try:
+        os.setsid()
+        for fd, to in zip(fds, (0, 1, 2, 3)):
+            os.dup2(fd, to)
+        os.closerange(4, 1 << 20)
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        import resource
+
+        limits = request["limits"]
+        cpu_s = max(1, -(-limits["cpu_time_ms"] // 1000)) + 1
+        for res, value in (
+            (resource.RLIMIT_NOFILE, limits["max_open_files"]),
+            (resource.RLIMIT_FSIZE, limits["file_size_bytes"]),
+            (resource.RLIMIT_NPROC, limits["max_processes"]),
+            (resource.RLIMIT_CORE, 0),
+            (resource.RLIMIT_CPU, cpu_s),
+        ):
+            resource.setrlimit(res, (value, value))
+        hard = resource.getrlimit(resource.RLIMIT_DATA)[1]
+        resource.setrlimit(resource.RLIMIT_DATA, (hard, hard))
+        # Capabilities: bounding set first, while CAP_SETPCAP is still held.
+        with open("/proc/sys/kernel/cap_last_cap", "rb") as f:
+            last = int(f.read())
+        for cap in range(last + 1):
+            _check(_LIBC.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0), "drop bounding capability %d" % cap)
+        _check(_LIBC.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "clear ambient capabilities")
+        header = _CapHeader(0x20080522, 0)
+        data = (_CapData * 2)()
+        _check(_LIBC.syscall(126 if os.uname().machine == "x86_64" else 91, ctypes.byref(header), data), "capset")
+        _check(_LIBC.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+        # seccomp last: from here on only the program's own calls happen.
+        for count, buf in filters:
+            prog = _SockFprog(count, ctypes.addressof(buf))
+            _check(_LIBC.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.addressof(prog), 0, 0), "seccomp")
+        _reseed()
+    except BaseException as error:  # noqa: BLE001
+        try:
+            os.write(2, ("sandcall: cannot start the program: %s\n" % error).encode())
+        finally:
+            os._exit(126)
+    try:
+        runner["main"](True)
+    except SystemExit as exit_request:
+        code = exit_request.code
+        os._exit(code if isinstance(code, int) else 1)
+    os._exit(0)
+
+
+def _reseed():
+    """Every random source a program can read that the template's memory holds gets
+    fresh state from the kernel: Python's `random` (also reseeded by its own fork hook)
+    and numpy's global generator. Programmatic runs then seed both from their session's
+    seed, as in any warm sandbox (runner.py, `_seed_generators`)."""
+    import random
+
+    random.seed()
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        numpy_random.seed()
+
+
+def _fork_run(conn, listener, runner, filters):
+    """C: reads one request, makes the run's namespaces and forks its init. Never returns."""
+    try:
+        message, fds, _, _ = socket.recv_fds(conn, 1 << 16, 5)
+        request = json.loads(message)
+        if len(fds) != 5:
+            raise ValueError("expected 5 descriptors, got %d" % len(fds))
+    except BaseException:  # noqa: BLE001 - the helper sees its socket close
+        os._exit(1)
+    os.close(conn.detach())
+    listener.detach()
+    # The template's listener and its channel to its own helper are not the run's.
+    os.close(_LISTENER)
+    os.close(3)
+    try:
+        _check(
+            _LIBC.unshare(
+                _CLONE_NEWUSER | _CLONE_NEWPID | _CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWIPC | _CLONE_NEWUTS
+            ),
+            "unshare",
+        )
+        # uid and gid 1000 of the run's user namespace are ours (1000) in the template's:
+        # the process maps only its own ids, which needs no privilege.
+        for name, text in (
+            ("uid_map", "%d %d 1\n" % (_SANDBOX_ID, _SANDBOX_ID)),
+            ("setgroups", "deny"),
+            ("gid_map", "%d %d 1\n" % (_SANDBOX_ID, _SANDBOX_ID)),
+        ):
+            with open("/proc/self/" + name, "w") as f:
+                f.write(text)
+        init = os.fork()
+    except BaseException as error:  # noqa: BLE001
+        try:
+            _send_line(fds[0], {"init": "setup_failed", "message": str(error)})
+        finally:
+            os._exit(1)
+    if init == 0:
+        _run_init(request, fds, runner, filters)
+    os._exit(0)
+
+
+def main():
+    runner = {"__name__": "sandcall_runner", "__builtins__": __builtins__}
+    exec(compile(sys.argv[1], "<runner>", "exec", dont_inherit=True), runner)
+    filters = _load_seccomp()
+    preload = "SANDCALL_PRELOAD" in os.environ
+    runner["_warm_up"]()
+    if not preload:
+        os.write(3, b"ready\n")
+    listener = socket.socket(fileno=_LISTENER)
+    while True:
+        conn, _ = listener.accept()
+        pid = os.fork()
+        if pid == 0:
+            _fork_run(conn, listener, runner, filters)
+        conn.close()
+        # C exits as soon as it has forked the run's init, which the template's own init
+        # (pid 1 of the template's namespace) then reaps.
+        os.waitpid(pid, 0)
+
+
+main()
