@@ -55,6 +55,8 @@ class Server:
         self.base_url = base_url
         self.api_key = api_key
         self.log = log
+        # A second principal's key.
+        self.other_key = ""
 
 
 def serve(work: Path, args: List[str], env: Dict[str, str]) -> Iterator[subprocess.Popen]:
@@ -103,8 +105,12 @@ def http_server() -> Iterator[Server]:
     """`sandcall serve` with an API key, whose `/mcp` the HTTP tests use."""
     work = Path(tempfile.mkdtemp(prefix="sandcall-mcp-"))
     key = "mcp-" + secrets.token_hex(16)
-    for process in serve(work, [], server_env({"SANDCALL_API_KEYS": f"mcp:{key}"})):
-        yield Server(wait_listening(process, work / "server.log"), key, work / "server.log")
+    other = "other-" + secrets.token_hex(16)
+    keys = f"mcp:{key},other:{other}"
+    for process in serve(work, [], server_env({"SANDCALL_API_KEYS": keys})):
+        server = Server(wait_listening(process, work / "server.log"), key, work / "server.log")
+        server.other_key = other
+        yield server
     shutil.rmtree(work, ignore_errors=True)
 
 

@@ -138,3 +138,35 @@ def test_mcp_over_http_needs_the_api_key(http_server: Server) -> None:
     except urllib.error.HTTPError as e:
         assert e.code == 401
         assert json.loads(e.read())["error_type"] == "unauthorized"
+
+
+def test_over_http_each_key_sees_only_its_own_files(http_server: Server) -> None:
+    import contextlib
+
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    def as_key(key: str) -> Connect:
+        @contextlib.asynccontextmanager
+        async def connect() -> Any:
+            http = create_mcp_http_client(headers={"Authorization": f"Bearer {key}"})
+            async with http, streamable_http_client(http_server.base_url + "/mcp", http_client=http) as (r, w, _):
+                async with ClientSession(r, w) as session:
+                    await session.initialize()
+                    yield session
+
+        return connect
+
+    mine, theirs = as_key(http_server.api_key), as_key(http_server.other_key)
+    up = ok(call(mine, "upload_file", {"name": "secret.txt", "text": "mine"}))
+    got = call(theirs, "download_file", {"session_id": up["session_id"], "file_id": up["id"]})
+    assert got.isError and got.structuredContent["error_type"] == "file_not_found"
+    assert ok(call(theirs, "list_files", {"session_id": up["session_id"]}))["files"] == []
+    ran = call(
+        theirs,
+        "execute_code",
+        {"language": "bash", "code": "cat secret.txt", "files": [{"id": up["id"], "session_id": up["session_id"]}]},
+    )
+    assert ran.isError and ran.structuredContent["error_type"] == "file_not_found"
+    assert ok(call(mine, "download_file", {"session_id": up["session_id"], "file_id": up["id"]}))["text"] == "mine"
