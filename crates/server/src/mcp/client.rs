@@ -86,35 +86,41 @@ impl McpServers {
                 )
             }
         };
-        let text: Vec<&str> = result
-            .content
-            .iter()
-            .filter_map(|c| c.as_text().map(|t| t.text.as_str()))
-            .collect();
-        if result.is_error == Some(true) {
-            let message = if text.is_empty() {
-                format!("{tool} failed")
-            } else {
-                text.join("\n")
-            };
-            return ToolReply::error("tool_error", message);
-        }
-        // The structured result when the tool gives one; else its text, parsed when it
-        // is one JSON object or array (what many servers send as text).
-        let value = match result.structured_content {
-            Some(value) => value,
-            None => match text.as_slice() {
-                [one] => serde_json::from_str::<serde_json::Value>(one)
-                    .ok()
-                    .filter(|v| v.is_object() || v.is_array())
-                    .unwrap_or_else(|| serde_json::Value::String((*one).to_owned())),
-                _ => serde_json::Value::String(text.join("\n")),
-            },
+        reply_of(tool, result)
+    }
+}
+
+/// What the program gets for an MCP tool's result: its error text as a tool error, else
+/// its structured content, else its text (parsed when it is one JSON object or array).
+fn reply_of(tool: &str, result: rmcp::model::CallToolResult) -> ToolReply {
+    let text: Vec<&str> = result
+        .content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.as_str()))
+        .collect();
+    if result.is_error == Some(true) {
+        let message = if text.is_empty() {
+            format!("{tool} failed")
+        } else {
+            text.join("\n")
         };
-        match serde_json::value::to_raw_value(&value) {
-            Ok(raw) => ToolReply::result(raw),
-            Err(e) => ToolReply::error("tool_error", format!("the result of {tool} cannot be encoded: {e}")),
-        }
+        return ToolReply::error("tool_error", message);
+    }
+    // The structured result when the tool gives one; else its text, parsed when it
+    // is one JSON object or array (what many servers send as text).
+    let value = match result.structured_content {
+        Some(value) => value,
+        None => match text.as_slice() {
+            [one] => serde_json::from_str::<serde_json::Value>(one)
+                .ok()
+                .filter(|v| v.is_object() || v.is_array())
+                .unwrap_or_else(|| serde_json::Value::String((*one).to_owned())),
+            _ => serde_json::Value::String(text.join("\n")),
+        },
+    };
+    match serde_json::value::to_raw_value(&value) {
+        Ok(raw) => ToolReply::result(raw),
+        Err(e) => ToolReply::error("tool_error", format!("the result of {tool} cannot be encoded: {e}")),
     }
 }
 
@@ -190,5 +196,56 @@ impl Server {
         let peer = service.peer().clone();
         *running = Some(service);
         Ok(peer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rmcp::model::{CallToolResult, ContentBlock};
+
+    fn result_of(reply: &ToolReply) -> serde_json::Value {
+        assert!(reply.ok, "{reply:?}");
+        serde_json::from_str(reply.result.as_ref().unwrap().get()).unwrap()
+    }
+
+    #[test]
+    fn structured_content_then_json_text_then_plain_text() {
+        let structured = CallToolResult::structured(serde_json::json!({"t": [1, 2]}));
+        assert_eq!(result_of(&reply_of("f", structured)), serde_json::json!({"t": [1, 2]}));
+        let json_text = CallToolResult::success(vec![ContentBlock::text(r#"[1, {"a": 2}]"#)]);
+        assert_eq!(result_of(&reply_of("f", json_text)), serde_json::json!([1, {"a": 2}]));
+        // A number or a string in text stays text: only objects and arrays are parsed.
+        let number = CallToolResult::success(vec![ContentBlock::text("42")]);
+        assert_eq!(result_of(&reply_of("f", number)), serde_json::json!("42"));
+        let two = CallToolResult::success(vec![ContentBlock::text("a"), ContentBlock::text("{}")]);
+        assert_eq!(result_of(&reply_of("f", two)), serde_json::json!("a\n{}"));
+    }
+
+    #[test]
+    fn a_tool_error_is_the_programs_tool_error() {
+        let reply = reply_of("f", CallToolResult::error(vec![ContentBlock::text("no such city")]));
+        assert!(!reply.ok);
+        assert_eq!(reply.kind.as_deref(), Some("tool_error"));
+        assert_eq!(reply.error.as_deref(), Some("no such city"));
+        let bare = reply_of("f", CallToolResult::error(vec![]));
+        assert_eq!(bare.error.as_deref(), Some("f failed"));
+    }
+
+    #[tokio::test]
+    async fn an_unknown_server_or_one_that_cannot_start_is_a_tool_error() {
+        let servers = McpServers::new(&[McpServerConfig {
+            name: "gone".into(),
+            command: "/nonexistent/mcp-server".into(),
+            ..Default::default()
+        }]);
+        let reply = servers.call("nope", "t", "{}", Duration::from_secs(5)).await;
+        assert_eq!(reply.kind.as_deref(), Some("refused"));
+        let reply = servers.call("gone", "t", "{}", Duration::from_secs(5)).await;
+        assert_eq!(reply.kind.as_deref(), Some("tool_error"));
+        assert!(reply.error.unwrap().contains("could not be started"));
+        let e = servers.declarations("gone").await.unwrap_err();
+        assert_eq!(e.error_type, sandcall_api::error_type::MCP_SERVER_FAILURE);
+        assert!(!e.message.contains("/nonexistent"));
     }
 }
