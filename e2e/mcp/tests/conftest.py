@@ -115,6 +115,17 @@ def http_server() -> Iterator[Server]:
 
 
 @pytest.fixture(scope="session")
+def limited_server() -> Iterator[Server]:
+    """`sandcall serve` whose file routes allow a principal 2 requests a minute."""
+    work = Path(tempfile.mkdtemp(prefix="sandcall-mcp-limited-"))
+    key = "mcp-" + secrets.token_hex(16)
+    env = server_env({"SANDCALL_API_KEYS": f"mcp:{key}", "SANDCALL_RATE_LIMIT_FILES": "2/min"})
+    for process in serve(work, [], env):
+        yield Server(wait_listening(process, work / "server.log"), key, work / "server.log")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
 def stdio_work() -> Iterator[Path]:
     work = Path(tempfile.mkdtemp(prefix="sandcall-mcp-stdio-"))
     yield work

@@ -170,3 +170,28 @@ def test_over_http_each_key_sees_only_its_own_files(http_server: Server) -> None
     )
     assert ran.isError and ran.structuredContent["error_type"] == "file_not_found"
     assert ok(call(mine, "download_file", {"session_id": up["session_id"], "file_id": up["id"]}))["text"] == "mine"
+
+
+def test_the_file_tools_count_against_the_file_routes_rate(limited_server: Server) -> None:
+    import contextlib
+
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    @contextlib.asynccontextmanager
+    async def connect() -> Any:
+        http = create_mcp_http_client(headers={"X-API-Key": limited_server.api_key})
+        async with http, streamable_http_client(limited_server.base_url + "/mcp", http_client=http) as (r, w, _):
+            async with ClientSession(r, w) as session:
+                await session.initialize()
+                yield session
+
+    for _ in range(2):
+        ok(call(connect, "list_files", {"session_id": "x"}))
+    refused = call(connect, "list_files", {"session_id": "x"})
+    assert refused.isError
+    assert refused.structuredContent["error_type"] == "rate_limited"
+    assert refused.structuredContent["retry_after_seconds"] >= 1
+    # Running code is another group, not limited here.
+    assert ok(call(connect, "execute_code", {"language": "bash", "code": "echo hi"}))["stdout"] == "hi\n"
