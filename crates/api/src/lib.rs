@@ -67,6 +67,9 @@ pub mod error_type {
     /// 429: the principal sent more requests of a route group than its rate allows
     /// (`rate_limit_*`).
     pub const RATE_LIMITED: &str = "rate_limited";
+    /// (extension) 502: an MCP server a request's `mcp_servers` names could not be
+    /// started or did not list its tools.
+    pub const MCP_SERVER_FAILURE: &str = "mcp_server_failure";
     /// 408: the request's body did not arrive in time.
     pub const REQUEST_TIMEOUT: &str = "request_timeout";
     /// 403 (local mode): the request comes from a web page of another origin.
@@ -245,6 +248,11 @@ pub struct ToolDecl {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub parameters: Option<Box<serde_json::value::RawValue>>,
+    /// (extension) The name of an MCP server of the server's config (`mcp_servers`)
+    /// whose tool `name` this is: sandcall calls it and hands its result to the
+    /// program, and the caller never sees the call (docs/mcp.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mcp_server: Option<String>,
 }
 
 /// The caller's answer to one tool call.
@@ -280,6 +288,11 @@ pub struct ProgrammaticRequest {
     pub files: Option<Vec<FileRef>>,
     /// First call: the tools the program may call (at most 100).
     pub tools: Option<Vec<ToolDecl>>,
+    /// First call (extension): MCP servers of the server's config (`mcp_servers`) all of
+    /// whose tools the program may call, declared as the server lists them (name,
+    /// description, input schema) after `tools`; sandcall calls them (docs/mcp.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mcp_servers: Option<Vec<String>>,
     /// First call: the program's own wall-clock budget in milliseconds: the time it
     /// runs, not the time it waits paused for the caller (unless the server's
     /// `programmatic_timeout_scope` is `loop`).
@@ -328,6 +341,10 @@ pub struct AuditCall {
     pub arguments_bytes: Option<u64>,
     /// When the program made the call (RFC 3339).
     pub requested_at: String,
+    /// (extension) The MCP server sandcall called it on (`ToolDecl::mcp_server`); such
+    /// a call is never handed out to the caller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mcp_server: Option<String>,
     /// Listed again by the replay of the session (docs/scaling.md): the record made
     /// when it was first handed out went with an earlier server.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]

@@ -1,4 +1,4 @@
-//! The `sandcall` binary: `serve`, `doctor`, and the hidden `sandbox-helper` that the
+//! The `sandcall` binary: `serve`, `mcp`, `doctor`, and the hidden `sandbox-helper` that the
 //! server re-executes for every sandbox.
 
 use clap::{Parser, Subcommand};
@@ -20,6 +20,11 @@ struct Cli {
 enum Command {
     /// Start the HTTP server.
     Serve(ServeArgs),
+    /// Serve the Model Context Protocol over stdin and stdout (for an MCP client that
+    /// launches sandcall itself, like Claude Desktop): the tools execute_code,
+    /// upload_file, list_files and download_file, with the same config as `serve`. `serve`
+    /// answers MCP over HTTP at /mcp too. See docs/mcp.md.
+    Mcp(ServeArgs),
     /// Check that this machine can run sandboxes, and say how to fix what is missing.
     Doctor(ServeArgs),
     /// Manage API keys.
@@ -81,6 +86,7 @@ fn main() -> ExitCode {
         Command::SandboxHelper => ExitCode::from(sandcall_sandbox::helper::run_helper() as u8),
         Command::ToolCall { name, args } => ExitCode::from(sandcall_sandbox::tools::client_main(&name, &args) as u8),
         Command::Serve(args) => run_async(serve(args)),
+        Command::Mcp(args) => run_async(mcp(args)),
         Command::Doctor(args) => run_async(doctor(args)),
         Command::Runtime(RuntimeCommand::Install(args)) => runtime_install(&args),
         Command::Openapi => {
@@ -203,6 +209,19 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     })
     .await?;
     sandcall_server::serve(config).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// As `serve`, with MCP on stdio in place of the HTTP listener.
+async fn mcp(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let mut config = load(&args)?;
+    let config = tokio::task::spawn_blocking(move || {
+        sandcall_server::python_runtime::prepare_for_serve(&mut config);
+        sandcall_server::npm_runtime::prepare_for_serve(&config);
+        config
+    })
+    .await?;
+    sandcall_server::serve_mcp_stdio(config).await?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -123,6 +123,11 @@ pub struct Config {
     /// compile command, run command, commands and paths the toolchain needs
     /// (docs/runtimes.md, "Languages an operator declares"). Default none.
     pub languages: Vec<LanguageConfig>,
+    /// MCP servers whose tools programs may call (`[[mcp_servers]]`: name, command,
+    /// args, env): a declared tool with `mcp_server` is called by sandcall, as an MCP
+    /// client over stdio, and its result goes back to the program (docs/mcp.md).
+    /// Default none.
+    pub mcp_servers: Vec<McpServerConfig>,
     /// Modules the preloaded warm Python sandboxes import while they wait, when Python
     /// runs on the managed runtime, so a run's own import of them costs nothing; each a
     /// dotted module name. They count against the run's `memory_limit_mb`. A run whose
@@ -268,6 +273,22 @@ pub struct LanguageConfig {
     /// Host paths bound read-only into every sandbox (its toolchain outside /usr).
     #[serde(default)]
     pub paths: Vec<PathBuf>,
+}
+
+/// An MCP server programs' tools may go to (`[[mcp_servers]]`): sandcall starts
+/// `command` with `args` (and `env` added to its own environment) on first use, and
+/// speaks MCP to it over its stdin and stdout.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct McpServerConfig {
+    /// What tool declarations name it by (`mcp_server`).
+    pub name: String,
+    /// The program to start: an absolute path, or a name looked up in PATH.
+    pub command: String,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
 }
 
 /// One API key: the principal it stands for and the SHA-256 of the key, in hex.
@@ -532,6 +553,7 @@ impl Default for Config {
             extra_runtime_paths: Vec::new(),
             toolchain_path: vec![PathBuf::from("/usr/bin")],
             languages: Vec::new(),
+            mcp_servers: Vec::new(),
             warm_preload: ["numpy", "pandas", "matplotlib.pyplot"].map(String::from).to_vec(),
             warm_preload_pool_size: 2,
             zygote: false,
@@ -804,6 +826,14 @@ impl Config {
             }
         }
         self.validate_languages()?;
+        for (i, m) in self.mcp_servers.iter().enumerate() {
+            if m.name.is_empty() || m.name.chars().any(char::is_control) || m.command.is_empty() {
+                return bad(format!("mcp_servers[{i}] needs a name and a command"));
+            }
+            if self.mcp_servers[..i].iter().any(|o| o.name == m.name) {
+                return bad(format!("mcp_servers[{i}]: the name {:?} is taken", m.name));
+            }
+        }
         for group in [
             crate::rate_limit::Group::Exec,
             crate::rate_limit::Group::Sessions,
@@ -963,6 +993,27 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mcp_servers_need_a_name_and_a_command_and_unique_names() {
+        let server = |name: &str, command: &str| McpServerConfig {
+            name: name.into(),
+            command: command.into(),
+            ..Default::default()
+        };
+        let mut c = Config {
+            mcp_servers: vec![server("weather", "/bin/weather"), server("files", "files-mcp")],
+            ..Config::default()
+        };
+        assert!(c.validate().is_ok());
+        c.mcp_servers.push(server("weather", "/bin/other"));
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("mcp_servers[2]") && e.contains("taken"), "{e}");
+        c.mcp_servers = vec![server("", "/bin/x")];
+        assert!(c.validate().is_err());
+        c.mcp_servers = vec![server("x", "")];
+        assert!(c.validate().is_err());
+    }
 
     #[test]
     fn a_redis_session_store_needs_a_node_url_and_a_shared_token_secret() {

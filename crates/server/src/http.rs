@@ -247,6 +247,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/exec/programmatic/cancel", post(cancel_route))
         .route("/v1/exec/programmatic/{session_id}", get(session_route))
         .route("/v1/exec/programmatic/{session_id}/calls", get(calls_route))
+        // MCP over streamable HTTP (docs/mcp.md), behind `authenticate` like every route.
+        .route_service("/mcp", crate::mcp::http_service(state.clone()))
         .route(
             "/v1/upload",
             post(files::routes::upload).layer(axum::extract::DefaultBodyLimit::max(files::routes::upload_limit(
@@ -394,6 +396,7 @@ pub(crate) async fn exec_route(
         (status = 404, description = "`session_not_found` or `file_not_found`.", body = ErrorBody),
         (status = 409, description = "`continuation_token_used`: the token's pause is no longer open, and this is not a retry of its resume with the same results (a retry answers what the first use answered; a session that ended answers its ending).", body = ErrorBody),
         (status = 413, description = "`payload_too_large`: the body, `code` or the input files.", body = ErrorBody),
+        (status = 502, description = "`mcp_server_failure`: an MCP server that `mcp_servers` names could not be started or did not list its tools.", body = ErrorBody),
         (status = 503, description = "`at_capacity`: too many sessions hold a sandbox. `store_unavailable`: the session store (Redis) cannot be reached; nothing was changed and the token stays good. `session_owner_unavailable` (many nodes): the node that holds the session live did not answer.", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Seconds to wait."))),
     ),
@@ -439,6 +442,7 @@ pub(crate) async fn programmatic_route(
             // (programmatic::tools), together they are still milliseconds of work, done
             // off the async workers.
             let config = state.config.clone();
+            let req = programmatic::declare_mcp_servers(req, state.sessions.mcp()).await?;
             let mut cmd = tokio::task::spawn_blocking(move || programmatic::parse_start(req, &config))
                 .await
                 .map_err(|e| ApiError::internal(error_type::INTERNAL, &format!("declaring tools: {e}")))??;

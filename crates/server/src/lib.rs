@@ -18,6 +18,7 @@ pub mod http;
 pub mod ids;
 pub mod json;
 pub mod listen;
+pub mod mcp;
 pub mod npm_runtime;
 pub mod openapi;
 pub mod pool;
@@ -222,6 +223,23 @@ pub enum ServeError {
 /// Runs the server until SIGTERM or SIGINT, then kills the running programs, reclaims
 /// their sandboxes and returns.
 pub async fn serve(config: Config) -> Result<(), ServeError> {
+    run(config, Frontend::Http).await
+}
+
+/// `sandcall mcp`: the same server machinery, answering MCP over stdin and stdout (and
+/// no HTTP listener) until the client closes stdin, or SIGTERM or SIGINT.
+pub async fn serve_mcp_stdio(config: Config) -> Result<(), ServeError> {
+    run(config, Frontend::McpStdio).await
+}
+
+/// What a started server answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Frontend {
+    Http,
+    McpStdio,
+}
+
+async fn run(config: Config, frontend: Frontend) -> Result<(), ServeError> {
     // Credentials are loaded once, here: a JWT key source that cannot be parsed stops the start.
     let auth = auth::Auth::new(&config).map_err(|e| ServeError::Preflight(e.to_string()))?;
     auth::check_listen(&config, &auth).map_err(ServeError::Preflight)?;
@@ -352,6 +370,22 @@ pub async fn serve(config: Config) -> Result<(), ServeError> {
         state.outbox_dir.clone(),
         stale_outbox,
     ));
+    if frontend == Frontend::McpStdio {
+        // stdout is the protocol's: nothing else may be written there.
+        tracing::info!(cgroup = host.cgroups.version(), data_dir = %host.data_dir.display(), "sandcall serving MCP on stdio");
+        let principal = auth::Principal(auth::LOCAL.into());
+        tokio::select! {
+            served = mcp::serve_stdio(state, principal, shutdown_rx.clone()) => served?,
+            _ = wait_for_signal() => {}
+        }
+        let _ = shutdown_tx.send(true);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while runner.active() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        host.cgroups.sweep();
+        return Ok(());
+    }
     let cap = listen::connection_cap(&config);
     let listener = tokio::net::TcpListener::bind(&config.listen)
         .await

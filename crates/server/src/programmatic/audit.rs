@@ -88,6 +88,7 @@ impl Audit {
             arguments_sha256: Some(sha256_hex(arguments.as_bytes())),
             arguments_bytes: Some(arguments.len() as u64),
             requested_at: now_rfc3339(),
+            mcp_server: None,
             replayed: false,
             outcome: AuditOutcome::Pending,
         };
@@ -107,6 +108,7 @@ impl Audit {
             arguments_sha256: None,
             arguments_bytes: None,
             requested_at: now_rfc3339(),
+            mcp_server: None,
             replayed: false,
             outcome: AuditOutcome::Refused {
                 reason: reason.to_owned(),
@@ -120,6 +122,17 @@ impl Audit {
             handed_out: None,
             call,
         });
+    }
+
+    /// The call of `key` goes to MCP server `server` (not to the caller) under `call_id`.
+    pub fn sent_to_mcp(&mut self, session: &str, key: u64, call_id: &str, server: &str) {
+        if let Some(r) = self.by_key(key) {
+            r.call.call_id = Some(call_id.to_owned());
+            r.call.mcp_server = Some(server.to_owned());
+            r.handed_out = Some(Instant::now());
+            tracing::info!(target: "sandcall::audit", session, call_id, name = %r.call.name, mcp_server = server, "tool call sent to its MCP server");
+            metrics::counter!(crate::telemetry::TOOL_CALLS).increment(1);
+        }
     }
 
     /// The call of `key` is handed out to the caller under `call_id`.
@@ -153,6 +166,7 @@ impl Audit {
                 arguments_sha256: Some(sha256_hex(arguments.as_bytes())),
                 arguments_bytes: Some(arguments.len() as u64),
                 requested_at: now_rfc3339(),
+                mcp_server: None,
                 replayed: true,
                 outcome: AuditOutcome::Pending,
             },

@@ -52,6 +52,13 @@ pub fn parse_start(req: ProgrammaticRequest, config: &Config) -> Result<StartCom
     let (code, args) = exec::check_code_and_args(req.code, req.args, config, missing)?;
     let tools = ToolSet::declare(req.tools.as_deref().unwrap_or_default())
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, error_type::INVALID_TOOL_SCHEMA, e.0))?;
+    if let Some(unknown) = tools
+        .mcp_servers()
+        .into_iter()
+        .find(|s| !config.mcp_servers.iter().any(|m| m.name == *s))
+    {
+        return Err(crate::mcp::client::unknown_server(unknown));
+    }
     let timeout_ms = exec::timeout(req.timeout, req.run_timeout, config)?;
     if req.loop_timeout == Some(0) {
         return Err(ApiError::bad_request("`loop_timeout` must be at least 1 ms"));
@@ -89,6 +96,27 @@ pub fn parse_start(req: ProgrammaticRequest, config: &Config) -> Result<StartCom
         request_id: None,
         request,
     })
+}
+
+/// A first call's `mcp_servers`: each server's tools, as it lists them, become tool
+/// declarations after the request's own `tools` (so the journal keeps them, and a replay
+/// does not ask the server again).
+pub async fn declare_mcp_servers(
+    mut req: ProgrammaticRequest,
+    mcp: &crate::mcp::client::McpServers,
+) -> Result<ProgrammaticRequest, ApiError> {
+    let Some(servers) = req.mcp_servers.take() else {
+        return Ok(req);
+    };
+    let mut tools = req.tools.take().unwrap_or_default();
+    for server in &servers {
+        if tools.len() > tools::MAX_TOOLS {
+            break;
+        }
+        tools.extend(mcp.declarations(server).await?);
+    }
+    req.tools = Some(tools);
+    Ok(req)
 }
 
 /// The longest `X-LibreChat-Code-Request-ID` kept, in bytes.

@@ -393,6 +393,8 @@ struct Inner {
     pool: Pool,
     /// Every session's journal.
     store: Arc<dyn SessionStore>,
+    /// The MCP servers whose tools programs may call (`mcp_servers`).
+    mcp: crate::mcp::client::McpServers,
     /// With a store that many nodes share: this node's id (its `node_url`), which the
     /// leases name. None on a single node.
     node: Option<String>,
@@ -436,6 +438,7 @@ impl Sessions {
         let node = node.filter(|_| store.shared());
         let lease_ms = config.node_lease_ms;
         let slots = Arc::new(Semaphore::new(config.max_sessions));
+        let config_mcp = config.mcp_servers.clone();
         let per_principal = PerPrincipal::new(config.sessions_per_principal());
         Sessions {
             inner: Arc::new(Inner {
@@ -456,6 +459,7 @@ impl Sessions {
                 outbox_dir,
                 pool,
                 store,
+                mcp: crate::mcp::client::McpServers::new(&config_mcp),
                 node,
                 lease_ms,
             }),
@@ -616,6 +620,11 @@ impl Sessions {
         let inner = &self.inner;
         let alive = inner.config.max_sessions - inner.slots.available_permits();
         (alive, inner.paused.load(std::sync::atomic::Ordering::SeqCst))
+    }
+
+    /// The MCP servers whose tools programs may call (`mcp_servers`).
+    pub fn mcp(&self) -> &crate::mcp::client::McpServers {
+        &self.inner.mcp
     }
 
     /// The session's tool calls as the audit trail keeps them (`audit`).
@@ -1978,6 +1987,8 @@ impl Driver {
         // are handled no new pause may be published (their call keys would be cleared
         // with the old ones).
         let mut results_on_their_way = false;
+        // Answers of the MCP servers the program's calls went to: (call key, reply).
+        let (mcp_tx, mut mcp_rx) = mpsc::unbounded_channel::<(u64, ToolReply)>();
 
         let outcome = loop {
             tokio::select! {
@@ -1999,6 +2010,22 @@ impl Driver {
                             Ok(checked) => {
                                 accepted += 1;
                                 session_bytes += checked.size;
+                                // A tool of an MCP server: sandcall calls it, and the caller
+                                // never sees the call. Not journalled: a replay calls it again.
+                                if let Some(server) = self.tools.mcp_server(&name) {
+                                    let call_id = ids::new_id();
+                                    {
+                                        let mut audit = self.session.audit();
+                                        audit.requested(&id, key, &name, checked.arguments.get());
+                                        audit.sent_to_mcp(&id, key, &call_id, server);
+                                    }
+                                    let (mcp, server, tx) = (self.sessions.inner.mcp.clone(), server.to_owned(), mcp_tx.clone());
+                                    tokio::spawn(async move {
+                                        let reply = mcp.call(&server, &name, checked.arguments.get(), tool_timeout).await;
+                                        let _ = tx.send((key, reply));
+                                    });
+                                    continue;
+                                }
                                 // A replay answers the journalled calls from the journal.
                                 if let Some(replay) = replay.as_mut().filter(|r| !r.calls.is_empty()) {
                                     match replay.meet(&name, checked.arguments.get()) {
@@ -2141,6 +2168,10 @@ impl Driver {
                     Ok(Event::Failed { message }) => break Err(RunError::Sandbox(message)),
                     Ok(Event::Ready) => {}
                     Err(e) => break Err(e),
+                },
+                Some((key, reply)) = mcp_rx.recv() => {
+                    self.session.audit().answered(&id, key, &reply);
+                    let _ = helper.send(&Command::Reply { key, reply }).await;
                 },
                 command = commands.recv() => match command {
                     Some(DriverCommand::Results(replies, slot, digest, undo)) => {

@@ -42,6 +42,8 @@ pub const CHECK_TIME_BUDGET: Duration = Duration::from_secs(1);
 pub struct Tool {
     pub names: ToolNames,
     schema: Box<str>,
+    /// The MCP server sandcall calls this tool on, instead of the caller.
+    mcp_server: Option<String>,
 }
 
 impl Tool {
@@ -300,9 +302,26 @@ impl ToolSet {
             tools.push(Tool {
                 names,
                 schema: parameters.to_string().into(),
+                mcp_server: decl.mcp_server.clone(),
             });
         }
         Ok(ToolSet { tools: tools.into() })
+    }
+
+    /// The MCP server a declared tool goes to, if it is one's (`ToolDecl::mcp_server`).
+    pub fn mcp_server(&self, declared: &str) -> Option<&str> {
+        self.tools
+            .iter()
+            .find(|t| t.names.declared == declared)
+            .and_then(|t| t.mcp_server.as_deref())
+    }
+
+    /// The MCP servers the tools name, each once.
+    pub fn mcp_servers(&self) -> Vec<&str> {
+        let mut servers: Vec<&str> = self.tools.iter().filter_map(|t| t.mcp_server.as_deref()).collect();
+        servers.sort_unstable();
+        servers.dedup();
+        servers
     }
 
     pub fn names(&self) -> Vec<ToolNames> {
@@ -541,6 +560,7 @@ mod tests {
             name: name.into(),
             description: None,
             parameters: Some(serde_json::value::to_raw_value(&parameters).unwrap()),
+            mcp_server: None,
         }
     }
 
@@ -841,6 +861,7 @@ mod tests {
             name: "t".into(),
             description: None,
             parameters: Some(serde_json::value::RawValue::from_string(text.into()).unwrap()),
+            mcp_server: None,
         }])
         .unwrap();
         let names = &tools.names()[0];
