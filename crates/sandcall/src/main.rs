@@ -200,28 +200,26 @@ fn load(args: &ServeArgs) -> anyhow::Result<sandcall_server::config::Config> {
     )?)
 }
 
-async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    let mut config = load(&args)?;
-    let config = tokio::task::spawn_blocking(move || {
+/// The configuration `serve` and `mcp` run with: loaded, and pointed at the managed
+/// runtimes (installed first if missing), off the async workers.
+async fn prepared(args: &ServeArgs) -> anyhow::Result<sandcall_server::config::Config> {
+    let mut config = load(args)?;
+    Ok(tokio::task::spawn_blocking(move || {
         sandcall_server::python_runtime::prepare_for_serve(&mut config);
         sandcall_server::npm_runtime::prepare_for_serve(&config);
         config
     })
-    .await?;
-    sandcall_server::serve(config).await?;
+    .await?)
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    sandcall_server::serve(prepared(&args).await?).await?;
     Ok(ExitCode::SUCCESS)
 }
 
 /// As `serve`, with MCP on stdio in place of the HTTP listener.
 async fn mcp(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    let mut config = load(&args)?;
-    let config = tokio::task::spawn_blocking(move || {
-        sandcall_server::python_runtime::prepare_for_serve(&mut config);
-        sandcall_server::npm_runtime::prepare_for_serve(&config);
-        config
-    })
-    .await?;
-    sandcall_server::serve_mcp_stdio(config).await?;
+    sandcall_server::serve_mcp_stdio(prepared(&args).await?).await?;
     Ok(ExitCode::SUCCESS)
 }
 
