@@ -11,23 +11,13 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 
-binary="${1:-$root/target/debug/sandcall}"
-[ $# -gt 0 ] && shift
-if [ ! -x "$binary" ]; then
-    echo "mcp: $binary is not an executable sandcall binary (build it first: cargo build)" >&2
-    exit 2
-fi
-binary="$(cd "$(dirname "$binary")" && pwd)/$(basename "$binary")"
+suite=mcp
+. "$root/e2e/lib.sh"
 
+binary="$(sandcall_binary "${1:-}")"
+[ $# -gt 0 ] && shift
 venv="$root/target/mcp-venv"
-key="$( (cat "$here/requirements.lock"; python3 --version) | sha256sum | cut -c1-16)"
-if [ "$(cat "$venv/.installed" 2>/dev/null)" != "$key" ]; then
-    echo "mcp: making the test virtualenv in $venv" >&2
-    rm -rf "$venv"
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$here/requirements.lock"
-    echo "$key" >"$venv/.installed"
-fi
+pinned_venv "$venv" "$here/requirements.lock"
 
 export SANDCALL_BINARY="$binary"
 export SANDCALL_RUNTIME_DIR="${SANDCALL_RUNTIME_DIR:-$root/target/runtimes}"
