@@ -21,6 +21,8 @@ import ctypes
 import gc
 import json
 import os
+import resource
+import select
 import signal
 import socket
 import struct
@@ -160,8 +162,6 @@ def _run_init(request, fds, runner, filters):
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     _send_line(report, {"init": "ready"})
-    import select
-
     while True:
         ready, _, _ = select.select([report, wake_r], [], [], 1.0)
         if report in ready:
@@ -202,8 +202,6 @@ def _run_program(request, fds, runner, filters):
         os.closerange(4, 1 << 20)
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
         gc.enable()
-        import resource
-
         limits = request["limits"]
         cpu_s = max(1, -(-limits["cpu_time_ms"] // 1000)) + 1
         for res, value in (
@@ -319,6 +317,15 @@ def main():
     filters = _load_seccomp()
     preload = "SANDCALL_PRELOAD" in os.environ
     runner["_warm_up"]()
+    # What a run with tools imports at its go (runner.py, `main` and `_tools_api`):
+    # imported here, those modules are the template's pages, shared by every run,
+    # instead of several MiB each paused session allocates for itself. (A built warm
+    # sandbox does not import them: there, each would pay for them.)
+    import asyncio  # noqa: F401
+    import selectors  # noqa: F401
+    import threading  # noqa: F401
+    import typing  # noqa: F401
+
     if not preload:
         os.write(3, b"ready\n")
     listener = socket.socket(fileno=_LISTENER)
