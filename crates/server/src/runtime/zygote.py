@@ -6,8 +6,9 @@
 #
 #   template --fork--> C: says hello with its credentials, so the helper learns its
 #                         pid; waits for the run's request, which the helper sends once
-#                         it has placed C in the run's cgroup; unshares user, pid, mount, net, IPC and UTS namespaces, maps
-#                         uid/gid 1000 to itself, forks G (born in the run's cgroup), exits
+#                         it has placed C in the run's cgroup; unshares user, pid,
+#                         mount, net, IPC and UTS namespaces, maps uid/gid 1000 to
+#                         itself, forks G (born in the run's cgroup), exits
 #              G (pid 1 of the run): fresh /proc, tmpfs on /tmp, /dev/shm, /mnt/data and
 #                         /run/sandcall; unshares the cgroup namespace; says hello with
 #                         its credentials, so the helper learns its pid; forks P; reaps
