@@ -652,7 +652,7 @@ impl Sandbox {
     /// The isolation sequence of a forked run, host side. The template's side is in
     /// `runtime/zygote.py`; ARCHITECTURE.md, "Forked runs", has both in order.
     fn fork_steps(&mut self, prepare: &Prepare, socket: &Path) -> Result<(), String> {
-        use nix::sys::socket::{recvmsg, sendmsg, setsockopt, sockopt, ControlMessage, ControlMessageOwned, MsgFlags};
+        use nix::sys::socket::{sendmsg, setsockopt, sockopt, ControlMessage, MsgFlags};
         use std::os::unix::net::UnixStream;
         self.owner = (prepare.host_uid, prepare.host_gid);
         // 1. The cgroup, with its limits set before any process of the run joins it.
@@ -668,9 +668,22 @@ impl Sandbox {
         let (report, report_init) = UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
         setsockopt(&report, sockopt::PassCred, &true).map_err(errstr("SO_PASSCRED"))?;
 
-        // 3. Ask the template for a fork: the limits its init needs for the mounts and
-        //    its program for the rlimits, and the run's ends of the channels.
+        // 3. Ask the template for a fork. Its child C, which makes the run's namespaces,
+        //    says hello first with its credentials (the kernel translates its pid into
+        //    ours) and waits: into the run's cgroup with it before it writes or
+        //    allocates anything of the run, so that the namespaces, init and every page
+        //    they copy are charged to the run, not to the template. Init (G) is then
+        //    born in the run's cgroup.
         let conn = UnixStream::connect(socket).map_err(|e| format!("connect to the template: {e}"))?;
+        setsockopt(&conn, sockopt::PassCred, &true).map_err(errstr("SO_PASSCRED"))?;
+        let conn = OwnedFd::from(conn);
+        let child = read_hello(&conn, "the template did not fork in time")?;
+        if let Some(cg) = &self.cgroup {
+            cg.add(child).map_err(|e| e.to_string())?;
+        }
+
+        // 4. Then the run's request: the limits its init needs for the mounts and its
+        //    program for the rlimits, and the run's ends of the channels.
         let request = serde_json::json!({ "limits": &prepare.limits, "max_code_bytes": prepare.max_code_bytes });
         let line = serde_json::to_vec(&request).map_err(|e| e.to_string())?;
         let fds = [
@@ -689,41 +702,10 @@ impl Sandbox {
         )
         .map_err(errstr("send the fork request"))?;
         drop((conn, report_init, stdin_r, stdout_w, stderr_w, go_r));
-
-        // 4. The run's init says hello with its credentials: the kernel translates its
-        //    pid (1 in its own namespace) into ours.
         let report = OwnedFd::from(report);
-        if !wait_readable(&report, SETUP_TIMEOUT).map_err(|e| e.to_string())? {
-            return Err("the template did not fork in time".into());
-        }
-        let mut buf = [0u8; 512];
-        let mut space = nix::cmsg_space!(nix::sys::socket::UnixCredentials);
-        let (pid, text) = {
-            let mut iov = [io::IoSliceMut::new(&mut buf)];
-            let msg = recvmsg::<()>(
-                report.as_raw_fd(),
-                &mut iov,
-                Some(&mut space),
-                MsgFlags::MSG_CMSG_CLOEXEC,
-            )
-            .map_err(errstr("read init's hello"))?;
-            let pid = msg.cmsgs().map_err(errstr("read init's hello"))?.find_map(|c| match c {
-                ControlMessageOwned::ScmCredentials(creds) => Some(creds.pid()),
-                _ => None,
-            });
-            (pid, msg.bytes)
-        };
-        let pid = match pid {
-            Some(pid) if pid > 0 && &buf[..text] == b"hello\n" => pid,
-            _ => {
-                return Err(
-                    match serde_json::from_slice::<InitReport>(buf[..text].trim_ascii_end()) {
-                        Ok(InitReport::SetupFailed { message }) => format!("sandbox setup: {message}"),
-                        _ => "the template's fork did not say hello".into(),
-                    },
-                )
-            }
-        };
+
+        // 5. The run's init says hello the same way once its mounts are made.
+        let pid = read_hello(&report, "the run's init did not start in time")?;
         // SAFETY: a plain system call; it returns a new descriptor or -1.
         let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0u32) };
         if pidfd < 0 {
@@ -738,12 +720,6 @@ impl Sandbox {
             root: root.clone(),
             work: None,
         });
-
-        // 5. Into the run's cgroup while init waits, before it forks the program.
-        if let Some(cg) = &self.cgroup {
-            cg.add(pid).map_err(|e| e.to_string())?;
-        }
-        write_all(&report, b"placed\n").map_err(|e| format!("release init: {e}"))?;
         let writer = report.try_clone().map_err(|e| format!("dup: {e}"))?;
         self.from_init = Some(Lines::new(report, MAX_SHORT_LINE));
         self.to_init = Some(writer);
@@ -1265,6 +1241,57 @@ impl Sandbox {
 
 /// Maps `inside` to `uid`/`gid` of the parent user namespace for process `pid` (or
 /// "self"). setgroups is denied first, as the kernel requires for unprivileged gid maps.
+/// Reads the `hello` that a process of a forked run sends on its report socket with
+/// its credentials (`SCM_CREDENTIALS`: the kernel translates its pid into ours), and
+/// returns that pid. Reads no further than the hello, so that init's next report stays
+/// in the socket. A setup failure reported instead becomes the error.
+fn read_hello(report: &OwnedFd, late: &str) -> Result<i32, String> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    const HELLO: &[u8] = b"hello\n";
+    if !wait_readable(report, SETUP_TIMEOUT).map_err(|e| e.to_string())? {
+        return Err(late.into());
+    }
+    let mut buf = [0u8; 512];
+    let mut space = nix::cmsg_space!(nix::sys::socket::UnixCredentials);
+    let (pid, text) = {
+        let mut iov = [io::IoSliceMut::new(&mut buf[..HELLO.len()])];
+        let msg = recvmsg::<()>(
+            report.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        )
+        .map_err(errstr("read a hello of the run"))?;
+        let pid = msg
+            .cmsgs()
+            .map_err(errstr("read a hello of the run"))?
+            .find_map(|c| match c {
+                ControlMessageOwned::ScmCredentials(creds) => Some(creds.pid()),
+                _ => None,
+            });
+        (pid, msg.bytes)
+    };
+    match pid {
+        Some(pid) if pid > 0 && &buf[..text] == HELLO => Ok(pid),
+        _ => {
+            // Anything else is a report of a failed setup, or nothing: read its line.
+            let mut len = text;
+            while text > 0 && len < buf.len() && !buf[..len].ends_with(b"\n") {
+                match read_some(report, &mut buf[len..]) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => len += n,
+                }
+            }
+            Err(
+                match serde_json::from_slice::<InitReport>(buf[..len].trim_ascii_end()) {
+                    Ok(InitReport::SetupFailed { message }) => format!("sandbox setup: {message}"),
+                    _ => "the template's fork did not say hello".into(),
+                },
+            )
+        }
+    }
+}
+
 fn write_id_maps(pid: &str, inside: u32, uid: u32, gid: u32) -> Result<(), String> {
     let proc_dir = PathBuf::from(format!("/proc/{pid}"));
     fs::write(proc_dir.join("uid_map"), format!("{inside} {uid} 1\n")).map_err(|e| format!("write uid_map: {e}"))?;
@@ -1568,7 +1595,7 @@ fn exec_program_steps(ctx: &InitContext, run: &InitRun) -> Result<Never, String>
     };
     close_all_except(keep)?;
     reset_signals();
-    set_rlimits(ctx.limits)?;
+    set_rlimits(ctx.limits, ctx.listener.is_some())?;
     // Capabilities last among the privileged steps: the bounding set can only be
     // cleared while CAP_SETPCAP is still held.
     for set in [
@@ -1636,13 +1663,27 @@ fn reset_signals() {
     let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
 }
 
-fn set_rlimits(limits: &Limits) -> Result<(), String> {
+/// A template (`template`) keeps the RLIMIT_NPROC it inherited: the kernel counts the
+/// processes of every run forked from it against the template's user namespace too,
+/// checked against the limit its creator had, so a limit here would be shared by all of
+/// its runs (and the template's forks would fail once they held that many processes in
+/// all). Each run's program sets the run's own limit in the run's user namespace; the
+/// template's cgroup bounds the template's own processes.
+fn set_rlimits(limits: &Limits, template: bool) -> Result<(), String> {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
     let cpu_s = limits.cpu_time_ms.div_ceil(1000).max(1) + 1;
+    let nproc = if template {
+        // The hard limit it inherited: raising it would need a privilege it lacks.
+        getrlimit(Resource::RLIMIT_NPROC)
+            .map_err(|e| format!("getrlimit RLIMIT_NPROC: {e}"))?
+            .1
+    } else {
+        limits.max_processes
+    };
     for (res, value) in [
         (Resource::RLIMIT_NOFILE, limits.max_open_files),
         (Resource::RLIMIT_FSIZE, limits.file_size_bytes),
-        (Resource::RLIMIT_NPROC, limits.max_processes),
+        (Resource::RLIMIT_NPROC, nproc),
         (Resource::RLIMIT_CORE, 0),
         // A backstop per process; the helper enforces the run's total CPU time.
         (Resource::RLIMIT_CPU, cpu_s),

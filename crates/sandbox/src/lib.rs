@@ -12,6 +12,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod cgroup;
+pub mod clone3;
 pub mod helper;
 mod io;
 pub mod mounts;

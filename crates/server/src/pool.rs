@@ -132,7 +132,7 @@ impl Pool {
                             env,
                             wait_ready: true,
                         },
-                        limits: limits.clone(),
+                        limits: template_limits(&limits, &config),
                     };
                     tokio::spawn(keeper.run(shutdown.clone()));
                     let fork = ForkFrom {
@@ -276,6 +276,26 @@ impl Zygote {
     fn set(&self, ready: Option<(std::path::PathBuf, u32)>) {
         *self.ready.lock().unwrap_or_else(|p| p.into_inner()) = ready;
     }
+}
+
+/// What each run forked from a template may leave charged to the template's cgroup:
+/// pages the template (and the run's first process, before the run's helper has moved
+/// it into the run's cgroup) write after a fork are copied, and the run keeps the
+/// originals, which stay charged to the template for the run's life. Measured: about
+/// 0.4 MiB per paused session (docs/benchmarks.md, the zygote notes).
+const TEMPLATE_MEMORY_PER_RUN: u64 = 1 << 20;
+
+/// A template's limits: a run's, with room in its memory limit for what every run that
+/// can be alive at once leaves charged to it (`TEMPLATE_MEMORY_PER_RUN`): paused
+/// sessions, runs under way, and the warm sandboxes. Without it, the template's cgroup
+/// filled up with a few hundred paused sessions and the template was killed.
+fn template_limits(limits: &Limits, config: &Config) -> Limits {
+    let live = config.max_sessions + config.max_concurrent_runs + config.warm_pool_size + config.warm_preload_pool_size;
+    let mut limits = limits.clone();
+    limits.memory_bytes = limits
+        .memory_bytes
+        .saturating_add(TEMPLATE_MEMORY_PER_RUN.saturating_mul(live as u64));
+    limits
 }
 
 /// Keeps a set's template running: builds it, and builds a new one whenever it exits.
@@ -427,7 +447,41 @@ impl Refill {
 
 #[cfg(test)]
 mod tests {
-    use super::imports_any;
+    use super::{imports_any, template_limits, TEMPLATE_MEMORY_PER_RUN};
+    use crate::config::Config;
+    use sandcall_sandbox::protocol::Limits;
+
+    #[test]
+    fn a_template_has_room_for_what_its_live_runs_leave_charged_to_it() {
+        let config = Config {
+            max_sessions: 100,
+            max_concurrent_runs: 8,
+            warm_pool_size: 2,
+            warm_preload_pool_size: 1,
+            ..Config::default()
+        };
+        let limits = Limits {
+            memory_bytes: 512 << 20,
+            max_processes: 128,
+            max_open_files: 1024,
+            file_size_bytes: 1 << 20,
+            workspace_bytes: 1 << 20,
+            tmp_bytes: 1 << 20,
+            cpu_time_ms: 1000,
+            cpus: 1.0,
+            max_output_bytes: 1024,
+        };
+        let template = template_limits(&limits, &config);
+        assert_eq!(template.memory_bytes, (512 << 20) + 111 * TEMPLATE_MEMORY_PER_RUN);
+        // Nothing else changes.
+        assert_eq!(
+            Limits {
+                memory_bytes: limits.memory_bytes,
+                ..template
+            },
+            limits
+        );
+    }
 
     #[test]
     fn imports_of_the_preloaded_packages_are_found() {

@@ -155,7 +155,7 @@ for pid in pids:
         cmd = open('/proc/%d/cmdline' % pid, 'rb').read()
     except OSError:
         continue
-    if b'sleep' in cmd:
+    if cmd.split(b'\0')[0].endswith(b'sleep'):
         found.append(pid)
 print(found, pids[:2])
 "#;
@@ -345,4 +345,95 @@ fn a_programmatic_session_pauses_and_resumes_in_a_forked_run() {
     assert_eq!(calls, 2, "{r}");
     assert_eq!(r["status"], "completed", "{r}");
     assert_eq!(r["stdout"], "11 21 True True\n", "{r}");
+}
+
+/// The programs of the runs forked from a template that are alive now: pid 2 of a pid
+/// namespace nested in the template's (host, template, run).
+fn forked_programs(server: u32) -> usize {
+    descendants(server)
+        .into_iter()
+        .filter(|pid| {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            let nspid: Vec<&str> = status
+                .lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))
+                .map(|l| l.split_whitespace().collect())
+                .unwrap_or_default();
+            nspid.len() == 3 && nspid[2] == "2"
+        })
+        .count()
+}
+
+/// Many sessions paused at once in forked runs: the template lives through them all.
+/// It used to be killed after a few dozen: every process of every run counted against
+/// the template's RLIMIT_NPROC (the kernel counts a nested user namespace's processes
+/// in its parent's too), and what each run kept charged to the template's cgroup filled
+/// its memory. Small limits make both show early: `max_processes = 16` (the template
+/// then failed at the ninth paused session), and a 64 MB memory limit (the template's
+/// cgroup then filled up at about 40 sessions, and at about 130 once a run's own pages
+/// were charged to it no more). SANDCALL_ZYGOTE_PAUSED sets how many (default 150);
+/// the first template failure ends the test.
+#[test]
+fn many_paused_forked_sessions_leave_the_template_alive() {
+    let sessions: usize = std::env::var("SANDCALL_ZYGOTE_PAUSED")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(150);
+    let max_sessions = (sessions + 10).to_string();
+    let s = Server::start_with(
+        &[
+            ("SANDCALL_ZYGOTE", "true"),
+            ("SANDCALL_WARM_POOL_SIZE", "2"),
+            ("SANDCALL_WARM_LANGUAGES", r#"["python"]"#),
+            ("SANDCALL_WARM_PRELOAD_POOL_SIZE", "0"),
+            ("SANDCALL_MAX_PROCESSES", "16"),
+            ("SANDCALL_MEMORY_LIMIT_MB", "64"),
+            ("SANDCALL_MAX_SESSIONS", max_sessions.as_str()),
+        ],
+        "",
+    );
+    run_forked(&s, json!({"code": "pass"}));
+    s.wait_warm(2);
+    let template = || templates(&descendants(s.pid()));
+    let first = template();
+    assert_eq!(first.len(), 1, "one template: {first:?}");
+    let tool = json!({"name": "inc", "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}});
+    let code = "print(await inc(x=1))";
+    let mut paused = Vec::new();
+    for i in 0..sessions {
+        let (status, r) = s.post(
+            "/v1/exec/programmatic",
+            &json!({"code": code, "tools": [tool], "timeout": 120000}),
+        );
+        assert_eq!(status, 200, "session {i}: {r}");
+        assert_eq!(r["status"], "tool_call_required", "session {i}: {r}");
+        paused.push(r);
+        if i % 10 == 9 {
+            assert_eq!(
+                template(),
+                first,
+                "the template was replaced after {} paused sessions",
+                i + 1
+            );
+        }
+    }
+    assert_eq!(template(), first, "the template was replaced");
+    // Every paused session is a forked run (and the pool holds forked ones too).
+    let forked = forked_programs(s.pid());
+    assert!(
+        forked >= sessions,
+        "{forked} forked runs for {sessions} paused sessions"
+    );
+    // They all resume.
+    for r in &paused {
+        let call = &r["tool_calls"][0];
+        let body = json!({"session_id": r["session_id"], "continuation_token": r["continuation_token"],
+                          "tool_results": [{"call_id": call["id"], "result": 7}]});
+        let (status, done) = s.post("/v1/exec/programmatic", &body);
+        assert_eq!(status, 200, "{done}");
+        assert_eq!(done["status"], "completed", "{done}");
+        assert_eq!(done["stdout"], "7\n", "{done}");
+    }
+    assert_eq!(template(), first, "the template was replaced");
+    s.assert_healthy();
 }

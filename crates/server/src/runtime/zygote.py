@@ -4,12 +4,14 @@
 # the interpreter once, loads runner.py (its source is argv[1]), imports the preloads,
 # then forks one run per request that arrives on its listening socket (fd 4):
 #
-#   template --fork--> C: unshare user, pid, mount, net, IPC and UTS namespaces, map
-#                         uid/gid 1000 to itself, fork G, exit
+#   template --fork--> C: says hello with its credentials, so the helper learns its
+#                         pid; waits for the run's request, which the helper sends once
+#                         it has placed C in the run's cgroup; unshares user, pid,
+#                         mount, net, IPC and UTS namespaces, maps uid/gid 1000 to
+#                         itself, forks G (born in the run's cgroup), exits
 #              G (pid 1 of the run): fresh /proc, tmpfs on /tmp, /dev/shm, /mnt/data and
-#                         /run/sandcall; says hello with its credentials, so the helper
-#                         learns its pid; waits until the helper placed it in the run's
-#                         cgroup; unshares the cgroup namespace; forks P; reaps
+#                         /run/sandcall; unshares the cgroup namespace; says hello with
+#                         its credentials, so the helper learns its pid; forks P; reaps
 #              P (pid 2, the program): stdio, rlimits, no capabilities, no_new_privs,
 #                         seccomp, fresh random state, then runner.py's main(), which
 #                         waits on fd 3 for its go exactly as in a warm sandbox.
@@ -17,12 +19,16 @@
 # Every message from the helper is trusted (it is sandcall's own); nothing here reads
 # anything a program controls.
 import ctypes
+import gc
 import json
 import os
+import resource
+import select
 import signal
 import socket
 import struct
 import sys
+import time
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _LIBC.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
@@ -139,15 +145,10 @@ def _run_init(request, fds, runner, filters):
         # The code directory: written by the helper, then sealed read-only before the go.
         _tmpfs("/run/sandcall", "size=%d,mode=0755" % (request["max_code_bytes"] + (1 << 20)))
         os.chdir("/mnt/data")
-        # The helper learns our pid (as it sees it) from these credentials.
-        sock = socket.socket(fileno=report)
-        creds = struct.pack("iII", os.getpid(), os.getuid(), os.getgid())
-        sock.sendmsg([b"hello\n"], [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, creds)])
-        sock.detach()
-        if _read_line(report) != b"placed":
-            os._exit(1)
-        # The helper has placed us in the run's cgroup: make it the root of our view.
+        # C was placed in the run's cgroup before it forked us: make it the root of our view.
         _check(_LIBC.unshare(_CLONE_NEWCGROUP), "unshare cgroup namespace")
+        # The helper learns our pid (as it sees it) from these credentials.
+        _hello(report)
     except BaseException as error:  # noqa: BLE001 - reported, then this process ends
         try:
             _send_line(report, {"init": "setup_failed", "message": str(error)})
@@ -162,8 +163,6 @@ def _run_init(request, fds, runner, filters):
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     _send_line(report, {"init": "ready"})
-    import select
-
     while True:
         ready, _, _ = select.select([report, wake_r], [], [], 1.0)
         if report in ready:
@@ -203,8 +202,7 @@ def _run_program(request, fds, runner, filters):
             os.dup2(fd, to)
         os.closerange(4, 1 << 20)
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
-        import resource
-
+        gc.enable()
         limits = request["limits"]
         cpu_s = max(1, -(-limits["cpu_time_ms"] // 1000)) + 1
         for res, value in (
@@ -258,9 +256,24 @@ def _reseed():
         numpy_random.seed()
 
 
+def _hello(report):
+    """Says hello on the report socket with our credentials: the kernel translates our
+    pid into the helper's pid namespace, so the helper learns who we are."""
+    sock = socket.socket(fileno=report)
+    creds = struct.pack("iII", os.getpid(), os.getuid(), os.getgid())
+    sock.sendmsg([b"hello\n"], [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, creds)])
+    sock.detach()
+
+
 def _fork_run(conn, listener, runner, filters):
-    """C: reads one request, makes the run's namespaces and forks its init. Never returns."""
+    """C: says hello, and once the helper has placed it in the run's cgroup, reads the
+    run's request, makes the run's namespaces and forks its init. Never returns."""
     try:
+        # First of all, before C writes anything more of its memory: every page it
+        # copies from the template until it is in the run's cgroup is charged to the
+        # template's, and init (G) would keep those copies for the run's whole life.
+        _hello(conn.fileno())
+        # The helper sends the request once it has moved us.
         message, fds, _, _ = socket.recv_fds(conn, 1 << 16, 5)
         request = json.loads(message)
         if len(fds) != 5:
@@ -305,12 +318,43 @@ def main():
     filters = _load_seccomp()
     preload = "SANDCALL_PRELOAD" in os.environ
     runner["_warm_up"]()
+    # What a run with tools imports at its go (runner.py, `main` and `_tools_api`):
+    # imported here, those modules are the template's pages, shared by every run,
+    # instead of several MiB each paused session allocates for itself. (A built warm
+    # sandbox does not import them: there, each would pay for them.)
+    import asyncio  # noqa: F401
+    import selectors  # noqa: F401
+    import threading  # noqa: F401
+    import typing  # noqa: F401
+
     if not preload:
         os.write(3, b"ready\n")
     listener = socket.socket(fileno=_LISTENER)
+    # Every object the template holds now is left alone by the cyclic collector from
+    # here on: in the template, and in each run forked from it. A collection walks
+    # every object it tracks and writes to each one's header, so without this a run's
+    # first full collection (or the template's own, after some forks) copies nearly
+    # the whole heap out of the pages the runs share with the template. The template
+    # then collects nothing at all: its loop makes no cycles. The program turns the
+    # collector back on (`_run_program`), as a cold run has it.
+    gc.collect()
+    gc.freeze()
+    gc.disable()
     while True:
-        conn, _ = listener.accept()
-        pid = os.fork()
+        # A request the template cannot serve (out of descriptors, processes or memory
+        # for a moment) fails alone: its helper sees the connection close and builds
+        # the sandbox the usual way. The template itself stays.
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            time.sleep(0.01)
+            continue
+        try:
+            pid = os.fork()
+        except OSError:
+            conn.close()
+            time.sleep(0.01)
+            continue
         if pid == 0:
             _fork_run(conn, listener, runner, filters)
         conn.close()
