@@ -15,6 +15,7 @@ pub mod cgroup;
 pub mod helper;
 mod io;
 pub mod mounts;
+pub mod priority;
 pub mod protocol;
 pub mod seccomp;
 pub mod tools;

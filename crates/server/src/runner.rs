@@ -242,6 +242,7 @@ impl Runner {
     }
 
     /// A warm sandbox: built, its program launched and waiting for `Helper::begin`.
+    /// Built in the background (`Prepare::background`): it is for a later request.
     pub async fn prepare_warm(
         &self,
         run_id: String,
@@ -249,8 +250,9 @@ impl Runner {
         launch: Launch,
         tools: ToolChannel,
     ) -> Result<Helper, RunError> {
-        self.prepare(&self.prepare_message(run_id, limits, Some(launch), Some(tools)))
-            .await
+        let mut prepare = self.prepare_message(run_id, limits, Some(launch), Some(tools));
+        prepare.background = true;
+        self.prepare(&prepare).await
     }
 
     /// What a helper needs to build a sandbox for run `run_id`.
@@ -276,6 +278,7 @@ impl Runner {
             tools,
             template: None,
             fork_from: None,
+            background: false,
         }
     }
 
@@ -291,20 +294,25 @@ impl Runner {
     ) -> Result<Helper, RunError> {
         let mut prepare = self.prepare_message(run_id, limits, Some(launch), None);
         prepare.template = Some(socket);
+        // Its forks are mostly refills; a run forked from it is raised at its `Run`.
+        prepare.background = true;
         self.prepare(&prepare).await
     }
 
     /// A warm sandbox forked from the template listening at `socket`: like
     /// `prepare_warm`, its program is started and waits for `Helper::begin`.
+    /// `background` for a refill, not for a request waiting on this fork.
     pub async fn prepare_forked(
         &self,
         run_id: String,
         limits: Limits,
         tools: ToolChannel,
         socket: PathBuf,
+        background: bool,
     ) -> Result<Helper, RunError> {
         let mut prepare = self.prepare_message(run_id, limits, None, Some(tools));
         prepare.fork_from = Some(socket);
+        prepare.background = background;
         self.prepare(&prepare).await
     }
 
@@ -313,14 +321,25 @@ impl Runner {
         let started = std::time::Instant::now();
         let s = &self.settings;
         let guard = ActiveGuard::new(self.active.clone());
-        let mut child = Command::new(&s.helper_exe)
+        let mut command = Command::new(&s.helper_exe);
+        command
             .arg("sandbox-helper")
             .env_clear()
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .map_err(RunError::Spawn)?;
+            .stderr(Stdio::inherit());
+        // Spawning blocks the calling thread until the helper has exec'd (a few hundred
+        // microseconds). A request waits for its own helper anyway; a background one is
+        // spawned on a blocking thread, so that it never holds up an async worker (on 2
+        // cores, one of 2) while a request is under way.
+        let mut child = if prepare.background {
+            tokio::task::spawn_blocking(move || command.spawn())
+                .await
+                .map_err(|e| RunError::Spawn(std::io::Error::other(e.to_string())))?
+        } else {
+            command.spawn()
+        }
+        .map_err(RunError::Spawn)?;
         let stdin = child
             .stdin
             .take()
