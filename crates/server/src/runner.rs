@@ -329,26 +329,17 @@ impl Runner {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
-        // Spawning blocks the calling thread until the helper has exec'd (a few hundred
-        // microseconds). A request waits for its own helper anyway; a background one is
-        // spawned on a blocking thread, so that it never holds up an async worker (on 2
-        // cores, one of 2) while a request is under way.
-        let mut child = if prepare.background {
-            tokio::task::spawn_blocking(move || {
-                let child = command.spawn()?;
-                // Lowered at once, for its own start too (about 1.5 ms of CPU); the
-                // helper raises itself again at its `Run` (`sandcall_sandbox::priority`).
-                if let Some(pid) = child.id().filter(|_| priority::can_restore()) {
-                    let _ = priority::set_nice(pid as i32, priority::BACKGROUND_NICE);
-                }
-                Ok(child)
-            })
-            .await
-            .map_err(|e| RunError::Spawn(std::io::Error::other(e.to_string())))?
-        } else {
-            command.spawn()
+        // Spawned from an async worker, never from a blocking-pool thread: the helper's
+        // parent-death signal fires when the *thread* that spawned it exits, and idle
+        // blocking threads do exit.
+        let mut child = command.spawn().map_err(RunError::Spawn)?;
+        if prepare.background && priority::can_restore() {
+            // Lowered at once, for its own start too (about 1.5 ms of CPU); the helper
+            // raises itself again at its `Run` (`sandcall_sandbox::priority`).
+            if let Some(pid) = child.id() {
+                let _ = priority::set_nice(pid as i32, priority::BACKGROUND_NICE);
+            }
         }
-        .map_err(RunError::Spawn)?;
         let stdin = child
             .stdin
             .take()
