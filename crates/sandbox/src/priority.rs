@@ -70,3 +70,35 @@ pub fn restore(mut threads: impl FnMut() -> Vec<i32>) -> Vec<(i32, std::io::Erro
     }
     failed
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restore_raises_the_caller_and_every_listed_thread() {
+        if !can_restore() {
+            return; // Needs CAP_SYS_NICE, as the helper does (tests run as root).
+        }
+        // A child process (a thread id of its own) lowered as background work is.
+        let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+        let tid = child.id() as i32;
+        set_nice(tid, BACKGROUND_NICE).unwrap();
+        set_nice(0, BACKGROUND_NICE).unwrap();
+        assert_eq!(
+            (nice_of(0).unwrap(), nice_of(tid).unwrap()),
+            (BACKGROUND_NICE, BACKGROUND_NICE)
+        );
+        // Listed twice over, plus one that is gone: raised once, nothing fails.
+        let mut calls = 0;
+        let failed = restore(|| {
+            calls += 1;
+            vec![tid, tid, 999_999_999]
+        });
+        assert!(failed.is_empty(), "{failed:?}");
+        assert_eq!((nice_of(0).unwrap(), nice_of(tid).unwrap()), (0, 0));
+        assert_eq!(calls, 2, "the list is read again until it names nothing new");
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
