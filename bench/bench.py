@@ -410,30 +410,44 @@ def main():
 MISSED = """
 ## Where the time goes, and what would close the gaps
 
-Measured with strace and timers in the helper and the runner, 2 cores, cgroup v1.
+Measured on one warm `print(1)` with `perf trace` and `strace -f -tt` on the server and
+its helpers (release build, 2 cores, cgroup v1, one request at a time), on a machine that
+other jobs loaded (load average 3 to 13): the figures are single samples and upper
+bounds; the tables above are the quiet totals.
 
-- **Python p50 (goal 3 ms).** In a warm sandbox the runner reads its go and runs
-  `print(1)` in about 0.3 ms, then reports its end on fd 3 before exiting. The helper
-  kills the sandbox at once, and when the working directory is empty it answers without
-  waiting for the kernel to end the processes. The rest is the server and HTTP on both
-  sides (1-2 ms), and the other core being busy rebuilding the warm sandbox that was just
-  used. Closing the last millisecond: a leaner request path (no task per run, fewer JSON
-  round trips between server and helper), and rebuilding warm sandboxes at a lower CPU
-  priority than requests.
-- **Python p99 (goal 10 ms).** The slow tail is runs that coincide with a rebuild on the
-  same 2 cores. The same lower-priority rebuild would cut it.
-- **Bash p50 (goal 2 ms).** Bash cannot report its own end, so the helper waits for the
-  kernel to end the process and the sandbox's pid namespace (1-2 ms). The warm launcher
-  also execs a second bash for the program (about 1 ms). An EXIT trap reporting on fd 3,
-  with the launcher sourcing the program instead of exec'ing it, would remove both.
-- **300 runs/s.** Throughput is bounded by how fast warm sandboxes are rebuilt. Each
-  costs a Python start (about 15 ms of CPU) plus building the sandbox. On cgroup v1 the
-  first process to join a memory cgroup also waits for an RCU grace period (about 10 ms).
-  A zygote that forks ready interpreters (sharing their pages), and
-  `clone3(CLONE_INTO_CGROUP)` on cgroup v2 to skip the migration, would cut both.
-- **10 MiB per paused session.** A paused session holds a whole Python interpreter (about
-  9-10 MiB PSS with the tool machinery loaded) plus its helper and init. Forking sessions
-  from a zygote would share most of those pages.
+| step of a warm run | measured |
+|---|---|
+| server: request read to `Run` written to the helper (HTTP, JSON, authentication, admission, `Pool::take`, the run message) | 0.45 to 1.3 ms |
+| helper: `Run` read to the go written (its own memory limit from /proc/self/status, the code written, the CPU counter read) | 23 system calls; 0.7 ms traced |
+| program: go to `exit 0` on fd 3 (the runner reads the go, compiles and runs main.py, flushes) | 2.3 ms while the other core was busy; about 0.3 ms alone |
+| helper: exit to `Finished` (kill, three cgroup counters, the empty working directory looked at, 340 bytes of JSON) | 27 system calls; 0.3 ms traced |
+| server: `Finished` to the response written (parse, task hand-offs, outbox, JSON, HTTP) | 0.6 ms |
+| after the answer: reaping, cgroup removal (on v1, `rmdir` of the memory cgroup waits about 6 ms for an RCU grace period), mounts | off the request path |
+| the refill of the sandbox just taken: a helper's start alone is 1.4 ms of CPU (`perf stat`), then the mounts, the cgroup and Python's start (about 15 ms of CPU) | on the other core, competing with the run |
+
+- **What changed.** Refills no longer compete: a sandbox built ahead of requests (a
+  refill, a template and its forks) waits at nice 19, lowered by the server as soon as
+  its helper is spawned, and its helper raises itself and every thread of the run's
+  cgroup back to nice 0 when the `Run` arrives, before the go. A run without output
+  files no longer sends the server to a blocking thread to look for its outbox.
+- **Python p50 and p99.** What is left is the server and the helper (about 1.5 to 2 ms
+  of the steps above on a loaded machine) and the program's own 0.3 ms; with the refill
+  at the lowest priority the slow tail of back-to-back runs should shrink to scheduling
+  noise. Closing the rest: the server's request path (fewer task hand-offs, the `Run`
+  message without the cold launch's argv and environment), and reading the helper's own
+  memory figure before the `Run` arrives.
+- **Bash p50 (goal 2 ms).** Bash cannot report its own end, so the helper waits for
+  init's report of the exit and the end of the output pipes; the warm launcher also
+  execs a second bash for the program (about 1 ms). An EXIT trap reporting on fd 3 would
+  be visible to the program (a trap of its own replaces it, `exec` in the script skips
+  it, children inherit fd 3), so it was not done: it would change results.
+- **Throughput with 8 clients.** Bounded by how fast warm sandboxes are rebuilt (a
+  helper's start, the cgroup, the mounts, Python's start); the priority change orders
+  that work behind the runs, it does not remove it. Forking from a template (`zygote`)
+  removes the interpreter's start.
+- **Memory per paused session.** A paused session holds a whole Python interpreter
+  (about 9-10 MiB PSS with the tool machinery loaded) plus its helper and init. Forking
+  sessions from a zygote shares most of those pages.
 """
 
 
@@ -449,11 +463,24 @@ the pool empty gets one forked for it instead of the cold path.
 - **Removed from each Python sandbox:** the interpreter's start (about 15 ms of CPU, a
   second with the data stack) and the helper's staging mounts; its memory is the
   template's, copy-on-write, until the run writes.
-- **Still paid per sandbox:** starting its helper (an exec of the sandcall binary), the
-  run's cgroup (on cgroup v1, the first process to join a memory cgroup waits for an RCU
-  grace period, about 10 ms), three forks of the template (C, the run's init, the
-  program), the run's namespaces and its tmpfs mounts, and the host side's JSON round
-  trips.
+- **Still paid per sandbox:** starting its helper (an exec of the sandcall binary, 1.4 ms
+  of CPU), the run's cgroup (on cgroup v1, the first process to join a memory cgroup
+  waits for an RCU grace period, about 10 ms), three forks of the template (C, the run's
+  init, the program), the run's namespaces and its tmpfs mounts, and the host side's
+  JSON round trips. All of it runs at nice 19 for a refill (the template and its forks
+  wait at the lowest priority; a run's helper raises G and the program at its `Run`).
+- **Why one client's p50 was worse than without it (5.8 against 3.8 ms before the
+  priority change).** Traced side by side, a forked run's request path has more steps
+  than a built one's: from the `Run` to the go the helper makes 31 system calls instead
+  of 23: the code is written through `/proc/<G>/root` under switched filesystem ids,
+  and the `seal` round trip has G, a Python process, wake, remount `/run/sandcall`
+  read-only and answer before the go can be sent. The program, a fork of the template,
+  also takes copy-on-write faults on the pages the run touches. And the refill of the
+  sandbox just taken started at once and at full priority on the same two cores (a
+  helper's start, the template's fork, the namespaces and mounts). On the loaded machine
+  these traces were taken on, the share of each could not be separated; the refill now
+  waits at nice 19, and merging the `seal` into the go (G releasing the program once
+  sealed) would remove the round trip.
 - **Not changed:** Bash and JavaScript sandboxes are built as before.
 
 ### Memory of a paused forked session

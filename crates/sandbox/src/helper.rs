@@ -68,6 +68,11 @@ pub fn run_helper() -> i32 {
     };
     // If the server dies, so do we, and with us the sandbox's init (see init_main).
     let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
+    // Work done ahead of requests yields to the runs in flight (`crate::priority`);
+    // init and the program inherit the helper's priority, and so do a template's forks.
+    if prepare.background && crate::priority::can_restore() {
+        let _ = crate::priority::set_nice(0, crate::priority::BACKGROUND_NICE);
+    }
     if prepare.template.is_some() {
         return keep_template(&prepare, &mut control);
     }
@@ -111,6 +116,14 @@ pub fn run_helper() -> i32 {
             return 1;
         }
     };
+    // Back at the priority of a cold run before the program's go: the helper, and
+    // every thread of the run (a run forked from a template inherits its priority).
+    if (prepare.background || prepare.fork_from.is_some()) && crate::priority::can_restore() {
+        let threads = || sandbox.cgroup.as_ref().map(|c| c.threads()).unwrap_or_default();
+        for (tid, e) in crate::priority::restore(threads) {
+            eprintln!("sandcall helper: cannot restore the priority of thread {tid}: {e}");
+        }
+    }
     limit_own_memory(&prepare);
     let outcome = sandbox.run(&run, &mut control);
     let mut usage = sandbox.cgroup.as_ref().map(|c| c.usage()).unwrap_or_default();

@@ -16,6 +16,7 @@ pub mod clone3;
 pub mod helper;
 mod io;
 pub mod mounts;
+pub mod priority;
 pub mod protocol;
 pub mod seccomp;
 pub mod tools;

@@ -91,6 +91,14 @@ pub struct Prepare {
     /// a sandbox (`launch` is then unused: the forked program is already running).
     #[serde(default)]
     pub fork_from: Option<PathBuf>,
+    /// Built ahead of any request (a warm pool's refill, a template): the helper, and
+    /// everything it starts, runs at the lowest CPU priority (nice 19) until the `Run`
+    /// arrives, so that rebuilding never takes CPU from a run in flight. The helper puts
+    /// itself and every thread of the run's cgroup back at nice 0 before the program's
+    /// go. Ignored where the helper could not raise the priority again (no
+    /// `CAP_SYS_NICE`).
+    #[serde(default)]
+    pub background: bool,
 }
 
 /// How to start a program ahead of its run.

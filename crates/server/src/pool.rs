@@ -204,7 +204,7 @@ impl Pool {
         let (socket, seed) = fork.zygote.get()?;
         match fork
             .runner
-            .prepare_forked(ids::new_id(), fork.limits, fork.tools, socket)
+            .prepare_forked(ids::new_id(), fork.limits, fork.tools, socket, false)
             .await
         {
             Ok(mut helper) => {
@@ -401,7 +401,7 @@ impl Refill {
             if let Some((socket, seed)) = self.zygote.as_ref().and_then(|z| z.get()) {
                 let forked = self
                     .runner
-                    .prepare_forked(ids::new_id(), self.limits.clone(), self.tools.clone(), socket)
+                    .prepare_forked(ids::new_id(), self.limits.clone(), self.tools.clone(), socket, true)
                     .await;
                 match forked {
                     Ok(mut helper) => {

@@ -2,6 +2,7 @@
 //! namespaces itself: each run is a fresh `sandcall sandbox-helper` process.
 
 use sandcall_sandbox::cgroup::CgroupRoot;
+use sandcall_sandbox::priority;
 use sandcall_sandbox::protocol::{
     Collect, Event, InputFile, Launch, Limits, Prepare, Run, RunResult, ToolChannel, ToolReply,
 };
@@ -242,6 +243,7 @@ impl Runner {
     }
 
     /// A warm sandbox: built, its program launched and waiting for `Helper::begin`.
+    /// Built in the background (`Prepare::background`): it is for a later request.
     pub async fn prepare_warm(
         &self,
         run_id: String,
@@ -249,8 +251,9 @@ impl Runner {
         launch: Launch,
         tools: ToolChannel,
     ) -> Result<Helper, RunError> {
-        self.prepare(&self.prepare_message(run_id, limits, Some(launch), Some(tools)))
-            .await
+        let mut prepare = self.prepare_message(run_id, limits, Some(launch), Some(tools));
+        prepare.background = true;
+        self.prepare(&prepare).await
     }
 
     /// What a helper needs to build a sandbox for run `run_id`.
@@ -276,6 +279,7 @@ impl Runner {
             tools,
             template: None,
             fork_from: None,
+            background: false,
         }
     }
 
@@ -291,20 +295,25 @@ impl Runner {
     ) -> Result<Helper, RunError> {
         let mut prepare = self.prepare_message(run_id, limits, Some(launch), None);
         prepare.template = Some(socket);
+        // Its forks are mostly refills; a run forked from it is raised at its `Run`.
+        prepare.background = true;
         self.prepare(&prepare).await
     }
 
     /// A warm sandbox forked from the template listening at `socket`: like
     /// `prepare_warm`, its program is started and waits for `Helper::begin`.
+    /// `background` for a refill, not for a request waiting on this fork.
     pub async fn prepare_forked(
         &self,
         run_id: String,
         limits: Limits,
         tools: ToolChannel,
         socket: PathBuf,
+        background: bool,
     ) -> Result<Helper, RunError> {
         let mut prepare = self.prepare_message(run_id, limits, None, Some(tools));
         prepare.fork_from = Some(socket);
+        prepare.background = background;
         self.prepare(&prepare).await
     }
 
@@ -313,14 +322,24 @@ impl Runner {
         let started = std::time::Instant::now();
         let s = &self.settings;
         let guard = ActiveGuard::new(self.active.clone());
-        let mut child = Command::new(&s.helper_exe)
+        let mut command = Command::new(&s.helper_exe);
+        command
             .arg("sandbox-helper")
             .env_clear()
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .map_err(RunError::Spawn)?;
+            .stderr(Stdio::inherit());
+        // Spawned from an async worker, never from a blocking-pool thread: the helper's
+        // parent-death signal fires when the *thread* that spawned it exits, and idle
+        // blocking threads do exit.
+        let mut child = command.spawn().map_err(RunError::Spawn)?;
+        if prepare.background && priority::can_restore() {
+            // Lowered at once, for its own start too (about 1.5 ms of CPU); the helper
+            // raises itself again at its `Run` (`sandcall_sandbox::priority`).
+            if let Some(pid) = child.id() {
+                let _ = priority::set_nice(pid as i32, priority::BACKGROUND_NICE);
+            }
+        }
         let stdin = child
             .stdin
             .take()

@@ -171,3 +171,88 @@ fn warm_runs_report_exit_codes_output_and_files_like_cold_ones() {
     assert_eq!(ureq::get(&url).call().unwrap().into_string().unwrap(), "made warm");
     assert_run_reclaimed(&s, r["session_id"].as_str().unwrap());
 }
+
+/// The nice value of process `pid` (field 19 of /proc/<pid>/stat), if it still exists.
+fn nice_of(pid: u32) -> Option<i64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.split_whitespace().nth(16)?.parse().ok()
+}
+
+/// The nice values of the server's descendants (helpers, inits, programs), sorted.
+fn descendant_nices(s: &Server) -> Vec<i64> {
+    let mut nices: Vec<i64> = crate::common::descendants(s.pid())
+        .into_iter()
+        .filter_map(nice_of)
+        .collect();
+    nices.sort();
+    nices
+}
+
+/// Prints the program's nice value (Python), with the answer's sandbox kind.
+fn run_nice(s: &Server) -> (String, serde_json::Value) {
+    s.exec_kind(&json!({"code": "import os\nprint(os.getpriority(os.PRIO_PROCESS, 0))"}).to_string())
+}
+
+#[test]
+fn warm_sandboxes_wait_at_the_lowest_priority_and_run_at_the_normal_one() {
+    let s = warm_server(2);
+    s.wait_warm(4);
+    // Everything built ahead of requests (each idle sandbox's helper, init and
+    // waiting program) yields to the runs in flight.
+    let nices = crate::common::settle(
+        || {
+            let n = descendant_nices(&s);
+            n.iter().all(|v| *v == 19) && n.len() >= 4 * 3
+        },
+        true,
+    );
+    assert!(nices, "idle warm sandboxes not at nice 19: {:?}", descendant_nices(&s));
+    // A run's program, its threads and its helper are back at 0: as a cold run's are.
+    for _ in 0..3 {
+        s.wait_warm(4);
+        let (kind, r) = run_nice(&s);
+        assert_eq!((kind.as_str(), r["stdout"].as_str()), ("warm", Some("0\n")), "{r}");
+        s.wait_warm(4);
+        let (kind, r) = s.exec_kind(&json!({"language": "bash", "code": "nice"}).to_string());
+        assert_eq!((kind.as_str(), r["stdout"].as_str()), ("warm", Some("0\n")), "{r}");
+    }
+    let code = "import os, threading\nseen = []\nt = threading.Thread(target=lambda: seen.append(os.getpriority(os.PRIO_PROCESS, 0)))\nt.start(); t.join()\nprint(os.getpriority(os.PRIO_PROCESS, 0), seen)";
+    s.wait_warm(4);
+    let (kind, r) = s.exec_kind(&json!({"code": code}).to_string());
+    assert_eq!((kind.as_str(), r["stdout"].as_str()), ("warm", Some("0 [0]\n")), "{r}");
+    // A cold run (its own limits) never was lowered.
+    let r = s.exec(
+        json!({"code": "import os\nprint(os.getpriority(os.PRIO_PROCESS, 0))", "limits": {"max_open_files": 64}}),
+    );
+    assert_eq!(r["stdout"], "0\n", "{r}");
+}
+
+#[test]
+fn forked_runs_run_at_the_normal_priority_from_the_pool_and_on_demand() {
+    let s = Server::start_with(
+        &[
+            ("SANDCALL_ZYGOTE", "true"),
+            ("SANDCALL_WARM_POOL_SIZE", "1"),
+            ("SANDCALL_WARM_LANGUAGES", r#"["python"]"#),
+        ],
+        "",
+    );
+    s.wait_warm(1);
+    // The template and the sandboxes forked from it for the pool wait at nice 19.
+    let lowered = crate::common::settle(|| descendant_nices(&s).iter().all(|v| *v == 19), true);
+    assert!(
+        lowered,
+        "idle forked sandboxes not at nice 19: {:?}",
+        descendant_nices(&s)
+    );
+    // Taken from the pool, and forked on demand in a burst (the pool holds one): every
+    // program runs at nice 0.
+    let answers: Vec<(String, serde_json::Value)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..4).map(|_| scope.spawn(|| run_nice(&s))).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (kind, r) in &answers {
+        assert_eq!(r["stdout"], "0\n", "{kind}: {r}");
+    }
+    assert!(answers.iter().all(|(kind, _)| kind == "warm"), "{answers:?}");
+}

@@ -204,8 +204,10 @@ pub async fn ingest_outputs(
             }
         }
     }
-    // Made by the helper for the first file it saw, even one it then dropped.
-    if tokio::fs::try_exists(outbox).await.unwrap_or(false) {
+    // Made by the helper for the first file it saw, even one it then dropped. Most runs
+    // have none: a look-up of a local directory entry is cheaper than a trip to a
+    // blocking thread.
+    if outbox.symlink_metadata().is_ok() {
         let _ = tokio::fs::remove_dir_all(outbox).await;
     }
     (files, skipped, skipped_total)
