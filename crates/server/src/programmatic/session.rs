@@ -1756,6 +1756,28 @@ impl Sessions {
         )
         .await
         .map_err(|e| e.message)?;
+        // A warm sandbox, as the first run had, when one hashes alike: a cold start (a
+        // helper, namespaces, a cgroup, the interpreter and the preamble from nothing)
+        // was most of a replayed resume's time (docs/scaling.md).
+        let warm = if cmd.custom_limits {
+            None
+        } else {
+            inner.pool.take_or_fork(cmd.language, &spec.code).await
+        };
+        let warm = match warm {
+            Some(helper) if helper.hash_seed().is_none_or(|s| s == journal.start.hash_seed) => Some(helper),
+            Some(mut other) => {
+                // Another template's seed (rebuilt since, as after a restart): a set could
+                // iterate in another order. Given back, and the replay runs cold.
+                other.abort();
+                tokio::spawn(other.wait());
+                None
+            }
+            None => None,
+        };
+        if let Some(helper) = &warm {
+            spec.run_id = helper.run_id().to_owned();
+        }
         let outbox = inner.outbox_dir.join(&spec.run_id);
         spec.collect = Some(Collect {
             outbox: outbox.clone(),
@@ -1763,13 +1785,26 @@ impl Sessions {
             max_file_bytes: inner.config.max_file_bytes,
             max_total_bytes: spec.limits.workspace_bytes,
         });
-        seed_run(
-            &mut spec,
-            cmd.language,
-            journal.start.seed,
-            Some(journal.start.hash_seed),
-        );
-        let helper = inner.runner.start(spec).await.map_err(|e| {
+        let started = match warm {
+            Some(helper) => {
+                let names = cmd.tools.names();
+                let (go, files) = crate::runtime::warm_go(cmd.language, &cmd.args, Some(&names));
+                spec.go = Some(go);
+                spec.support_files = files;
+                seed_run(&mut spec, cmd.language, journal.start.seed, None);
+                helper.begin(spec).await
+            }
+            None => {
+                seed_run(
+                    &mut spec,
+                    cmd.language,
+                    journal.start.seed,
+                    Some(journal.start.hash_seed),
+                );
+                inner.runner.start(spec).await
+            }
+        };
+        let helper = started.map_err(|e| {
             inner.runner.record_failure(&e);
             e.to_string()
         })?;
