@@ -288,8 +288,8 @@ fn javascript_and_bash_sessions_survive_a_restart() {
 
 #[test]
 fn a_warm_python_session_with_numpy_replays_the_same_numbers() {
-    // A warm sandbox's program started with a hash seed of its own; the replay is cold
-    // and must start with the same one, and numpy's generator must draw alike.
+    // A warm sandbox's program started with a hash seed of its own; the replay (warm
+    // from the same template, or cold) must start with the same one, and numpy's generator must draw alike.
     let s = Server::start_with(&[("SANDCALL_WARM_POOL_SIZE", "1")], "");
     let p = start(
         &s,
@@ -633,4 +633,54 @@ fn many_evicted_sessions_leave_no_entry_in_memory() {
         assert_eq!(end["stdout"], format!("got {i}\n"), "{end}");
     }
     assert_eq!(dormant(&s), Some(0));
+}
+
+/// Sandboxes built for a request, not ahead of it for the warm pool.
+fn cold_builds(s: &Server) -> u64 {
+    let (_, _, v) = s.request("GET", "/metrics", None, None);
+    let text = v.as_str().unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix("sandcall_sandbox_build_seconds_count{warm=\"false\"} "))
+        .and_then(|n| n.trim().parse::<f64>().ok())
+        .unwrap_or(0.0) as u64
+}
+
+#[test]
+fn a_replay_takes_a_warm_sandbox_when_one_hashes_alike() {
+    // A cold start was most of a replayed resume's time (docs/scaling.md). A JavaScript
+    // sandbox has no hash seed to match: the replay takes one from the pool.
+    let s = Server::start_with(
+        &[
+            ("SANDCALL_WARM_POOL_SIZE", "1"),
+            ("SANDCALL_WARM_LANGUAGES", r#"["javascript"]"#),
+            ("SANDCALL_SESSION_IDLE_EVICT_S", "1"),
+        ],
+        "",
+    );
+    let p = start(
+        &s,
+        "javascript",
+        src(&[
+            "console.log('a');",
+            "const r = await get({ n: 1 });",
+            "console.log('got', r);",
+        ]),
+    );
+    std::thread::sleep(Duration::from_millis(1200));
+    crate::common::settle(|| in_memory(&s), 0);
+    s.wait_warm(1);
+    let before = cold_builds(&s);
+    let (code, _, v) = s.request(
+        "POST",
+        ROUTE,
+        Some("application/json"),
+        Some(
+            &json!({"session_id": p["session_id"], "continuation_token": p["continuation_token"],
+                    "tool_results": [{"call_id": p["tool_calls"][0]["id"], "result": 5}]})
+            .to_string(),
+        ),
+    );
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["stdout"], "a\ngot 5\n", "{v}");
+    assert_eq!(cold_builds(&s), before, "the replay built a cold sandbox");
 }
