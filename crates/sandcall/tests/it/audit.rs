@@ -184,3 +184,32 @@ fn a_replay_lists_each_call_once() {
     assert_eq!(outcomes, ["answered", "refused", "answered"], "{listed:#?}");
     assert!(listed.iter().all(|c| c.get("replayed").is_none()), "{listed:#?}");
 }
+
+#[test]
+fn a_replay_after_sigkill_lists_the_journalled_calls_again_as_replayed() {
+    // Killed while it held the session live: the records went with it, and the replay
+    // lists the journalled calls again, marked `replayed`.
+    let env = [("SANDCALL_API_KEYS", KEYS)];
+    let s = Server::start_with(&env, "");
+    let alice = Client::bearer(&s, "key-a-0123456789abcdef");
+    let r = alice.post_json(
+        "/v1/exec/programmatic",
+        &json!({"language": "python", "code": PROGRAM, "tools": [rate_tool()]}),
+    );
+    let first = r.json();
+    let id = first["session_id"].as_str().unwrap().to_owned();
+    let second = answer(&alice, &first, json!(0.92));
+    assert_eq!(second["status"], "tool_call_required", "{second}");
+    let (s, _) = s.restart(&env, true);
+    let alice = Client::bearer(&s, "key-a-0123456789abcdef");
+    let end = answer(&alice, &second, json!(null));
+    assert_eq!(end["status"], "completed", "{end}");
+    let listed = calls(&alice, &id);
+    assert_eq!(listed.len(), 2, "{listed:#?}");
+    assert_eq!(listed[0]["call_id"], first["tool_calls"][0]["id"]);
+    assert_eq!(listed[1]["call_id"], second["tool_calls"][0]["id"]);
+    for c in &listed {
+        assert_eq!(c["replayed"], true, "{c}");
+        assert_eq!(c["outcome"]["status"], "answered", "{c}");
+    }
+}
