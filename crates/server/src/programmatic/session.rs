@@ -1758,8 +1758,11 @@ impl Sessions {
         .map_err(|e| e.message)?;
         // A warm sandbox, as the first run had, when one hashes alike: a cold start (a
         // helper, namespaces, a cgroup, the interpreter and the preamble from nothing)
-        // was most of a replayed resume's time (docs/scaling.md).
-        let warm = if cmd.custom_limits {
+        // was most of a replayed resume's time (docs/scaling.md). A warm Python sandbox
+        // built the usual way has a hash seed of its own, which a replay's never is: only
+        // forks of a template (`zygote`) share one, so only they are worth a try.
+        let hashes = cmd.language != sandcall_api::Language::Python || inner.config.zygote;
+        let warm = if cmd.custom_limits || !hashes {
             None
         } else {
             inner.pool.take_or_fork(cmd.language, &spec.code).await
