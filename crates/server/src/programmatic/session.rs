@@ -1529,9 +1529,14 @@ impl Sessions {
                 return;
             }
         };
+        let journalled = entry.is_some();
         let Some((principal, state)) = entry.filter(|(_, state)| state.open) else {
-            // Not paused (or not journalled) any more: it is not dormant.
+            // Not paused any more: it is not dormant. Not journalled at all (its keys
+            // expired from Redis): what is left of it goes.
             let _ = store.wake(id).await;
+            if !journalled {
+                let _ = store.remove(id).await;
+            }
             self.let_go(id).await;
             return;
         };

@@ -78,17 +78,18 @@ fn name_snippet(a: usize, b: usize, id: usize, ttl: usize) -> String {
     )
 }
 
-/// Takes a dormant session out of the index and its principal's count.
+/// Takes a dormant session out of the index (even if its record expired) and its
+/// principal's count.
 /// KEYS[d]: dormant, due, count; ARGV[id]. Leaves `d` (the record) in a local.
 fn wake_snippet(k: usize, id: usize) -> String {
     let (dormant, due, count) = (k, k + 1, k + 2);
     format!(
         "local old = redis.call('GET', KEYS[{dormant}])\n\
          local d = nil\n\
+         redis.call('ZREM', KEYS[{due}], ARGV[{id}])\n\
          if old then\n\
            d = cjson.decode(old)\n\
            redis.call('DEL', KEYS[{dormant}])\n\
-           redis.call('ZREM', KEYS[{due}], ARGV[{id}])\n\
            if redis.call('HINCRBY', KEYS[{count}], d.principal, -1) <= 0 then redis.call('HDEL', KEYS[{count}], d.principal) end\n\
          end\n"
     )
