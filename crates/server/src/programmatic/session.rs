@@ -2623,11 +2623,13 @@ impl Driver {
                     helper.abort();
                 },
                 _ = async { let _ = shutdown.wait_for(|stop| *stop).await; }, if !helper.aborted() => {
-                    // A paused session outlives the server in its journal, dormant.
-                    if paused_at.is_some() && self.sessions.sleep_in_store(&self.session, state.paused_ms).await {
+                    // A paused session outlives the server in its journal, dormant (if the
+                    // store cannot mark it so now, the next start does: `recover`).
+                    if paused_at.is_some() {
+                        let slept = self.sessions.sleep_in_store(&self.session, state.paused_ms).await;
                         if self.session.make_dormant(state.paused_ms) {
                             ending = Ending::Dormant;
-                        } else {
+                        } else if slept {
                             let _ = store.wake(&id).await;
                         }
                     }
