@@ -118,6 +118,11 @@ impl PerPrincipal {
         Some(self.held_by(principal))
     }
 
+    /// How many `principal` holds now.
+    pub fn held(&self, principal: &str) -> usize {
+        self.lock().get(principal).copied().unwrap_or(0)
+    }
+
     /// One more for `principal`, past its cap if need be.
     pub fn force(self: &Arc<Self>, principal: &str) -> Held {
         *self.lock().entry(principal.to_owned()).or_insert(0) += 1;

@@ -598,18 +598,35 @@ impl Sessions {
     /// holds `max_sessions`.
     async fn take_session_slot(&self, principal: &Principal) -> Result<SessionSlot, ApiError> {
         let inner = &self.inner;
-        let dormant = inner
-            .store
-            .dormant(Some(&principal.0))
-            .await
-            .map_err(|e| journal_failed(&e))?;
-        let dormant = usize::try_from(dormant).unwrap_or(usize::MAX);
-        let held = inner.per_principal.take_beyond(&principal.0, dormant).ok_or_else(|| {
+        let at_capacity = || {
             ApiError::principal_at_capacity(format!(
                 "this caller already holds {} sessions (max_sessions_per_principal); end one or retry later",
                 inner.per_principal.cap()
             ))
-        })?;
+        };
+        let dormant = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+        let before = inner
+            .store
+            .dormant(Some(&principal.0))
+            .await
+            .map_err(|e| journal_failed(&e))?;
+        let held = inner
+            .per_principal
+            .take_beyond(&principal.0, dormant(before))
+            .ok_or_else(at_capacity)?;
+        // A session of the principal may have gone dormant meanwhile: counted by the
+        // store from then on, and its place here given back just after. Looked at again,
+        // so that no session is counted by neither.
+        let after = inner
+            .store
+            .dormant(Some(&principal.0))
+            .await
+            .map_err(|e| journal_failed(&e))?;
+        if after > before
+            && inner.per_principal.held(&principal.0).saturating_add(dormant(after)) > inner.per_principal.cap()
+        {
+            return Err(at_capacity());
+        }
         self.session_slot(held)
     }
 
