@@ -87,10 +87,13 @@ def start_sessions(b, server, n):
 
 
 def wait_dormant(server, n, limit=600):
+    """Waits until the store counts `n` dormant sessions and the server keeps none of them
+    in memory (`sandcall_sessions_in_memory`: it drops each once the store has it)."""
     start = time.time()
-    while metric(server, "sandcall_sessions_dormant") < n:
+    while metric(server, "sandcall_sessions_dormant") < n or metric(server, "sandcall_sessions_in_memory") > 0:
         if time.time() - start > limit:
-            raise SystemExit(f"only {metric(server, 'sandcall_sessions_dormant'):.0f} of {n} sessions evicted")
+            raise SystemExit(f"only {metric(server, 'sandcall_sessions_dormant'):.0f} of {n} sessions evicted, "
+                             f"{metric(server, 'sandcall_sessions_in_memory'):.0f} still in memory")
         time.sleep(0.5)
     time.sleep(2)
 
@@ -125,6 +128,7 @@ def main(args, b):
         start_rate = n / (time.time() - t)
         wait_dormant(server, warmup + n)
         rss1, db1 = rss_kib(server.proc.pid), store_bytes(server)
+        in_memory = metric(server, "sandcall_sessions_in_memory")
         # Resumes of evicted sessions: each completes by replay.
         conn = server.conn()
         replay_ms = []
@@ -158,6 +162,7 @@ def main(args, b):
         "rss_after_mib": rss1 / 1024,
         "rss_per_evicted_session_kib": evicted_kib,
         "journal_bytes_per_session": (db1 - db0) / n,
+        "sessions_in_memory_after": in_memory,
         "live_paused_session_mib": live_mib,
         "evicted_over_live": evicted_kib / 1024 / live_mib if live_mib > 0 else None,
         "starts_per_second": start_rate,
@@ -193,6 +198,7 @@ baseline is the PSS of a session paused with its sandbox, measured in the same r
 |---|---|
 | server RSS before / after {r['sessions']:,} evicted sessions | {r['rss_before_mib']:.1f} MiB / {r['rss_after_mib']:.1f} MiB |
 | RSS per evicted session | {r['rss_per_evicted_session_kib']:.2f} KiB |
+| sessions the server keeps in memory after their eviction (`sandcall_sessions_in_memory`) | {r.get('sessions_in_memory_after', 0):.0f} |
 | session store (journal) per session | {r['journal_bytes_per_session']:.0f} bytes |
 | a session paused with its sandbox (PSS) | {r['live_paused_session_mib']:.2f} MiB |
 | evicted / live, per session | {r['evicted_over_live']:.5f} |

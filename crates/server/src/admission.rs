@@ -106,8 +106,25 @@ impl PerPrincipal {
         Some(self.held_by(principal))
     }
 
+    /// One more for `principal`, unless it holds its cap already counting `beyond` more
+    /// that are held elsewhere (a principal's dormant sessions, kept in the store).
+    pub fn take_beyond(self: &Arc<Self>, principal: &str, beyond: usize) -> Option<Held> {
+        let mut held = self.lock();
+        let n = held.get(principal).copied().unwrap_or(0);
+        if n.saturating_add(beyond) >= self.cap {
+            return None;
+        }
+        held.insert(principal.to_owned(), n + 1);
+        Some(self.held_by(principal))
+    }
+
+    /// How many `principal` holds now.
+    pub fn held(&self, principal: &str) -> usize {
+        self.lock().get(principal).copied().unwrap_or(0)
+    }
+
     /// One more for `principal`, past its cap if need be.
-    fn force(self: &Arc<Self>, principal: &str) -> Held {
+    pub fn force(self: &Arc<Self>, principal: &str) -> Held {
         *self.lock().entry(principal.to_owned()).or_insert(0) += 1;
         self.held_by(principal)
     }

@@ -332,7 +332,7 @@ pub(crate) async fn health(State(state): State<AppState>, principal: Option<Exte
         let (sessions, paused) = state.sessions.counts();
         body.sessions = Some(sessions);
         body.paused_sessions = Some(paused);
-        body.dormant_sessions = Some(state.sessions.dormant_count());
+        body.dormant_sessions = state.sessions.dormant_count().await;
         body.max_sessions = Some(state.config.max_sessions);
     }
     (code, Json(body)).into_response()
@@ -476,14 +476,15 @@ async fn at_owner(
     path: &str,
     body: impl Fn() -> Result<Bytes, serde_json::Error>,
 ) -> Result<Option<Response>, ApiError> {
-    let Some(cluster) = &state.cluster else {
-        return Ok(None);
-    };
+    // One node or many: a session this node does not hold is looked up in the store.
     let forwarded = headers.contains_key(crate::cluster::FORWARDED_HEADER);
     for _ in 0..3 {
         match state.sessions.locate(id, principal, forwarded, own).await? {
             programmatic::session::Located::Here => return Ok(None),
             programmatic::session::Located::Owner(owner) => {
+                let Some(cluster) = &state.cluster else {
+                    return Ok(None);
+                };
                 let bytes = body().map_err(|e| ApiError::internal(error_type::INTERNAL, &e.to_string()))?;
                 match cluster.forward(&owner, method.clone(), path, headers, bytes).await {
                     Ok(answer) => return Ok(Some(answer)),
@@ -536,7 +537,7 @@ pub(crate) async fn cancel_route(
 ) -> Result<Response, ApiError> {
     let id = match (req.session_id, req.request_id) {
         (Some(id), _) => id,
-        (None, Some(request_id)) => state.sessions.by_request_id(&principal, &request_id)?,
+        (None, Some(request_id)) => state.sessions.by_request_id(&principal, &request_id).await?,
         (None, None) => return Err(ApiError::bad_request("`session_id` or `request_id` is required")),
     };
     tracing::Span::current().record("session_id", id.as_str());
@@ -644,7 +645,7 @@ pub(crate) async fn calls_route(
     {
         return Ok(answer);
     }
-    let calls = state.sessions.calls(&principal, &session_id)?;
+    let calls = state.sessions.calls(&principal, &session_id).await?;
     Ok(tag_node(&state, Json(calls).into_response()))
 }
 

@@ -40,6 +40,9 @@ pub const SESSIONS_LIVE: &str = "sandcall_sessions_live";
 pub const SESSIONS_PAUSED: &str = "sandcall_sessions_paused";
 /// Paused sessions kept only in the session store (evicted, or left by a restart).
 pub const SESSIONS_DORMANT: &str = "sandcall_sessions_dormant";
+/// Sessions this node keeps an entry of in memory (live ones, ended ones still readable);
+/// a dormant session has none.
+pub const SESSIONS_IN_MEMORY: &str = "sandcall_sessions_in_memory";
 /// Sessions evicted (their sandbox freed while paused).
 pub const EVICTIONS: &str = "sandcall_sessions_evicted_total";
 /// Tool calls handed out to callers, by `language`.
@@ -100,6 +103,7 @@ fn describe() {
     describe_gauge!(SESSIONS_LIVE, "Programmatic sessions holding a sandbox.");
     describe_gauge!(SESSIONS_PAUSED, "Live programmatic sessions paused on tool calls.");
     describe_gauge!(SESSIONS_DORMANT, "Paused sessions kept only in the session store.");
+    describe_gauge!(SESSIONS_IN_MEMORY, "Programmatic sessions this node keeps in memory.");
     describe_counter!(EVICTIONS, "Paused sessions evicted from their sandbox.");
     describe_counter!(TOOL_CALLS, "Tool calls handed out to callers.");
     describe_counter!(TOOL_CALLS_REFUSED, "Tool calls refused by the server, by reason.");
@@ -210,7 +214,10 @@ pub async fn scrape(State(state): State<crate::AppState>) -> Result<Response, Ap
     let (live, paused) = state.sessions.counts();
     metrics::gauge!(SESSIONS_LIVE).set(live as f64);
     metrics::gauge!(SESSIONS_PAUSED).set(paused as f64);
-    metrics::gauge!(SESSIONS_DORMANT).set(state.sessions.dormant_count() as f64);
+    if let Some(dormant) = state.sessions.dormant_count().await {
+        metrics::gauge!(SESSIONS_DORMANT).set(dormant as f64);
+    }
+    metrics::gauge!(SESSIONS_IN_MEMORY).set(state.sessions.entries() as f64);
     Ok((
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
         handle.render(),

@@ -167,9 +167,40 @@ fn a_replay_lists_each_call_once() {
     crate::common::settle(dormant, 1.0);
     assert_eq!(calls(&alice, &id).len(), 3);
 
-    // After a restart the records made before it are gone with the server; the replay
-    // lists the journalled calls again, marked `replayed`.
+    // The trail of a dormant session is kept with it in the store: a restart loses
+    // none of it, and the replay after it still lists each call once.
     let (s, _) = s.restart(&env, false);
+    let alice = Client::bearer(&s, "key-a-0123456789abcdef");
+    let kept = calls(&alice, &id);
+    let outcomes: Vec<&Value> = kept.iter().map(|c| &c["outcome"]["status"]).collect();
+    assert_eq!(outcomes, ["answered", "refused", "pending"], "{kept:#?}");
+    let end = answer(&alice, &second, json!(null));
+    assert_eq!(end["status"], "completed", "{end}");
+    let listed = calls(&alice, &id);
+    assert_eq!(listed.len(), 3, "{listed:#?}");
+    assert_eq!(listed[0]["call_id"], first["tool_calls"][0]["id"]);
+    assert_eq!(listed[2]["call_id"], second["tool_calls"][0]["id"]);
+    let outcomes: Vec<&Value> = listed.iter().map(|c| &c["outcome"]["status"]).collect();
+    assert_eq!(outcomes, ["answered", "refused", "answered"], "{listed:#?}");
+    assert!(listed.iter().all(|c| c.get("replayed").is_none()), "{listed:#?}");
+}
+
+#[test]
+fn a_replay_after_sigkill_lists_the_journalled_calls_again_as_replayed() {
+    // Killed while it held the session live: the records went with it, and the replay
+    // lists the journalled calls again, marked `replayed`.
+    let env = [("SANDCALL_API_KEYS", KEYS)];
+    let s = Server::start_with(&env, "");
+    let alice = Client::bearer(&s, "key-a-0123456789abcdef");
+    let r = alice.post_json(
+        "/v1/exec/programmatic",
+        &json!({"language": "python", "code": PROGRAM, "tools": [rate_tool()]}),
+    );
+    let first = r.json();
+    let id = first["session_id"].as_str().unwrap().to_owned();
+    let second = answer(&alice, &first, json!(0.92));
+    assert_eq!(second["status"], "tool_call_required", "{second}");
+    let (s, _) = s.restart(&env, true);
     let alice = Client::bearer(&s, "key-a-0123456789abcdef");
     let end = answer(&alice, &second, json!(null));
     assert_eq!(end["status"], "completed", "{end}");

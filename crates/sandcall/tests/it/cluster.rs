@@ -539,3 +539,75 @@ fn a_node_whose_session_was_taken_over_elsewhere_lets_it_go() {
     assert_eq!(answer.node, b.base, "B, which holds the lease, answered");
     assert_eq!(answer.resume, "replay");
 }
+
+/// POST with a request id.
+fn send_named(s: &Server, path: &str, body: &Value, request_id: &str) -> Answer {
+    let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(120)).build();
+    let resp = match agent
+        .post(&s.url(path))
+        .set("Content-Type", "application/json")
+        .set("X-LibreChat-Code-Request-ID", request_id)
+        .send_string(&body.to_string())
+    {
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("POST {path}: {e}"),
+    };
+    let status = resp.status();
+    let node = resp.header("sandcall-node").unwrap_or("").to_owned();
+    let text = resp.into_string().unwrap();
+    Answer {
+        status,
+        node,
+        resume: String::new(),
+        body: serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    }
+}
+
+#[test]
+fn cancel_by_request_id_reaches_a_session_from_any_node_live_or_evicted() {
+    let redis = redis_url();
+    let a = node(&redis, &[("SANDCALL_SESSION_IDLE_EVICT_S", "2")]);
+    let b = node(&redis, &[]);
+    let body = |k: usize| json!({"language": "python", "code": program(k), "tools": [get_tool()]});
+    let tag = format!("{}", std::process::id());
+    let (live_id, dormant_id) = (format!("live-{tag}"), format!("dormant-{tag}"));
+    let live = send_named(&a, ROUTE, &body(1), &live_id);
+    assert_eq!(live.status, 200, "{}", live.body);
+    // Held live by A: a cancel by its request id sent to B reaches it there.
+    let cancel = format!("{ROUTE}/cancel");
+    let v = send_named(&b, &cancel, &json!({"request_id": live_id}), "any");
+    assert_eq!(v.status, 200, "{}", v.body);
+    assert_eq!(v.body["error_type"], "cancelled", "{}", v.body);
+    assert_eq!(v.body["session_id"], live.body["session_id"]);
+    assert_eq!(v.node, a.base, "the owner answered");
+
+    // Evicted on A: kept by Redis alone; B cancels it by its request id, and finds its
+    // pause and its calls in the store meanwhile.
+    let evicted = send_named(&a, ROUTE, &body(2), &dormant_id);
+    assert_eq!(evicted.status, 200, "{}", evicted.body);
+    let id = evicted.body["session_id"].as_str().unwrap().to_owned();
+    let t = Instant::now();
+    loop {
+        let (_, _, health) = a.request("GET", "/v1/health", None, None);
+        if health["sessions"].as_u64() == Some(0) {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(15), "not evicted: {health}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let got = send(&b, "GET", &format!("{ROUTE}/{id}"), None);
+    assert_eq!(got.status, 200, "{}", got.body);
+    assert_eq!(got.body, evicted.body);
+    let calls = send(&b, "GET", &format!("{ROUTE}/{id}/calls"), None);
+    assert_eq!(calls.status, 200, "{}", calls.body);
+    assert_eq!(calls.body["calls"].as_array().map(Vec::len), Some(1), "{}", calls.body);
+    let v = send_named(&b, &cancel, &json!({"request_id": dormant_id}), "any");
+    assert_eq!(v.status, 200, "{}", v.body);
+    assert_eq!(v.body["error_type"], "cancelled", "{}", v.body);
+    assert_eq!(v.body["session_id"], json!(id));
+    let again = send_named(&a, &cancel, &json!({"request_id": dormant_id}), "any");
+    assert_eq!(again.status, 404, "{}", again.body);
+    let resumed = resume(&a, &evicted.body, json!(1));
+    assert!(resumed.status == 404 || resumed.status == 409, "{}", resumed.body);
+}

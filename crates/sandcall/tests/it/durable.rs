@@ -288,8 +288,8 @@ fn javascript_and_bash_sessions_survive_a_restart() {
 
 #[test]
 fn a_warm_python_session_with_numpy_replays_the_same_numbers() {
-    // A warm sandbox's program started with a hash seed of its own; the replay is cold
-    // and must start with the same one, and numpy's generator must draw alike.
+    // A warm sandbox's program started with a hash seed of its own; the replay (warm
+    // from the same template, or cold) must start with the same one, and numpy's generator must draw alike.
     let s = Server::start_with(&[("SANDCALL_WARM_POOL_SIZE", "1")], "");
     let p = start(
         &s,
@@ -362,6 +362,7 @@ fn evicted_sessions_can_be_cancelled_and_expire() {
     let expiring = start(&s, "python", code);
     std::thread::sleep(Duration::from_millis(1200));
     wait_until_no_sandbox(&s);
+    crate::common::settle(|| in_memory(&s), 0);
     let (status_code, v) = s.post(
         &format!("{ROUTE}/cancel"),
         &json!({"session_id": cancelled["session_id"]}),
@@ -375,6 +376,7 @@ fn evicted_sessions_can_be_cancelled_and_expire() {
     let (code, v) = answer(&s, &expiring, |_| json!(1));
     assert_eq!(code, 404, "{v}");
     assert_eq!(v["error_type"], "session_not_found", "{v}");
+    assert_eq!(dormant(&s), Some(0));
     // Gone from the journal too: a restart does not bring either back.
     let (s, _) = s.restart(&[], false);
     let (code, _, v) = s.request(
@@ -426,6 +428,18 @@ fn an_evicted_session_still_counts_among_its_principals_sessions() {
     std::thread::sleep(Duration::from_millis(1200));
     wait_until_no_sandbox(&s);
     let body = json!({"language": "python", "code": code, "tools": [get_tool()]});
+    // Counted by the store: nothing of it is in the server's memory.
+    crate::common::settle(|| in_memory(&s), 0);
+    let (status_code, v) = s.post(ROUTE, &body);
+    assert_eq!(status_code, 429, "{v}");
+    assert_eq!(v["error_type"], "principal_at_capacity", "{v}");
+    // Not after a restart either: the store still counts it.
+    let env = [
+        NO_POOL,
+        ("SANDCALL_SESSION_IDLE_EVICT_S", "1"),
+        ("SANDCALL_MAX_SESSIONS_PER_PRINCIPAL", "1"),
+    ];
+    let (s, _) = s.restart(&env, false);
     let (status_code, v) = s.post(ROUTE, &body);
     assert_eq!(status_code, 429, "{v}");
     assert_eq!(v["error_type"], "principal_at_capacity", "{v}");
@@ -463,6 +477,8 @@ fn an_evicted_session_still_gets_its_tool_call_timeout() {
     );
     std::thread::sleep(Duration::from_millis(1200));
     wait_until_no_sandbox(&s);
+    // Timed out from the store's deadline index: nothing of it is in memory till then.
+    crate::common::settle(|| in_memory(&s), 0);
     let t = Instant::now();
     let end = loop {
         let v = status(&s, &p);
@@ -478,4 +494,193 @@ fn an_evicted_session_still_gets_its_tool_call_timeout() {
     let (code, v) = answer(&s, &p, |_| json!(1));
     assert_eq!(code, 200, "{v}");
     assert_eq!(v, end);
+}
+
+/// The session entries the server keeps in memory (`sandcall_sessions_in_memory`).
+fn in_memory(s: &Server) -> u64 {
+    let (code, _, v) = s.request("GET", "/metrics", None, None);
+    assert_eq!(code, 200, "{v}");
+    let text = v.as_str().unwrap_or_default();
+    let n = text
+        .lines()
+        .find_map(|l| l.strip_prefix("sandcall_sessions_in_memory "))
+        .and_then(|n| n.trim().parse::<f64>().ok());
+    n.unwrap_or_else(|| panic!("no sandcall_sessions_in_memory in {text}")) as u64
+}
+
+/// `dormant_sessions` of `GET /v1/health`.
+fn dormant(s: &Server) -> Option<u64> {
+    let (_, _, health) = s.request("GET", "/v1/health", None, None);
+    health["dormant_sessions"].as_u64()
+}
+
+/// POST with extra headers.
+fn post_with(s: &Server, path: &str, body: &Value, headers: &[(&str, &str)]) -> (u16, Value) {
+    let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(120)).build();
+    let mut req = agent.post(&s.url(path)).set("Content-Type", "application/json");
+    for (name, value) in headers {
+        req = req.set(name, value);
+    }
+    let resp = match req.send_string(&body.to_string()) {
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("POST {path}: {e}"),
+    };
+    let status = resp.status();
+    let text = resp.into_string().unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+}
+
+fn calls_of(s: &Server, paused: &Value) -> Value {
+    let path = format!("{ROUTE}/{}/calls", paused["session_id"].as_str().unwrap());
+    let (code, _, v) = s.request("GET", &path, None, None);
+    assert_eq!(code, 200, "{v}");
+    v
+}
+
+#[test]
+fn an_evicted_session_is_kept_by_the_store_alone_and_every_request_still_finds_it() {
+    let s = Server::start_with(&[NO_POOL, ("SANDCALL_SESSION_IDLE_EVICT_S", "1")], "");
+    let body = |code: String| json!({"language": "python", "code": code, "tools": [get_tool()]});
+    let (code, a) = post_with(
+        &s,
+        ROUTE,
+        &body(looping_program()),
+        &[("X-LibreChat-Code-Request-ID", "req-a")],
+    );
+    assert_eq!(code, 200, "{a}");
+    let one_call = src(&["r = get(n=1)", "print(r)"]);
+    let (code, b) = post_with(&s, ROUTE, &body(one_call), &[("X-LibreChat-Code-Request-ID", "req-b")]);
+    assert_eq!(code, 200, "{b}");
+    let calls_before = calls_of(&s, &a);
+    assert_eq!(
+        calls_before["calls"].as_array().map(Vec::len),
+        Some(1),
+        "{calls_before}"
+    );
+    assert_eq!(in_memory(&s), 2);
+
+    // Evicted: no sandbox, and no entry in the server's memory; the store counts them.
+    std::thread::sleep(Duration::from_millis(1200));
+    wait_until_no_sandbox(&s);
+    crate::common::settle(|| in_memory(&s), 0);
+    assert_eq!(dormant(&s), Some(2));
+    // GET and the audit trail answer from the store what they answered before, and
+    // bring nothing back into memory.
+    assert_eq!(status(&s, &a), a);
+    assert_eq!(calls_of(&s, &a), calls_before);
+    assert_eq!(in_memory(&s), 0);
+
+    // Cancel by the request id of the request that started it.
+    let cancel = format!("{ROUTE}/cancel");
+    let (code, v) = post_with(&s, &cancel, &json!({"request_id": "req-b"}), &[]);
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(
+        (&v["error_type"], &v["session_id"]),
+        (&json!("cancelled"), &b["session_id"]),
+        "{v}"
+    );
+    let (code, v) = post_with(&s, &cancel, &json!({"request_id": "req-b"}), &[]);
+    assert_eq!(code, 404, "{v}");
+    assert_eq!(dormant(&s), Some(1));
+    assert_eq!(in_memory(&s), 0);
+
+    // A resume brings it back by replay, under a new request id; evicted again, its
+    // trail lists each call once.
+    let results = json!([{"call_id": a["tool_calls"][0]["id"], "result": 10}]);
+    let resume =
+        json!({"session_id": a["session_id"], "continuation_token": a["continuation_token"], "tool_results": results});
+    let (code, a2) = post_with(&s, ROUTE, &resume, &[("X-LibreChat-Code-Request-ID", "req-a2")]);
+    assert_eq!(code, 200, "{a2}");
+    assert_eq!(a2["partial_stdout"], "c0 got 10\nc1\n", "{a2}");
+    let calls_live = calls_of(&s, &a);
+    std::thread::sleep(Duration::from_millis(1200));
+    wait_until_no_sandbox(&s);
+    crate::common::settle(|| in_memory(&s), 0);
+    let calls_dormant = calls_of(&s, &a);
+    assert_eq!(calls_dormant, calls_live);
+    let outcomes: Vec<&Value> = calls_dormant["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| &c["outcome"]["status"])
+        .collect();
+    assert_eq!(outcomes, ["answered", "pending"], "{calls_dormant}");
+    // The resume's request id names it now, not the start's.
+    let (code, v) = post_with(&s, &cancel, &json!({"request_id": "req-a"}), &[]);
+    assert_eq!(code, 404, "{v}");
+    let (code, v) = post_with(&s, &cancel, &json!({"request_id": "req-a2"}), &[]);
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["error_type"], "cancelled", "{v}");
+    assert_eq!(dormant(&s), Some(0));
+    assert_eq!(in_memory(&s), 0);
+}
+
+#[test]
+fn many_evicted_sessions_leave_no_entry_in_memory() {
+    // Eviction of many sessions at once: each leaves the registry; the store counts
+    // them, and each still completes.
+    let s = Server::start_with(&[NO_POOL, ("SANDCALL_SESSION_IDLE_EVICT_S", "1")], "");
+    let sessions: Vec<Value> = (0..8)
+        .map(|i| start(&s, "python", src(&[&format!("r = get(n={i})"), "print('got', r)"])))
+        .collect();
+    std::thread::sleep(Duration::from_millis(1200));
+    wait_until_no_sandbox(&s);
+    crate::common::settle(|| in_memory(&s), 0);
+    assert_eq!(dormant(&s), Some(8));
+    for (i, p) in sessions.iter().enumerate() {
+        let end = completed(answer(&s, p, move |_| json!(i)));
+        assert_eq!(end["stdout"], format!("got {i}\n"), "{end}");
+    }
+    assert_eq!(dormant(&s), Some(0));
+}
+
+/// Sandboxes built for a request, not ahead of it for the warm pool.
+fn cold_builds(s: &Server) -> u64 {
+    let (_, _, v) = s.request("GET", "/metrics", None, None);
+    let text = v.as_str().unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix("sandcall_sandbox_build_seconds_count{warm=\"false\"} "))
+        .and_then(|n| n.trim().parse::<f64>().ok())
+        .unwrap_or(0.0) as u64
+}
+
+#[test]
+fn a_replay_takes_a_warm_sandbox_when_one_hashes_alike() {
+    // A cold start was most of a replayed resume's time (docs/scaling.md). A JavaScript
+    // sandbox has no hash seed to match: the replay takes one from the pool.
+    let s = Server::start_with(
+        &[
+            ("SANDCALL_WARM_POOL_SIZE", "1"),
+            ("SANDCALL_WARM_LANGUAGES", r#"["javascript"]"#),
+            ("SANDCALL_SESSION_IDLE_EVICT_S", "1"),
+        ],
+        "",
+    );
+    let p = start(
+        &s,
+        "javascript",
+        src(&[
+            "console.log('a');",
+            "const r = await get({ n: 1 });",
+            "console.log('got', r);",
+        ]),
+    );
+    std::thread::sleep(Duration::from_millis(1200));
+    crate::common::settle(|| in_memory(&s), 0);
+    s.wait_warm(1);
+    let before = cold_builds(&s);
+    let (code, _, v) = s.request(
+        "POST",
+        ROUTE,
+        Some("application/json"),
+        Some(
+            &json!({"session_id": p["session_id"], "continuation_token": p["continuation_token"],
+                    "tool_results": [{"call_id": p["tool_calls"][0]["id"], "result": 5}]})
+            .to_string(),
+        ),
+    );
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["stdout"], "a\ngot 5\n", "{v}");
+    assert_eq!(cold_builds(&s), before, "the replay built a cold sandbox");
 }

@@ -217,6 +217,41 @@ impl Audit {
         }
     }
 
+    /// The trail as a dormant session keeps it in the store (`SessionStore::sleep`).
+    pub fn snapshot(&self) -> crate::store::DormantAudit {
+        let (calls, dropped) = self.list();
+        crate::store::DormantAudit { calls, dropped }
+    }
+
+    /// The trail of a session brought back from the store: what it listed when it went
+    /// dormant. A call still waiting for its answer measures its latency from when it
+    /// was requested.
+    pub fn restore(kept: crate::store::DormantAudit) -> Audit {
+        let now = SystemTime::now();
+        let records = kept
+            .calls
+            .into_iter()
+            .map(|call| {
+                let handed_out = call.call_id.as_ref().map(|_| {
+                    let ago = humantime::parse_rfc3339(&call.requested_at)
+                        .ok()
+                        .and_then(|at| now.duration_since(at).ok())
+                        .unwrap_or_default();
+                    Instant::now().checked_sub(ago).unwrap_or_else(Instant::now)
+                });
+                Record {
+                    key: None,
+                    handed_out,
+                    call,
+                }
+            })
+            .collect();
+        Audit {
+            records,
+            dropped: kept.dropped,
+        }
+    }
+
     /// The records, oldest first, and how many gave way to newer ones.
     pub fn list(&self) -> (Vec<AuditCall>, u64) {
         (self.records.iter().map(|r| r.call.clone()).collect(), self.dropped)

@@ -102,10 +102,6 @@ pub struct Session {
     version: watch::Sender<u64>,
     /// To the session's driver; none while the session is dormant.
     commands: Mutex<Option<mpsc::UnboundedSender<DriverCommand>>>,
-    /// A dormant session's place among its principal's sessions: it gives back its
-    /// sandbox and its `max_sessions` permit, not this, so that what one principal keeps
-    /// journalled stays bounded by `max_sessions_per_principal`.
-    parked: Mutex<Option<Held>>,
     /// Every tool call of the session, for `GET .../calls` (`audit`).
     audit: Mutex<super::audit::Audit>,
 }
@@ -191,7 +187,6 @@ impl Session {
             shared: Mutex::new(shared),
             version: watch::channel(0).0,
             commands: Mutex::new(commands),
-            parked: Mutex::new(None),
             audit: Mutex::new(Default::default()),
         }
     }
@@ -200,15 +195,15 @@ impl Session {
         self.audit.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Keeps `held` while the session is dormant (else it is given back).
-    fn park(&self, held: Held) {
-        if self.lock().dormant.is_some() {
-            *self.parked.lock().unwrap_or_else(|p| p.into_inner()) = Some(held);
-        }
-    }
-
-    fn unpark(&self) -> Option<Held> {
-        self.parked.lock().unwrap_or_else(|p| p.into_inner()).take()
+    /// The latest request id the session was named by, if any.
+    fn request_id(&self) -> Option<String> {
+        self.request_id
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .ok()
+            .cloned()
+            .flatten()
     }
 
     fn send(&self, command: DriverCommand) -> bool {
@@ -369,9 +364,14 @@ pub struct Sessions {
 }
 
 struct Inner {
+    /// The sessions this node holds: live ones, ended ones still readable, and a dormant
+    /// one only while a request or a timer brings it back (a dormant session is kept in
+    /// the store alone: `SessionStore::sleep`). Lock order: a session's `shared`, then
+    /// this, never the other way round.
     map: Mutex<HashMap<String, Arc<Session>>>,
     /// (principal, request id) → session id, for cancel by `request_id`. An entry
-    /// lives as long as its session is in `map`.
+    /// lives as long as its session is in `map`; the store names dormant sessions (and,
+    /// with Redis, every node's sessions).
     requests: Mutex<HashMap<(String, String), String>>,
     key: TokenKey,
     runner: Runner,
@@ -485,7 +485,7 @@ impl Sessions {
         let mut spec = cmd.spec;
         let inner = &self.inner;
         spec.inputs = ops::resolve_inputs(&*inner.files, &principal.0, &cmd.files, spec.limits.workspace_bytes).await?;
-        let slot = self.take_session_slot(principal)?;
+        let slot = self.take_session_slot(principal).await?;
         // The program runs from the start: it needs a run slot like any /v1/exec run.
         let run_slot = inner.admission.admit(&principal.0).await?;
         // Taken only once the request is known to go ahead: a refused request must not
@@ -576,7 +576,7 @@ impl Sessions {
         ));
         self.map().insert(id.clone(), session.clone());
         if let Some(request_id) = cmd.request_id {
-            self.name_by_request_id(&session, request_id);
+            self.name_request(&session, request_id).await;
         }
         let driver = Driver {
             sessions: self.clone(),
@@ -593,26 +593,54 @@ impl Sessions {
         session.next_outcome_json(0).await
     }
 
-    /// A place for one more session of `principal`: 429 when it holds its share, 503 when
-    /// the server holds `max_sessions`.
-    fn take_session_slot(&self, principal: &Principal) -> Result<SessionSlot, ApiError> {
-        self.take_session_slot_with(principal, None)
-    }
-
-    /// The same, with the principal's place already `held` (a dormant session's).
-    fn take_session_slot_with(&self, principal: &Principal, held: Option<Held>) -> Result<SessionSlot, ApiError> {
+    /// A place for one more session of `principal`: 429 when it holds its share (its
+    /// sessions here, and its dormant ones, which the store counts), 503 when the server
+    /// holds `max_sessions`.
+    async fn take_session_slot(&self, principal: &Principal) -> Result<SessionSlot, ApiError> {
         let inner = &self.inner;
-        let held = held.or_else(|| inner.per_principal.take(&principal.0)).ok_or_else(|| {
+        let at_capacity = || {
             ApiError::principal_at_capacity(format!(
                 "this caller already holds {} sessions (max_sessions_per_principal); end one or retry later",
                 inner.per_principal.cap()
             ))
-        })?;
+        };
+        let dormant = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+        let before = inner
+            .store
+            .dormant(Some(&principal.0))
+            .await
+            .map_err(|e| journal_failed(&e))?;
+        let held = inner
+            .per_principal
+            .take_beyond(&principal.0, dormant(before))
+            .ok_or_else(at_capacity)?;
+        // A session of the principal may have gone dormant meanwhile: counted by the
+        // store from then on, and its place here given back just after. Looked at again,
+        // so that no session is counted by neither.
+        let after = inner
+            .store
+            .dormant(Some(&principal.0))
+            .await
+            .map_err(|e| journal_failed(&e))?;
+        if after > before
+            && inner.per_principal.held(&principal.0).saturating_add(dormant(after)) > inner.per_principal.cap()
+        {
+            return Err(at_capacity());
+        }
+        self.session_slot(held)
+    }
+
+    /// A place among `max_sessions` for a session whose principal's place is `held`.
+    fn session_slot(&self, held: Held) -> Result<SessionSlot, ApiError> {
+        let inner = &self.inner;
         let permit = inner.slots.clone().try_acquire_owned().map_err(|_| ApiError {
             message: "the server holds as many sessions as it may (max_sessions); retry later".into(),
             ..ApiError::at_capacity(1)
         })?;
-        Ok(SessionSlot { _permit: permit, held })
+        Ok(SessionSlot {
+            _permit: permit,
+            _held: held,
+        })
     }
 
     /// Sessions holding a sandbox now, and how many of them are paused.
@@ -627,21 +655,101 @@ impl Sessions {
         &self.inner.mcp
     }
 
-    /// The session's tool calls as the audit trail keeps them (`audit`).
-    pub fn calls(&self, principal: &Principal, id: &str) -> Result<sandcall_api::CallsResponse, ApiError> {
-        let session = self.get(id, principal)?;
-        let (calls, calls_dropped) = session.audit().list();
+    /// The session's tool calls as the audit trail keeps them (`audit`): in memory while
+    /// this node holds the session, in the store while it is dormant.
+    pub async fn calls(&self, principal: &Principal, id: &str) -> Result<sandcall_api::CallsResponse, ApiError> {
+        let held = self.get(id, principal).ok();
+        if let Some(session) = held.filter(|s| s.lock().dormant.is_none()) {
+            let (calls, calls_dropped) = session.audit().list();
+            return Ok(sandcall_api::CallsResponse {
+                session_id: session.id.clone(),
+                calls,
+                calls_dropped,
+            });
+        }
+        let store = &self.inner.store;
+        match store.entry(id).await.map_err(|e| journal_failed(&e))? {
+            Some((owner, _)) if owner == principal.0 => {}
+            _ => return Err(not_found()),
+        }
+        let kept = store
+            .dormant_audit(id)
+            .await
+            .map_err(|e| journal_failed(&e))?
+            .and_then(|json| serde_json::from_str::<crate::store::DormantAudit>(&json).ok())
+            .unwrap_or_default();
         Ok(sandcall_api::CallsResponse {
-            session_id: session.id.clone(),
-            calls,
-            calls_dropped,
+            session_id: id.to_owned(),
+            calls: kept.calls,
+            calls_dropped: kept.dropped,
         })
     }
 
-    /// Paused sessions that hold no sandbox: evicted, or left paused by an earlier server.
-    pub fn dormant_count(&self) -> usize {
-        let map = self.inner.map.lock().unwrap_or_else(|p| p.into_inner());
-        map.values().filter(|s| s.lock().dormant.is_some()).count()
+    /// Paused sessions that hold no sandbox (evicted, or left paused by an earlier
+    /// server), as the store counts them; None if it cannot be read now.
+    pub async fn dormant_count(&self) -> Option<usize> {
+        match self.inner.store.dormant(None).await {
+            Ok(n) => usize::try_from(n).ok(),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not count the dormant sessions");
+                None
+            }
+        }
+    }
+
+    /// The sessions this node keeps an entry of in memory (a dormant one has none).
+    pub fn entries(&self) -> usize {
+        self.map().len()
+    }
+
+    /// What a dormant session keeps in the store besides its journal, now: its first
+    /// timer's deadline, its audit trail and its latest request id.
+    fn dormancy(&self, session: &Session, paused_ms: u64) -> Result<crate::store::Dormancy, String> {
+        let config = &self.inner.config;
+        let expiry_ms = config.session_expiry_s.saturating_mul(1000);
+        let audit = serde_json::to_string(&session.audit().snapshot()).map_err(|e| e.to_string())?;
+        Ok(crate::store::Dormancy {
+            principal: session.principal.clone(),
+            due_ms: paused_ms.saturating_add(expiry_ms.min(config.tool_call_timeout_ms)),
+            audit,
+            request_id: session.request_id(),
+        })
+    }
+
+    /// Marks `session` dormant in the store, before its node lets go of it.
+    async fn sleep_in_store(&self, session: &Session, paused_ms: u64) -> bool {
+        let written = match self.dormancy(session, paused_ms) {
+            Ok(dormancy) => self
+                .inner
+                .store
+                .sleep(&session.id, &dormancy)
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e),
+        };
+        match written {
+            Ok(written) => written,
+            Err(e) => {
+                tracing::warn!(session = %session.id, error = %e, "could not mark a session dormant; it stays live");
+                false
+            }
+        }
+    }
+
+    /// Forgets this node's entry of `session` if it is dormant: the store keeps it.
+    fn drop_dormant(&self, session: &Arc<Session>) {
+        let shared = session.lock();
+        if shared.dormant.is_some() {
+            self.remove(session);
+        }
+    }
+
+    /// The same, for the entry of session `id`, if any.
+    fn drop_dormant_id(&self, id: &str) {
+        let held = self.map().get(id).cloned();
+        if let Some(session) = held {
+            self.drop_dormant(&session);
+        }
     }
 
     /// Hands the caller's results to the paused program and answers with what comes next.
@@ -651,6 +759,25 @@ impl Sessions {
     /// what that resume answered; a resume of a session that has ended answers its
     /// ending; any other use of a used token is 409.
     pub async fn resume(
+        &self,
+        principal: &Principal,
+        token: &str,
+        session_id: Option<&str>,
+        results: Vec<ToolResult>,
+        request_id: Option<String>,
+    ) -> Result<(Bytes, Served), ApiError> {
+        let answer = self
+            .resume_here(principal, token, session_id, results, request_id)
+            .await;
+        // A dormant session brought into memory for this resume, which did not wake it
+        // (refused, or the store was down), is left to the store again.
+        if let Some(id) = self.token_session(token) {
+            self.drop_dormant_id(&id);
+        }
+        answer
+    }
+
+    async fn resume_here(
         &self,
         principal: &Principal,
         token: &str,
@@ -674,7 +801,7 @@ impl Sessions {
         // LibreChat's client sends a fresh request id with each request, and cancels by
         // the one of the request it abandons.
         if let Some(request_id) = request_id {
-            self.name_by_request_id(&session, request_id);
+            self.name_request(&session, request_id).await;
         }
         check_result_sizes(&results, self.inner.config.max_tool_result_bytes)?;
         // Hashing megabytes of results takes milliseconds: off the async workers.
@@ -713,9 +840,11 @@ impl Sessions {
             // The program runs again from here: it waits for a run slot like a new run.
             // A refusal here leaves the pause, and the token, as they were.
             let run_slot = self.inner.admission.admit(principal.0.as_str()).await?;
-            // A dormant session needs a sandbox again: a place among max_sessions too.
+            // A dormant session needs a sandbox again: a place among max_sessions too. Its
+            // place among its principal's sessions is counted by the store until it wakes
+            // (`revive`): taken here past the cap, since it is one of them already.
             let mut revive_slot = if session.lock().dormant.is_some() {
-                Some(self.take_session_slot_with(principal, session.unpark())?)
+                Some(self.session_slot(self.inner.per_principal.force(&principal.0))?)
             } else {
                 None
             };
@@ -751,6 +880,8 @@ impl Sessions {
                         })
                         .collect();
                     shared.dormant = None;
+                    // Held here again, whatever became of the entry it was found by.
+                    self.map().insert(id.clone(), session.clone());
                     let (commands, rx) = mpsc::unbounded_channel();
                     session.set_commands(Some(commands));
                     let resumed = Resumed {
@@ -795,12 +926,14 @@ impl Sessions {
         self.inner.node.as_deref()
     }
 
-    /// Where a request about session `id` is served. On one node: here. In a cluster: here
-    /// if this node holds it live (no store round trip: the fast path); at its owner's
-    /// node while the owner's lease is good; else here, after taking it over: `own` (a
-    /// resume or a cancel, which change it) claims the lease atomically, so that one node
-    /// at a time brings it back, and the session is registered from the store (dormant,
-    /// or run again to its next pause if it was running when its node died).
+    /// Where a request about session `id` is served: here if this node holds it live (no
+    /// store round trip: the fast path); else it is looked up in the store, on one node as
+    /// on many. In a cluster, at its owner's node while the owner's lease is good; else
+    /// here, after taking it over: `own` (a resume or a cancel, which change it) claims
+    /// the lease atomically, so that one node at a time brings it back. A request that
+    /// changes it registers the session from the store (dormant, or run again to its next
+    /// pause if it was running when its node died); a GET of a dormant session is
+    /// answered from the store and registers nothing.
     /// `forwarded`: the request came from another node, and is never sent on again.
     pub async fn locate(
         &self,
@@ -810,13 +943,25 @@ impl Sessions {
         own: bool,
     ) -> Result<Located, ApiError> {
         let inner = &self.inner;
-        let Some(node) = inner.node.as_deref() else {
-            return Ok(Located::Here);
-        };
-        if self.map().get(id).is_some_and(|s| s.lock().dormant.is_none()) {
-            return Ok(Located::Here);
+        let here = self.map().get(id).cloned();
+        if let Some(session) = &here {
+            if session.lock().dormant.is_none() {
+                return Ok(Located::Here);
+            }
         }
         let store = &inner.store;
+        let Some(node) = inner.node.as_deref() else {
+            // One node: nobody else holds it. A dormant session is brought into memory
+            // for a request that changes it; anything else is answered as it is found.
+            if here.is_none() && own {
+                if let Some((owner_principal, state)) = store.entry(id).await.map_err(|e| journal_failed(&e))? {
+                    if owner_principal == principal.0 && state.open {
+                        self.adopt(id, owner_principal, state).await;
+                    }
+                }
+            }
+            return Ok(Located::Here);
+        };
         // A claim lost to another node sends the request there on the next round.
         for _ in 0..3 {
             let now = now_ms();
@@ -838,11 +983,14 @@ impl Sessions {
             }
             // A running session whose node is gone is run again here: that needs the lease.
             let claim = own || !state.open;
-            if claim
-                && !store
-                    .claim(id, node, now, now + inner.lease_ms)
-                    .await
-                    .map_err(|e| journal_failed(&e))?
+            if !claim {
+                // A GET of a dormant session: answered from the store.
+                return Ok(Located::Here);
+            }
+            if !store
+                .claim(id, node, now, now + inner.lease_ms)
+                .await
+                .map_err(|e| journal_failed(&e))?
             {
                 continue;
             }
@@ -872,41 +1020,7 @@ impl Sessions {
     /// Forgets this node's entry of a session that is no longer journalled (ended on
     /// another node), unless it holds it live.
     fn drop_stale(&self, id: &str) {
-        let stale = self.map().get(id).filter(|s| s.lock().dormant.is_some()).cloned();
-        if let Some(session) = stale {
-            self.remove(&session);
-        }
-    }
-
-    /// A dormant session this node has an entry of is still its to act on (expire, time
-    /// out): it holds the lease now, and the store has the session at the same pause.
-    /// Otherwise another node moved it on, and the stale entry goes.
-    async fn still_mine(&self, session: &Arc<Session>) -> bool {
-        let inner = &self.inner;
-        let Some(node) = inner.node.as_deref() else {
-            return true;
-        };
-        let now = now_ms();
-        if !matches!(
-            inner.store.claim(&session.id, node, now, now + inner.lease_ms).await,
-            Ok(true)
-        ) {
-            self.remove(session);
-            return false;
-        }
-        let pause = match &session.lock().phase {
-            Phase::Paused { pause, .. } => *pause,
-            _ => return true,
-        };
-        match inner.store.entry(&session.id).await {
-            Ok(Some((_, state))) if state.open && state.pause == pause => true,
-            Ok(_) => {
-                self.remove(session);
-                let _ = inner.store.release(&session.id, node).await;
-                false
-            }
-            Err(_) => false,
-        }
+        self.drop_dormant_id(id);
     }
 
     /// Many nodes: the owner at `owner` could not be reached. Waits (at most the lease's
@@ -955,9 +1069,10 @@ impl Sessions {
                 _ = tokio::time::sleep(every) => {}
                 _ = shutdown.wait_for(|stop| *stop) => return,
             }
-            let live: Vec<String> = self
-                .map()
-                .values()
+            // Cloned out first: a session's lock is never taken under the map's.
+            let held: Vec<Arc<Session>> = self.map().values().cloned().collect();
+            let live: Vec<String> = held
+                .iter()
                 .filter(|s| s.lock().dormant.is_none())
                 .map(|s| s.id.clone())
                 .collect();
@@ -981,6 +1096,18 @@ impl Sessions {
         }
     }
 
+    /// Lets cancel name `session` by `request_id` from now: in memory, and with Redis in
+    /// the store too, so that cancel by request id reaches it from any node.
+    async fn name_request(&self, session: &Arc<Session>, request_id: String) {
+        let store = &self.inner.store;
+        if store.shared() {
+            if let Err(e) = store.name_request(&session.principal, &request_id, &session.id).await {
+                tracing::warn!(session = %session.id, error = %e, "could not record a session's request id");
+            }
+        }
+        self.name_by_request_id(session, request_id);
+    }
+
     /// Lets cancel name `session` by `request_id` from now, in place of the id an earlier
     /// request named it by. A later request with the same id takes it over.
     pub fn name_by_request_id(&self, session: &Session, request_id: String) {
@@ -1000,18 +1127,35 @@ impl Sessions {
     }
 
     /// The session a request with `X-LibreChat-Code-Request-ID: request_id` was about, if it
-    /// is this principal's and still known; else 404.
-    pub fn by_request_id(&self, principal: &Principal, request_id: &str) -> Result<String, ApiError> {
-        self.requests()
+    /// is this principal's and still known (held here, or named in the store: a dormant
+    /// session, or with Redis any node's); else 404.
+    pub async fn by_request_id(&self, principal: &Principal, request_id: &str) -> Result<String, ApiError> {
+        let known = self
+            .requests()
             .get(&(principal.0.clone(), request_id.to_owned()))
-            .cloned()
-            .ok_or_else(|| {
-                ApiError::new(
-                    StatusCode::NOT_FOUND,
-                    error_type::SESSION_NOT_FOUND,
-                    "no session of this caller was started or resumed with this request_id (it may have ended or expired)",
-                )
-            })
+            .cloned();
+        if let Some(id) = known {
+            return Ok(id);
+        }
+        let stored = self
+            .inner
+            .store
+            .by_request(&principal.0, request_id)
+            .await
+            .map_err(|e| journal_failed(&e))?;
+        // A session held live here answers to its latest request id only (the store may
+        // still have the one it was named by when it went dormant).
+        let stored = stored.filter(|id| {
+            let held = self.map().get(id).cloned();
+            held.is_none_or(|s| s.lock().dormant.is_some() || s.request_id().as_deref() == Some(request_id))
+        });
+        stored.ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                error_type::SESSION_NOT_FOUND,
+                "no session of this caller was started or resumed with this request_id (it may have ended or expired)",
+            )
+        })
     }
 
     fn requests(&self) -> MutexGuard<'_, HashMap<(String, String), String>> {
@@ -1021,7 +1165,18 @@ impl Sessions {
     /// The session's state as the JSON of a `ProgrammaticResponse`. A paused session's
     /// answer is serialized once and shared by every GET that reads it.
     pub async fn status(&self, principal: &Principal, id: &str) -> Result<Bytes, ApiError> {
-        let session = self.get(id, principal)?;
+        let session = match self.get(id, principal) {
+            Ok(session) => session,
+            // Not held here: a dormant session's pause is in the store.
+            Err(missing) => {
+                return match self.inner.store.entry(id).await.map_err(|e| journal_failed(&e))? {
+                    Some((owner, state)) if owner == principal.0 && state.open => {
+                        self.stored_pause(id).await?.ok_or(missing)
+                    }
+                    _ => Err(missing),
+                }
+            }
+        };
         if session.lock().dormant.is_some() {
             return self.stored_answer(&session).await;
         }
@@ -1031,9 +1186,17 @@ impl Sessions {
     /// A dormant session's pause, as handed out: only the store keeps it. If the session
     /// woke up meanwhile, its current answer.
     async fn stored_answer(&self, session: &Arc<Session>) -> Result<Bytes, ApiError> {
-        let journal = match self.inner.store.load(&session.id).await {
-            Ok(Some(journal)) if journal.state.open && session.lock().dormant.is_some() => journal,
-            Ok(_) => return session.current_json().map_err(serialize_failed),
+        match self.stored_pause(&session.id).await? {
+            Some(json) if session.lock().dormant.is_some() => Ok(json),
+            _ => session.current_json().map_err(serialize_failed),
+        }
+    }
+
+    /// The pause session `id` waits in, as the store has it; None if it is not paused.
+    async fn stored_pause(&self, id: &str) -> Result<Option<Bytes>, ApiError> {
+        let journal = match self.inner.store.load(id).await {
+            Ok(Some(journal)) if journal.state.open => journal,
+            Ok(_) => return Ok(None),
             Err(e) => return Err(journal_failed(&e)),
         };
         let state = journal.state;
@@ -1052,15 +1215,15 @@ impl Sessions {
             }
         }
         let response = ProgrammaticResponse::ToolCallRequired {
-            session_id: session.id.clone(),
-            continuation_token: self.inner.key.sign(&session.id, state.pause),
+            session_id: id.to_owned(),
+            continuation_token: self.inner.key.sign(id, state.pause),
             tool_calls: calls.into_iter().flatten().collect(),
             partial_stdout: state.partial_stdout,
             partial_stderr: state.partial_stderr,
             expires_at: state.expires_at,
         };
         match serialized(&response).await {
-            Some(json) => Ok(json),
+            Some(json) => Ok(Some(json)),
             None => Err(ApiError::internal(
                 error_type::INTERNAL,
                 "serializing a session's state failed",
@@ -1099,9 +1262,9 @@ impl Sessions {
         }
     }
 
-    /// Removes the session from the registry and its journal from the store.
+    /// Removes the session from the registry and its journal from the store (with what
+    /// it kept there while dormant).
     async fn forget(&self, session: &Arc<Session>) {
-        drop(session.unpark());
         self.remove(session);
         if let Err(e) = self.inner.store.remove(&session.id).await {
             tracing::warn!(session = %session.id, error = %e, "could not remove a session's journal");
@@ -1193,10 +1356,11 @@ impl Replay {
 
 impl Sessions {
     /// Brings the sessions journalled by an earlier server back: a paused one waits,
-    /// dormant, for its resume; one whose program was running (its last resume
-    /// accepted, its next pause not reached) runs again to its next pause, which a retry
-    /// of that resume then answers. A session that never paused is forgotten: nobody
-    /// holds a token of it.
+    /// dormant, for its resume, in the store alone (marked dormant there if its server
+    /// ended without doing so, as after SIGKILL); one whose program was running (its last
+    /// resume accepted, its next pause not reached) runs again to its next pause, which a
+    /// retry of that resume then answers. A session that never paused is forgotten:
+    /// nobody holds a token of it.
     pub async fn recover(&self) {
         let inner = &self.inner;
         // A store that many nodes share holds every node's sessions: each is looked up
@@ -1212,7 +1376,18 @@ impl Sessions {
             }
         };
         let mut recovered = 0usize;
+        let expiry_ms = inner.config.session_expiry_s.saturating_mul(1000);
         for (id, principal, state) in listed {
+            if state.open && state.pause > 0 {
+                if now_ms().saturating_sub(state.paused_ms) > expiry_ms {
+                    let _ = inner.store.remove(&id).await;
+                    continue;
+                }
+                if self.keep_dormant(&id, principal, state.paused_ms).await {
+                    recovered += 1;
+                }
+                continue;
+            }
             if self.bring_back(id, principal, state).await {
                 recovered += 1;
             }
@@ -1220,6 +1395,33 @@ impl Sessions {
         if recovered > 0 {
             tracing::info!(recovered, "programmatic sessions recovered from the session store");
         }
+    }
+
+    /// Makes sure a paused session left by an earlier server is marked dormant in the
+    /// store (it was not if that server was killed while holding it live), keeping what
+    /// it kept there if it was.
+    async fn keep_dormant(&self, id: &str, principal: String, paused_ms: u64) -> bool {
+        let store = &self.inner.store;
+        match store.dormant_audit(id).await {
+            Ok(Some(_)) => return true,
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(session = %id, error = %e, "could not read a session's dormancy");
+                return false;
+            }
+        }
+        let session = Session::new(
+            id.to_owned(),
+            principal,
+            Shared {
+                phase: Phase::Done,
+                response: dormant_placeholder(id),
+                last_resume: None,
+                dormant: Some(paused_ms),
+            },
+            None,
+        );
+        self.sleep_in_store(&session, paused_ms).await
     }
 
     /// Registers one journalled session: paused, dormant; running when its node
@@ -1272,17 +1474,11 @@ impl Sessions {
             let (commands, rx) = mpsc::unbounded_channel();
             (Some(commands), Some(rx))
         };
+        // A paused one is counted among its principal's sessions by the store, as dormant.
         let session = Arc::new(Session::new(id.clone(), principal.clone(), shared, commands));
-        if state.open {
-            // Counted among its principal's sessions, as before the restart (unless
-            // the cap was lowered meanwhile).
-            if let Some(held) = inner.per_principal.take(&principal) {
-                session.park(held);
-            }
-        }
         self.map().insert(id.clone(), session.clone());
         if let Some(rx) = rx {
-            let Ok(slot) = self.take_session_slot(&Principal(principal.clone())) else {
+            let Ok(slot) = self.take_session_slot(&Principal(principal.clone())).await else {
                 if inner.node.is_some() {
                     // Another node may bring it back: its journal stays.
                     self.remove(&session);
@@ -1299,61 +1495,119 @@ impl Sessions {
 
     /// Every second: ends dormant sessions whose pause outlived `session_expiry_s`, and
     /// brings back those whose pause outlived `tool_call_timeout_ms`, with the timeout
-    /// as their calls' results, as a live session's program would get it.
+    /// as their calls' results, as a live session's program would get it. Driven by the
+    /// store's deadline index (`SessionStore::due`): no dormant session is in memory.
     pub async fn expire_dormant(self) {
         let mut shutdown = self.inner.shutdown.clone();
-        let expiry_ms = self.inner.config.session_expiry_s.saturating_mul(1000);
-        let tool_timeout_ms = self.inner.config.tool_call_timeout_ms;
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
                 _ = shutdown.wait_for(|stop| *stop) => return,
             }
-            let now = now_ms();
-            let due: Vec<(Arc<Session>, bool)> = self
-                .map()
-                .values()
-                .filter_map(|s| {
-                    let waited = now.saturating_sub(s.lock().dormant?);
-                    if waited > expiry_ms {
-                        Some((s.clone(), true))
-                    } else if waited > tool_timeout_ms && tool_timeout_ms < expiry_ms {
-                        Some((s.clone(), false))
-                    } else {
-                        None
-                    }
-                })
-                .collect();
-            for (session, expired) in due {
-                // Many nodes: act only on what is still this node's.
-                if !self.still_mine(&session).await {
+            let due = match self.inner.store.due(now_ms(), DUE_BATCH).await {
+                Ok(due) => due,
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not read the dormant sessions' deadlines");
                     continue;
                 }
-                if !expired {
-                    self.time_out_dormant(&session);
-                } else if session.lock().dormant.take().is_some() {
-                    session.lock().phase = Phase::Done;
-                    self.forget(&session).await;
-                }
+            };
+            for id in due {
+                self.act_on_due(&id).await;
             }
         }
     }
 
+    /// A dormant session whose deadline passed: expired, its calls timed out, or (its
+    /// index entry stale) left alone.
+    async fn act_on_due(&self, id: &str) {
+        let inner = &self.inner;
+        let store = &inner.store;
+        let expiry_ms = inner.config.session_expiry_s.saturating_mul(1000);
+        let tool_timeout_ms = inner.config.tool_call_timeout_ms;
+        let here = self.map().get(id).cloned();
+        if here.as_ref().is_some_and(|s| s.lock().dormant.is_none()) {
+            // Held live here: the wake that should have taken it out of the index did
+            // not reach the store.
+            let _ = store.wake(id).await;
+            return;
+        }
+        // Many nodes: one node at a time acts on it, and not while another holds it live.
+        if let Some(node) = inner.node.as_deref() {
+            let now = now_ms();
+            if !matches!(store.claim(id, node, now, now + inner.lease_ms).await, Ok(true)) {
+                return;
+            }
+        }
+        let entry = match store.entry(id).await {
+            Ok(entry) => entry,
+            Err(e) => {
+                tracing::warn!(session = %id, error = %e, "could not read a dormant session");
+                self.let_go(id).await;
+                return;
+            }
+        };
+        let journalled = entry.is_some();
+        let Some((principal, state)) = entry.filter(|(_, state)| state.open) else {
+            // Not paused any more: it is not dormant. Not journalled at all (its keys
+            // expired from Redis): what is left of it goes.
+            let _ = store.wake(id).await;
+            if !journalled {
+                let _ = store.remove(id).await;
+            }
+            self.let_go(id).await;
+            return;
+        };
+        let waited = now_ms().saturating_sub(state.paused_ms);
+        if waited > expiry_ms {
+            if let Some(session) = &here {
+                let mut shared = session.lock();
+                shared.dormant = None;
+                shared.phase = Phase::Done;
+                drop(shared);
+                self.remove(session);
+            }
+            if let Err(e) = store.remove(id).await {
+                tracing::warn!(session = %id, error = %e, "could not remove an expired session's journal");
+            }
+            self.let_go(id).await;
+            return;
+        }
+        if waited > tool_timeout_ms && tool_timeout_ms < expiry_ms {
+            self.adopt(id, principal, state).await;
+            let session = self.map().get(id).cloned();
+            if let Some(session) = session {
+                if !self.time_out_dormant(&session) {
+                    // No place for it now: the next tick tries again.
+                    self.drop_dormant(&session);
+                    self.let_go(id).await;
+                }
+            }
+            return;
+        }
+        self.let_go(id).await;
+    }
+
+    /// Many nodes: gives up this node's lease on a session it does not hold live.
+    async fn let_go(&self, id: &str) {
+        if let Some(node) = self.inner.node.as_deref() {
+            let _ = self.inner.store.release(id, node).await;
+        }
+    }
+
     /// `tool_call_timeout_ms` for a dormant session: its calls get the timeout, as they
-    /// would in a live one, and it is brought back by replay to go on. With no session
-    /// place free now, the next tick tries again.
-    fn time_out_dormant(&self, session: &Arc<Session>) {
+    /// would in a live one, and it is brought back by replay to go on. False with no
+    /// session place free now (the next tick tries again).
+    fn time_out_dormant(&self, session: &Arc<Session>) -> bool {
         let inner = &self.inner;
         let Ok(permit) = inner.slots.clone().try_acquire_owned() else {
-            return;
+            return false;
         };
-        let Some(held) = session
-            .unpark()
-            .or_else(|| inner.per_principal.take(&session.principal))
-        else {
-            return;
+        // Counted by the store until it wakes: taken past the cap, as on a resume.
+        let held = inner.per_principal.force(&session.principal);
+        let slot = SessionSlot {
+            _permit: permit,
+            _held: held,
         };
-        let slot = SessionSlot { _permit: permit, held };
         let message = format!(
             "no result within tool_call_timeout ({} ms)",
             inner.config.tool_call_timeout_ms
@@ -1379,14 +1633,11 @@ impl Sessions {
                         reject: oneshot::channel().0,
                     }),
                 },
-                _ => {
-                    drop(shared);
-                    session.park(slot.held);
-                    return;
-                }
+                _ => return false,
             };
             // The pause's token is stale from now, as on a live session.
             shared.dormant = None;
+            self.map().insert(session.id.clone(), session.clone());
             shared.phase = Phase::Running;
             shared.response = ProgrammaticResponse::Running {
                 session_id: session.id.clone(),
@@ -1397,6 +1648,7 @@ impl Sessions {
         };
         let run_slot = inner.admission.admit_now(&session.principal);
         tokio::spawn(self.clone().revive(session.clone(), rx, slot, run_slot, Some(resumed)));
+        true
     }
 
     /// Brings a dormant session back: runs its program again in a fresh sandbox, and
@@ -1413,18 +1665,33 @@ impl Sessions {
         let undo = resumed.as_mut().and_then(|r| r.undo.take());
         let pause = resumed.as_ref().map(|r| r.pause);
         match self.replay_driver(&session, resumed).await {
-            Ok((driver, helper)) => driver.run(helper, rx, slot, run_slot).await,
+            Ok((driver, helper)) => {
+                // Awake: out of the store's dormant sessions, with the audit trail it
+                // kept there (the replay meets its calls by id and lists each once).
+                match self.inner.store.wake(&session.id).await {
+                    Ok(Some(json)) => {
+                        if let Ok(kept) = serde_json::from_str::<crate::store::DormantAudit>(&json) {
+                            *session.audit() = super::audit::Audit::restore(kept);
+                        }
+                    }
+                    Ok(None) => {}
+                    // Its index entry stays: the deadline sweep finds it live and retries.
+                    Err(e) => tracing::warn!(session = %session.id, error = %e, "could not mark a session awake"),
+                }
+                driver.run(helper, rx, slot, run_slot).await
+            }
             Err(e) if e.starts_with(STORE_UNAVAILABLE) && undo.is_some() => {
-                // Nothing was recorded: the session stays dormant, its token good.
-                drop((rx, run_slot));
+                // Nothing was recorded: the session stays dormant, its token good, and
+                // kept by the store alone.
+                drop((rx, run_slot, slot));
                 if let (Some(undo), Some(pause)) = (undo, pause) {
                     session.undo(pause, undo, &e);
                 }
-                session.park(slot.held);
+                self.drop_dormant(&session);
             }
-            Err(e) if e == TOKEN_USED_ALREADY && self.inner.node.is_some() => {
-                // Another node used the token first, and runs the session on: only this
-                // node's entry goes, not the journal.
+            Err(e) if e == TOKEN_USED_ALREADY => {
+                // Another node (or a racing copy of it here) used the token first, and
+                // runs the session on: only this entry goes, not the journal.
                 drop((slot, run_slot));
                 self.remove(&session);
                 session.publish(
@@ -1511,6 +1778,31 @@ impl Sessions {
         )
         .await
         .map_err(|e| e.message)?;
+        // A warm sandbox, as the first run had, when one hashes alike: a cold start (a
+        // helper, namespaces, a cgroup, the interpreter and the preamble from nothing)
+        // was most of a replayed resume's time (docs/scaling.md). A warm Python sandbox
+        // built the usual way has a hash seed of its own, which a replay's never is: only
+        // forks of a template (`zygote`) share one, so only they are worth a try.
+        let hashes = cmd.language != sandcall_api::Language::Python || inner.config.zygote;
+        let warm = if cmd.custom_limits || !hashes {
+            None
+        } else {
+            inner.pool.take_or_fork(cmd.language, &spec.code).await
+        };
+        let warm = match warm {
+            Some(helper) if helper.hash_seed().is_none_or(|s| s == journal.start.hash_seed) => Some(helper),
+            Some(mut other) => {
+                // Another template's seed (rebuilt since, as after a restart): a set could
+                // iterate in another order. Given back, and the replay runs cold.
+                other.abort();
+                tokio::spawn(other.wait());
+                None
+            }
+            None => None,
+        };
+        if let Some(helper) = &warm {
+            spec.run_id = helper.run_id().to_owned();
+        }
         let outbox = inner.outbox_dir.join(&spec.run_id);
         spec.collect = Some(Collect {
             outbox: outbox.clone(),
@@ -1518,13 +1810,26 @@ impl Sessions {
             max_file_bytes: inner.config.max_file_bytes,
             max_total_bytes: spec.limits.workspace_bytes,
         });
-        seed_run(
-            &mut spec,
-            cmd.language,
-            journal.start.seed,
-            Some(journal.start.hash_seed),
-        );
-        let helper = inner.runner.start(spec).await.map_err(|e| {
+        let started = match warm {
+            Some(helper) => {
+                let names = cmd.tools.names();
+                let (go, files) = crate::runtime::warm_go(cmd.language, &cmd.args, Some(&names));
+                spec.go = Some(go);
+                spec.support_files = files;
+                seed_run(&mut spec, cmd.language, journal.start.seed, None);
+                helper.begin(spec).await
+            }
+            None => {
+                seed_run(
+                    &mut spec,
+                    cmd.language,
+                    journal.start.seed,
+                    Some(journal.start.hash_seed),
+                );
+                inner.runner.start(spec).await
+            }
+        };
+        let helper = started.map_err(|e| {
             inner.runner.record_failure(&e);
             e.to_string()
         })?;
@@ -1547,6 +1852,9 @@ impl Sessions {
     }
 }
 
+/// Dormant sessions acted on per tick of the deadline sweep (`expire_dormant`), at most.
+const DUE_BATCH: usize = 256;
+
 /// Why a revive failed when the store had the token used already (by another node, or
 /// a timer).
 const TOKEN_USED_ALREADY: &str = "its token was used already";
@@ -1557,8 +1865,8 @@ const STORE_UNAVAILABLE: &str = "the session store is unavailable";
 /// A session's place among `max_sessions` and among its principal's sessions.
 struct SessionSlot {
     _permit: OwnedSemaphorePermit,
-    /// A dormant session keeps this one (`Session::parked`), not the permit.
-    held: Held,
+    /// Given back when the session ends or goes dormant (the store counts a dormant one).
+    _held: Held,
 }
 
 /// Counts a session among the paused ones while it is; uncounted when dropped.
@@ -1987,6 +2295,8 @@ impl Driver {
         // are handled no new pause may be published (their call keys would be cleared
         // with the old ones).
         let mut results_on_their_way = false;
+        // The store could not mark this pause dormant: it is not evicted (it stays live).
+        let mut keep_live = false;
         // Answers of the MCP servers the program's calls went to: (call key, reply).
         let (mcp_tx, mut mcp_rx) = mpsc::unbounded_channel::<(u64, ToolReply)>();
 
@@ -2152,6 +2462,7 @@ impl Driver {
                             continue;
                         }
                         paused_at = Some(Instant::now());
+                        keep_live = false;
                         self.session.publish_json(Phase::Paused { pause, calls: handed }, response, json);
                         // Waiting for the caller takes no CPU: the slot goes to someone else.
                         run_slot = None;
@@ -2301,10 +2612,18 @@ impl Driver {
                     self.sessions.remove(&self.session);
                     helper.abort();
                 },
-                _ = until(paused_at.filter(|_| !evict.is_zero()).map(|t| t + evict)) => {
+                _ = until(paused_at.filter(|_| !evict.is_zero() && !keep_live).map(|t| t + evict)) => {
                     // Idle for session_idle_evict_s: the sandbox goes, the journal stays.
+                    // The store marks it dormant first (its deadlines, its principal's
+                    // count, its audit trail): from then on nothing of it needs memory.
+                    if !self.sessions.sleep_in_store(&self.session, state.paused_ms).await {
+                        keep_live = true;
+                        continue;
+                    }
                     paused_at = None;
                     if !self.session.make_dormant(state.paused_ms) {
+                        // A resume got there first: it is not dormant after all.
+                        let _ = store.wake(&id).await;
                         results_on_their_way = true;
                         continue;
                     }
@@ -2321,9 +2640,15 @@ impl Driver {
                     helper.abort();
                 },
                 _ = async { let _ = shutdown.wait_for(|stop| *stop).await; }, if !helper.aborted() => {
-                    // A paused session outlives the server in its journal.
-                    if paused_at.is_some() && self.session.make_dormant(state.paused_ms) {
-                        ending = Ending::Dormant;
+                    // A paused session outlives the server in its journal, dormant (if the
+                    // store cannot mark it so now, the next start does: `recover`).
+                    if paused_at.is_some() {
+                        let slept = self.sessions.sleep_in_store(&self.session, state.paused_ms).await;
+                        if self.session.make_dormant(state.paused_ms) {
+                            ending = Ending::Dormant;
+                        } else if slept {
+                            let _ = store.wake(&id).await;
+                        }
                     }
                     helper.abort();
                 },
@@ -2331,14 +2656,16 @@ impl Driver {
         };
         self.session.audit().run_ended();
         if ending == Ending::Dormant {
-            // The session stays paused, in the registry and the journal; its resume
-            // brings it back by replay (`Sessions::revive`).
+            // The session stays paused, in the store alone: its entry here goes (unless a
+            // resume woke it meanwhile), and its places with it (the store counts it
+            // among its principal's sessions). Its resume brings it back by replay
+            // (`Sessions::revive`).
             drop(commands);
             helper.wait().await;
             drop(run_slot);
             drop(paused_count);
-            let SessionSlot { _permit, held } = slot;
-            self.session.park(held);
+            drop(slot);
+            self.sessions.drop_dormant(&self.session);
             let _ = tokio::fs::remove_dir_all(&self.outbox).await;
             // No sandbox holds it now: any node may bring it back.
             if let Some(node) = &self.sessions.inner.node {

@@ -10,11 +10,11 @@
 //! the change cannot interleave with another principal's or the same one's.
 
 use super::{
-    FileMeta, FileStore, Journal, JournalEntry, Quota, SessionStart, SessionState, SessionStore, StoreError, Usage,
-    Workspace, WorkspaceFile,
+    Dormancy, FileMeta, FileStore, Journal, JournalEntry, Quota, SessionStart, SessionState, SessionStore, StoreError,
+    Usage, Workspace, WorkspaceFile,
 };
 use async_trait::async_trait;
-use redb::{Database, ReadableTable, TableDefinition, TableHandle, WriteTransaction};
+use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition, TableHandle, WriteTransaction};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -392,6 +392,68 @@ const SESSION_ENTRIES: TableDefinition<(&str, u64), &[u8]> = TableDefinition::ne
 /// id -> (owner, lease end in ms since the epoch).
 const SESSION_OWNERS: TableDefinition<&str, (&str, u64)> = TableDefinition::new("session_owners");
 
+/// id -> Dormancy as JSON: the dormant sessions (`sleep`).
+const SESSION_DORMANT: TableDefinition<&str, &[u8]> = TableDefinition::new("session_dormant");
+/// (deadline ms, id) -> (): the dormant sessions by their first timer (`due`).
+const SESSION_DUE: TableDefinition<(u64, &str), ()> = TableDefinition::new("session_due");
+/// principal -> its dormant sessions (`dormant`), kept by `sleep`, `wake` and `remove`.
+const SESSION_DORMANT_COUNT: TableDefinition<&str, u64> = TableDefinition::new("session_dormant_count");
+/// `principal \0 request id` -> session id (`by_request`).
+const SESSION_REQUESTS: TableDefinition<&str, &str> = TableDefinition::new("session_requests");
+/// session id -> its key in `SESSION_REQUESTS`: one request id per session.
+const SESSION_REQUEST_OF: TableDefinition<&str, &str> = TableDefinition::new("session_request_of");
+
+fn request_key(principal: &str, request_id: &str) -> String {
+    format!("{principal}\0{request_id}")
+}
+
+/// Names session `id` by `key` in place of its earlier name, in the write transaction.
+fn name_in(tx: &WriteTransaction, id: &str, key: &str) -> Result<(), StoreError> {
+    let mut of = tx.open_table(SESSION_REQUEST_OF).map_err(db_err)?;
+    let mut requests = tx.open_table(SESSION_REQUESTS).map_err(db_err)?;
+    let old = of.insert(id, key).map_err(db_err)?.map(|v| v.value().to_owned());
+    if let Some(old) = old.filter(|o| o != key) {
+        let points_here = requests
+            .get(old.as_str())
+            .map_err(db_err)?
+            .is_some_and(|v| v.value() == id);
+        if points_here {
+            requests.remove(old.as_str()).map_err(db_err)?;
+        }
+    }
+    requests.insert(key, id).map_err(db_err)?;
+    Ok(())
+}
+
+/// Takes session `id` out of the dormant ones, in the write transaction: its record.
+fn wake_in(tx: &WriteTransaction, id: &str) -> Result<Option<Dormancy>, StoreError> {
+    let record = tx
+        .open_table(SESSION_DORMANT)
+        .map_err(db_err)?
+        .remove(id)
+        .map_err(db_err)?
+        .map(|v| v.value().to_vec());
+    let Some(record) = record else {
+        return Ok(None);
+    };
+    let dormancy: Dormancy = serde_json::from_slice(&record).map_err(db_err)?;
+    tx.open_table(SESSION_DUE)
+        .map_err(db_err)?
+        .remove((dormancy.due_ms, id))
+        .map_err(db_err)?;
+    let mut counts = tx.open_table(SESSION_DORMANT_COUNT).map_err(db_err)?;
+    let n = counts
+        .get(dormancy.principal.as_str())
+        .map_err(db_err)?
+        .map_or(0, |v| v.value());
+    if n <= 1 {
+        counts.remove(dormancy.principal.as_str()).map_err(db_err)?;
+    } else {
+        counts.insert(dormancy.principal.as_str(), n - 1).map_err(db_err)?;
+    }
+    Ok(Some(dormancy))
+}
+
 fn to_json<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
     serde_json::to_vec(value).map_err(db_err)
 }
@@ -417,6 +479,11 @@ impl EmbeddedSessionStore {
         tx.open_table(SESSION_STATES).map_err(db_err)?;
         tx.open_table(SESSION_ENTRIES).map_err(db_err)?;
         tx.open_table(SESSION_OWNERS).map_err(db_err)?;
+        tx.open_table(SESSION_DORMANT).map_err(db_err)?;
+        tx.open_table(SESSION_DUE).map_err(db_err)?;
+        tx.open_table(SESSION_DORMANT_COUNT).map_err(db_err)?;
+        tx.open_table(SESSION_REQUESTS).map_err(db_err)?;
+        tx.open_table(SESSION_REQUEST_OF).map_err(db_err)?;
         tx.commit().map_err(db_err)?;
         Ok(EmbeddedSessionStore { db: Arc::new(db) })
     }
@@ -612,6 +679,24 @@ impl SessionStore for EmbeddedSessionStore {
                     .retain_in((id.as_str(), 0)..=(id.as_str(), u64::MAX), |_, _| false)
                     .map_err(db_err)?;
             }
+            // What it kept while dormant, and its request id, go with it.
+            wake_in(&tx, &id)?;
+            let named = tx
+                .open_table(SESSION_REQUEST_OF)
+                .map_err(db_err)?
+                .remove(id.as_str())
+                .map_err(db_err)?
+                .map(|v| v.value().to_owned());
+            if let Some(named) = named {
+                let mut requests = tx.open_table(SESSION_REQUESTS).map_err(db_err)?;
+                let points_here = requests
+                    .get(named.as_str())
+                    .map_err(db_err)?
+                    .is_some_and(|v| v.value() == id);
+                if points_here {
+                    requests.remove(named.as_str()).map_err(db_err)?;
+                }
+            }
             tx.commit().map_err(db_err)
         })
         .await
@@ -673,6 +758,126 @@ impl SessionStore for EmbeddedSessionStore {
                 }
             }
             tx.commit().map_err(db_err)
+        })
+        .await
+    }
+
+    async fn sleep(&self, id: &str, dormancy: &Dormancy) -> Result<bool, StoreError> {
+        let (id, dormancy) = (id.to_owned(), dormancy.clone());
+        let record = to_json(&dormancy)?;
+        self.blocking(move |db| {
+            let tx = db.begin_write().map_err(db_err)?;
+            if state_in(&tx, &id)?.is_none() {
+                return Ok(false);
+            }
+            // Marked again: its old deadline goes, and it is counted once.
+            wake_in(&tx, &id)?;
+            tx.open_table(SESSION_DORMANT)
+                .map_err(db_err)?
+                .insert(id.as_str(), record.as_slice())
+                .map_err(db_err)?;
+            tx.open_table(SESSION_DUE)
+                .map_err(db_err)?
+                .insert((dormancy.due_ms, id.as_str()), ())
+                .map_err(db_err)?;
+            {
+                let mut counts = tx.open_table(SESSION_DORMANT_COUNT).map_err(db_err)?;
+                let n = counts
+                    .get(dormancy.principal.as_str())
+                    .map_err(db_err)?
+                    .map_or(0, |v| v.value());
+                counts.insert(dormancy.principal.as_str(), n + 1).map_err(db_err)?;
+            }
+            if let Some(request_id) = &dormancy.request_id {
+                name_in(&tx, &id, &request_key(&dormancy.principal, request_id))?;
+            }
+            tx.commit().map_err(db_err)?;
+            Ok(true)
+        })
+        .await
+    }
+
+    async fn wake(&self, id: &str) -> Result<Option<String>, StoreError> {
+        let id = id.to_owned();
+        self.blocking(move |db| {
+            let tx = db.begin_write().map_err(db_err)?;
+            let woken = wake_in(&tx, &id)?;
+            if woken.is_some() {
+                tx.commit().map_err(db_err)?;
+            }
+            Ok(woken.map(|d| d.audit))
+        })
+        .await
+    }
+
+    async fn due(&self, now_ms: u64, limit: usize) -> Result<Vec<String>, StoreError> {
+        self.blocking(move |db| {
+            let tx = db.begin_read().map_err(db_err)?;
+            let table = tx.open_table(SESSION_DUE).map_err(db_err)?;
+            let mut ids = Vec::new();
+            for row in table
+                .range((0u64, "")..=(now_ms, "\u{10ffff}"))
+                .map_err(db_err)?
+                .take(limit)
+            {
+                let (k, _) = row.map_err(db_err)?;
+                ids.push(k.value().1.to_owned());
+            }
+            Ok(ids)
+        })
+        .await
+    }
+
+    async fn dormant(&self, principal: Option<&str>) -> Result<u64, StoreError> {
+        let principal = principal.map(str::to_owned);
+        self.blocking(move |db| {
+            let tx = db.begin_read().map_err(db_err)?;
+            match principal {
+                Some(p) => Ok(tx
+                    .open_table(SESSION_DORMANT_COUNT)
+                    .map_err(db_err)?
+                    .get(p.as_str())
+                    .map_err(db_err)?
+                    .map_or(0, |v| v.value())),
+                None => tx.open_table(SESSION_DORMANT).map_err(db_err)?.len().map_err(db_err),
+            }
+        })
+        .await
+    }
+
+    async fn dormant_audit(&self, id: &str) -> Result<Option<String>, StoreError> {
+        let id = id.to_owned();
+        self.blocking(move |db| {
+            let tx = db.begin_read().map_err(db_err)?;
+            let table = tx.open_table(SESSION_DORMANT).map_err(db_err)?;
+            let Some(v) = table.get(id.as_str()).map_err(db_err)? else {
+                return Ok(None);
+            };
+            let dormancy: Dormancy = serde_json::from_slice(v.value()).map_err(db_err)?;
+            Ok(Some(dormancy.audit))
+        })
+        .await
+    }
+
+    async fn name_request(&self, principal: &str, request_id: &str, id: &str) -> Result<(), StoreError> {
+        let (key, id) = (request_key(principal, request_id), id.to_owned());
+        self.blocking(move |db| {
+            let tx = db.begin_write().map_err(db_err)?;
+            if state_in(&tx, &id)?.is_none() {
+                return Ok(());
+            }
+            name_in(&tx, &id, &key)?;
+            tx.commit().map_err(db_err)
+        })
+        .await
+    }
+
+    async fn by_request(&self, principal: &str, request_id: &str) -> Result<Option<String>, StoreError> {
+        let key = request_key(principal, request_id);
+        self.blocking(move |db| {
+            let tx = db.begin_read().map_err(db_err)?;
+            let table = tx.open_table(SESSION_REQUESTS).map_err(db_err)?;
+            Ok(table.get(key.as_str()).map_err(db_err)?.map(|v| v.value().to_owned()))
         })
         .await
     }
@@ -948,6 +1153,16 @@ mod tests {
             name: "t".into(),
             arguments: serde_json::value::RawValue::from_string(r#"{"x":1}"#.into()).unwrap(),
         }
+    }
+
+    #[tokio::test]
+    async fn dormant_sessions_are_indexed_counted_and_named_in_the_store() {
+        let dir = test_dir("dormancy");
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = EmbeddedSessionStore::open(&dir).unwrap();
+        super::super::check_dormancy(&store, "S", "p").await;
+        drop(store);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[tokio::test]

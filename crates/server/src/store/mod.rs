@@ -372,4 +372,105 @@ pub trait SessionStore: Send + Sync {
     fn shared(&self) -> bool {
         false
     }
+    /// Marks the journalled session dormant (no node holds it live; its node keeps
+    /// nothing of it in memory), in one step: it enters the deadline index at
+    /// `dormancy.due_ms` (`due`), counts among its principal's dormant sessions
+    /// (`dormant`), keeps its audit trail, and can be named by its latest request id
+    /// (`by_request`). Marking a dormant session again moves its deadline and counts it
+    /// once. False (nothing written) if the session is not journalled.
+    async fn sleep(&self, id: &str, dormancy: &Dormancy) -> Result<bool, StoreError>;
+    /// Takes the session out of the dormant ones (a node brings it back, or it ends), in
+    /// one step: out of the deadline index, uncounted for its principal; answers the
+    /// audit trail it kept, if it was dormant. Its request id still names it.
+    async fn wake(&self, id: &str) -> Result<Option<String>, StoreError>;
+    /// Dormant sessions whose deadline is at or before `now_ms`, earliest first, at most
+    /// `limit`.
+    async fn due(&self, now_ms: u64, limit: usize) -> Result<Vec<String>, StoreError>;
+    /// How many sessions are dormant: the principal's, or all of them.
+    async fn dormant(&self, principal: Option<&str>) -> Result<u64, StoreError>;
+    /// The audit trail a dormant session keeps (JSON of `DormantAudit`), if it is dormant.
+    async fn dormant_audit(&self, id: &str) -> Result<Option<String>, StoreError>;
+    /// Lets the principal's `request_id` name session `id` (cancel by request id), in
+    /// place of the id the session was named by before: one per session, removed with it.
+    async fn name_request(&self, principal: &str, request_id: &str, id: &str) -> Result<(), StoreError>;
+    /// The session the principal's `request_id` names, if any.
+    async fn by_request(&self, principal: &str, request_id: &str) -> Result<Option<String>, StoreError>;
+}
+
+/// What a session keeps in the store while it is dormant, besides its journal
+/// (`SessionStore::sleep`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Dormancy {
+    pub principal: String,
+    /// When a timer of its pause runs out (`tool_call_timeout_ms` or
+    /// `session_expiry_s`, the earlier), ms since the epoch.
+    pub due_ms: u64,
+    /// Its audit trail (`GET .../calls`), as JSON of `DormantAudit`.
+    pub audit: String,
+    /// The latest `X-LibreChat-Code-Request-ID` of a request about it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+}
+
+/// A dormant session's audit trail, as `GET .../calls` lists it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct DormantAudit {
+    pub calls: Vec<sandcall_api::AuditCall>,
+    pub dropped: u64,
+}
+
+/// What every `SessionStore` must do with dormant sessions and request ids; run against
+/// each backend by its tests. `id` and `principal` are unique to the run.
+#[cfg(test)]
+pub(crate) async fn check_dormancy(store: &dyn SessionStore, id: &str, principal: &str) {
+    let other = format!("{id}-other");
+    let start = SessionStart {
+        principal: principal.into(),
+        request: serde_json::from_value(serde_json::json!({"code": "print(1)", "language": "py"})).unwrap(),
+        seed: 1,
+        hash_seed: 2,
+        loop_deadline_ms: None,
+        created_ms: 1,
+    };
+    let dormancy = |due_ms, request_id: Option<&str>| Dormancy {
+        principal: principal.into(),
+        due_ms,
+        audit: format!("audit {due_ms}"),
+        request_id: request_id.map(str::to_owned),
+    };
+    // Not journalled: nothing is written.
+    assert!(!store.sleep(id, &dormancy(10, None)).await.unwrap());
+    assert_eq!(store.dormant(Some(principal)).await.unwrap(), 0);
+    store.create(id, &start, &SessionState::default()).await.unwrap();
+    store.create(&other, &start, &SessionState::default()).await.unwrap();
+    assert!(store.sleep(id, &dormancy(1_000, Some("r1"))).await.unwrap());
+    assert!(store.sleep(&other, &dormancy(500, None)).await.unwrap());
+    // Marked again: counted once, at its new deadline.
+    assert!(store.sleep(id, &dormancy(2_000, Some("r2"))).await.unwrap());
+    assert_eq!(store.dormant(Some(principal)).await.unwrap(), 2);
+    assert!(store.dormant(None).await.unwrap() >= 2);
+    assert_eq!(store.dormant_audit(id).await.unwrap().as_deref(), Some("audit 2000"));
+    let due = store.due(1_500, 1000).await.unwrap();
+    assert!(due.contains(&other) && !due.contains(&id.to_owned()), "{due:?}");
+    let due = store.due(2_000, 1000).await.unwrap();
+    assert!(due.contains(&other) && due.contains(&id.to_owned()), "{due:?}");
+    // One request id per session: the latest.
+    assert_eq!(store.by_request(principal, "r1").await.unwrap(), None);
+    assert_eq!(store.by_request(principal, "r2").await.unwrap().as_deref(), Some(id));
+    assert_eq!(store.by_request("someone else", "r2").await.unwrap(), None);
+    store.name_request(principal, "r3", id).await.unwrap();
+    assert_eq!(store.by_request(principal, "r2").await.unwrap(), None);
+    assert_eq!(store.by_request(principal, "r3").await.unwrap().as_deref(), Some(id));
+    // Woken: out of the index and the count, its audit handed back once.
+    assert_eq!(store.wake(id).await.unwrap().as_deref(), Some("audit 2000"));
+    assert_eq!(store.wake(id).await.unwrap(), None);
+    assert_eq!(store.dormant(Some(principal)).await.unwrap(), 1);
+    assert!(!store.due(u64::MAX / 2, 1000).await.unwrap().contains(&id.to_owned()));
+    assert_eq!(store.dormant_audit(id).await.unwrap(), None);
+    // Removed: everything of it goes, dormant or not.
+    store.remove(&other).await.unwrap();
+    assert_eq!(store.dormant(Some(principal)).await.unwrap(), 0);
+    assert!(!store.due(u64::MAX / 2, 1000).await.unwrap().contains(&other));
+    store.remove(id).await.unwrap();
+    assert_eq!(store.by_request(principal, "r3").await.unwrap(), None);
 }

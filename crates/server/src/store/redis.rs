@@ -13,6 +13,15 @@
 //! | `sandcall:s:{S}:token` | `"<pause>:<open 0/1>"`: what `consume` compares |
 //! | `sandcall:s:{S}:entries` | the journal entries, a list of JSON texts |
 //! | `sandcall:s:{S}:owner` | the owning node's id, with the lease as its expiry (PX) |
+//! | `sandcall:s:{S}:dormant` | while the session is dormant: its `Dormancy`, as JSON |
+//! | `sandcall:s:{S}:request` | the name of the request-id key that names the session |
+//!
+//! and three kinds of keys shared by all sessions: `sandcall:dormant:due`, a sorted set
+//! of the dormant sessions' ids by deadline (`due`); `sandcall:dormant:count`, a hash of
+//! each principal's dormant sessions; and `sandcall:req:<principal>\0<request id>`, the
+//! session a request id names (one per session). The scripts that keep them touch keys
+//! of more than one slot: they need one Redis (or a Redis Cluster with every key of
+//! sandcall on one shard), as the Redis of a sandcall cluster is.
 //!
 //! Every operation is one atomic step: a MULTI/EXEC pipeline or a Lua script, which Redis
 //! runs whole with nothing in between. `consume` compares the token key and writes in one
@@ -23,7 +32,7 @@
 //! Must not: know HTTP or the session state machine (`programmatic::session` decides
 //! what to write).
 
-use super::{Journal, JournalEntry, SessionStart, SessionState, SessionStore, StoreError};
+use super::{Dormancy, Journal, JournalEntry, SessionStart, SessionState, SessionStore, StoreError};
 use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use std::time::Duration;
@@ -58,6 +67,81 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
 return 1
 "#;
 
+/// Lets KEYS[b] (a request-id key) name session ARGV[id] in place of the one KEYS[a] (the
+/// session's `request` key) names now; ARGV[ttl] ms. Spliced into the scripts below.
+fn name_snippet(a: usize, b: usize, id: usize, ttl: usize) -> String {
+    format!(
+        "local prev = redis.call('GET', KEYS[{a}])\n\
+         if prev and prev ~= KEYS[{b}] and redis.call('GET', prev) == ARGV[{id}] then redis.call('DEL', prev) end\n\
+         redis.call('SET', KEYS[{b}], ARGV[{id}], 'PX', ARGV[{ttl}])\n\
+         redis.call('SET', KEYS[{a}], KEYS[{b}], 'PX', ARGV[{ttl}])\n"
+    )
+}
+
+/// Takes a dormant session out of the index (even if its record expired) and its
+/// principal's count.
+/// KEYS[d]: dormant, due, count; ARGV[id]. Leaves `d` (the record) in a local.
+fn wake_snippet(k: usize, id: usize) -> String {
+    let (dormant, due, count) = (k, k + 1, k + 2);
+    format!(
+        "local old = redis.call('GET', KEYS[{dormant}])\n\
+         local d = nil\n\
+         redis.call('ZREM', KEYS[{due}], ARGV[{id}])\n\
+         if old then\n\
+           d = cjson.decode(old)\n\
+           redis.call('DEL', KEYS[{dormant}])\n\
+           if redis.call('HINCRBY', KEYS[{count}], d.principal, -1) <= 0 then redis.call('HDEL', KEYS[{count}], d.principal) end\n\
+         end\n"
+    )
+}
+
+/// `sleep`. KEYS: state, dormant, due, count, request, new request key (or the
+/// `request` key again when there is none). ARGV: principal, due ms, record JSON, id,
+/// ttl ms, "1" when there is a request id.
+fn sleep_script() -> String {
+    format!(
+        "if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end\n{}\
+         redis.call('HINCRBY', KEYS[4], ARGV[1], 1)\n\
+         redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[5])\n\
+         redis.call('ZADD', KEYS[3], ARGV[2], ARGV[4])\n\
+         if ARGV[6] == '1' then\n{}end\n\
+         return 1\n",
+        wake_snippet(2, 4),
+        name_snippet(5, 6, 4, 5)
+    )
+}
+
+/// `wake`. KEYS: dormant, due, count. ARGV: id. Answers the audit trail, or nil.
+fn wake_script() -> String {
+    format!("{}if d then return d.audit end\nreturn false\n", wake_snippet(1, 1))
+}
+
+/// `name_request`. KEYS: state, request, new request key. ARGV: id, ttl ms.
+fn name_script() -> String {
+    format!(
+        "if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end\n{}return 1\n",
+        name_snippet(2, 3, 1, 2)
+    )
+}
+
+/// `remove`. KEYS: dormant, due, count, request, then the journal's keys. ARGV: id.
+fn remove_script() -> String {
+    format!(
+        "{}local prev = redis.call('GET', KEYS[4])\n\
+         if prev and redis.call('GET', prev) == ARGV[1] then redis.call('DEL', prev) end\n\
+         for i = 4, #KEYS do redis.call('DEL', KEYS[i]) end\n\
+         return 1\n",
+        wake_snippet(1, 1)
+    )
+}
+
+const DUE_KEY: &str = "sandcall:dormant:due";
+const COUNT_KEY: &str = "sandcall:dormant:count";
+
+fn request_key(principal: &str, request_id: &str) -> String {
+    format!("sandcall:req:{principal}\0{request_id}")
+}
+
 /// How long one command may take before the store counts as unavailable.
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -69,6 +153,10 @@ pub struct RedisSessionStore {
     write_step: redis::Script,
     claim: redis::Script,
     release: redis::Script,
+    sleep: redis::Script,
+    wake: redis::Script,
+    name: redis::Script,
+    remove: redis::Script,
 }
 
 /// Every error of the Redis client means Redis could not do it now (down, restarting,
@@ -113,6 +201,10 @@ impl RedisSessionStore {
             write_step: redis::Script::new(WRITE_STEP),
             claim: redis::Script::new(CLAIM),
             release: redis::Script::new(RELEASE),
+            sleep: redis::Script::new(&sleep_script()),
+            wake: redis::Script::new(&wake_script()),
+            name: redis::Script::new(&name_script()),
+            remove: redis::Script::new(&remove_script()),
         })
     }
 
@@ -254,14 +346,21 @@ impl SessionStore for RedisSessionStore {
     async fn remove(&self, id: &str) -> Result<(), StoreError> {
         // The owner key stays until its lease runs out: a session that ended stays
         // readable on its node for a while, and the other nodes still send requests there.
-        let keys: Vec<String> = ["start", "principal", "state", "token", "entries"]
-            .iter()
-            .map(|part| key(id, part))
-            .collect();
-        redis::cmd("DEL")
-            .arg(keys)
-            .query_async::<()>(&mut self.conn.clone())
+        // With what it kept while dormant, and its request id, in one script.
+        let mut invocation = self.remove.prepare_invoke();
+        invocation
+            .key(key(id, "dormant"))
+            .key(DUE_KEY)
+            .key(COUNT_KEY)
+            .key(key(id, "request"));
+        for part in ["start", "principal", "state", "token", "entries"] {
+            invocation.key(key(id, part));
+        }
+        invocation
+            .arg(id)
+            .invoke_async::<i64>(&mut self.conn.clone())
             .await
+            .map(drop)
             .map_err(unavailable)
     }
 
@@ -314,6 +413,95 @@ impl SessionStore for RedisSessionStore {
 
     fn shared(&self) -> bool {
         true
+    }
+
+    async fn sleep(&self, id: &str, dormancy: &Dormancy) -> Result<bool, StoreError> {
+        let mut invocation = self.sleep.prepare_invoke();
+        invocation
+            .key(key(id, "state"))
+            .key(key(id, "dormant"))
+            .key(DUE_KEY)
+            .key(COUNT_KEY)
+            .key(key(id, "request"));
+        match &dormancy.request_id {
+            Some(r) => invocation.key(request_key(&dormancy.principal, r)),
+            None => invocation.key(key(id, "request")),
+        };
+        let written: i64 = invocation
+            .arg(&dormancy.principal)
+            .arg(dormancy.due_ms)
+            .arg(json(dormancy)?)
+            .arg(id)
+            .arg(self.ttl_ms)
+            .arg(if dormancy.request_id.is_some() { "1" } else { "0" })
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(unavailable)?;
+        Ok(written == 1)
+    }
+
+    async fn wake(&self, id: &str) -> Result<Option<String>, StoreError> {
+        self.wake
+            .key(key(id, "dormant"))
+            .key(DUE_KEY)
+            .key(COUNT_KEY)
+            .arg(id)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(unavailable)
+    }
+
+    async fn due(&self, now_ms: u64, limit: usize) -> Result<Vec<String>, StoreError> {
+        redis::cmd("ZRANGEBYSCORE")
+            .arg(DUE_KEY)
+            .arg("-inf")
+            .arg(now_ms)
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit)
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(unavailable)
+    }
+
+    async fn dormant(&self, principal: Option<&str>) -> Result<u64, StoreError> {
+        let mut conn = self.conn.clone();
+        let n: Option<u64> = match principal {
+            Some(p) => redis::cmd("HGET").arg(COUNT_KEY).arg(p).query_async(&mut conn).await,
+            None => redis::cmd("ZCARD").arg(DUE_KEY).query_async(&mut conn).await,
+        }
+        .map_err(unavailable)?;
+        Ok(n.unwrap_or(0))
+    }
+
+    async fn dormant_audit(&self, id: &str) -> Result<Option<String>, StoreError> {
+        let record: Option<String> = redis::cmd("GET")
+            .arg(key(id, "dormant"))
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(unavailable)?;
+        Ok(record.map(|r| parse::<Dormancy>(&r)).transpose()?.map(|d| d.audit))
+    }
+
+    async fn name_request(&self, principal: &str, request_id: &str, id: &str) -> Result<(), StoreError> {
+        self.name
+            .key(key(id, "state"))
+            .key(key(id, "request"))
+            .key(request_key(principal, request_id))
+            .arg(id)
+            .arg(self.ttl_ms)
+            .invoke_async::<i64>(&mut self.conn.clone())
+            .await
+            .map(drop)
+            .map_err(unavailable)
+    }
+
+    async fn by_request(&self, principal: &str, request_id: &str) -> Result<Option<String>, StoreError> {
+        redis::cmd("GET")
+            .arg(request_key(principal, request_id))
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(unavailable)
     }
 }
 
@@ -454,6 +642,13 @@ mod tests {
         let journal = store.load(&id).await.unwrap().unwrap();
         assert_eq!(journal.entries.len(), 2, "one reply was journalled, once");
         store.remove(&id).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn dormant_sessions_are_indexed_counted_and_named_in_redis() {
+        let store = RedisSessionStore::open(&redis_url(), 60_000).unwrap();
+        let id = format!("dormant-{}", crate::ids::new_id());
+        super::super::check_dormancy(&store, &id, &format!("p-{id}")).await;
     }
 
     #[tokio::test]
