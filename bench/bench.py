@@ -468,7 +468,9 @@ the pool empty gets one forked for it instead of the cold path.
   waits for an RCU grace period, about 10 ms), three forks of the template (C, the run's
   init, the program), the run's namespaces and its tmpfs mounts, and the host side's
   JSON round trips. All of it runs at nice 19 for a refill (the template and its forks
-  wait at the lowest priority; a run's helper raises G and the program at its `Run`).
+  for the pool wait at the lowest priority; a run's helper raises G and the program at
+  its `Run`). A fork a request waits for is raised to nice 0 at its hello: with it at
+  nice 19 too, the 8-client throughput fell from 111 to 80 runs/s.
 - **Why one client's p50 was worse than without it (5.8 against 3.8 ms before the
   priority change).** Traced side by side, a forked run's request path has more steps
   than a built one's: from the `Run` to the go the helper makes 31 system calls instead
