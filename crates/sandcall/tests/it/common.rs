@@ -246,6 +246,23 @@ impl Server {
         (s, v)
     }
 
+    /// A JSON POST with extra headers (credentials, `X-LibreChat-Code-Request-ID`).
+    pub fn post_with(&self, path: &str, body: &Value, headers: &[(&str, &str)]) -> (u16, Value) {
+        let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(120)).build();
+        let mut req = agent.post(&self.url(path)).set("Content-Type", "application/json");
+        for (name, value) in headers {
+            req = req.set(name, value);
+        }
+        let resp = match req.send_string(&body.to_string()) {
+            Ok(r) => r,
+            Err(ureq::Error::Status(_, r)) => r,
+            Err(e) => panic!("POST {path}: {e}"),
+        };
+        let status = resp.status();
+        let text = resp.into_string().unwrap();
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
     /// POST /v1/exec, which must answer 200.
     pub fn exec(&self, body: Value) -> Value {
         let (status, v) = self.post("/v1/exec", &body);

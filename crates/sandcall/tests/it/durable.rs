@@ -514,23 +514,6 @@ fn dormant(s: &Server) -> Option<u64> {
     health["dormant_sessions"].as_u64()
 }
 
-/// POST with extra headers.
-fn post_with(s: &Server, path: &str, body: &Value, headers: &[(&str, &str)]) -> (u16, Value) {
-    let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(120)).build();
-    let mut req = agent.post(&s.url(path)).set("Content-Type", "application/json");
-    for (name, value) in headers {
-        req = req.set(name, value);
-    }
-    let resp = match req.send_string(&body.to_string()) {
-        Ok(r) => r,
-        Err(ureq::Error::Status(_, r)) => r,
-        Err(e) => panic!("POST {path}: {e}"),
-    };
-    let status = resp.status();
-    let text = resp.into_string().unwrap();
-    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
-}
-
 fn calls_of(s: &Server, paused: &Value) -> Value {
     let path = format!("{ROUTE}/{}/calls", paused["session_id"].as_str().unwrap());
     let (code, _, v) = s.request("GET", &path, None, None);
@@ -542,15 +525,14 @@ fn calls_of(s: &Server, paused: &Value) -> Value {
 fn an_evicted_session_is_kept_by_the_store_alone_and_every_request_still_finds_it() {
     let s = Server::start_with(&[NO_POOL, ("SANDCALL_SESSION_IDLE_EVICT_S", "1")], "");
     let body = |code: String| json!({"language": "python", "code": code, "tools": [get_tool()]});
-    let (code, a) = post_with(
-        &s,
+    let (code, a) = s.post_with(
         ROUTE,
         &body(looping_program()),
         &[("X-LibreChat-Code-Request-ID", "req-a")],
     );
     assert_eq!(code, 200, "{a}");
     let one_call = src(&["r = get(n=1)", "print(r)"]);
-    let (code, b) = post_with(&s, ROUTE, &body(one_call), &[("X-LibreChat-Code-Request-ID", "req-b")]);
+    let (code, b) = s.post_with(ROUTE, &body(one_call), &[("X-LibreChat-Code-Request-ID", "req-b")]);
     assert_eq!(code, 200, "{b}");
     let calls_before = calls_of(&s, &a);
     assert_eq!(
@@ -573,14 +555,14 @@ fn an_evicted_session_is_kept_by_the_store_alone_and_every_request_still_finds_i
 
     // Cancel by the request id of the request that started it.
     let cancel = format!("{ROUTE}/cancel");
-    let (code, v) = post_with(&s, &cancel, &json!({"request_id": "req-b"}), &[]);
+    let (code, v) = s.post_with(&cancel, &json!({"request_id": "req-b"}), &[]);
     assert_eq!(code, 200, "{v}");
     assert_eq!(
         (&v["error_type"], &v["session_id"]),
         (&json!("cancelled"), &b["session_id"]),
         "{v}"
     );
-    let (code, v) = post_with(&s, &cancel, &json!({"request_id": "req-b"}), &[]);
+    let (code, v) = s.post_with(&cancel, &json!({"request_id": "req-b"}), &[]);
     assert_eq!(code, 404, "{v}");
     assert_eq!(dormant(&s), Some(1));
     assert_eq!(in_memory(&s), 0);
@@ -590,7 +572,7 @@ fn an_evicted_session_is_kept_by_the_store_alone_and_every_request_still_finds_i
     let results = json!([{"call_id": a["tool_calls"][0]["id"], "result": 10}]);
     let resume =
         json!({"session_id": a["session_id"], "continuation_token": a["continuation_token"], "tool_results": results});
-    let (code, a2) = post_with(&s, ROUTE, &resume, &[("X-LibreChat-Code-Request-ID", "req-a2")]);
+    let (code, a2) = s.post_with(ROUTE, &resume, &[("X-LibreChat-Code-Request-ID", "req-a2")]);
     assert_eq!(code, 200, "{a2}");
     assert_eq!(a2["partial_stdout"], "c0 got 10\nc1\n", "{a2}");
     let calls_live = calls_of(&s, &a);
@@ -607,9 +589,9 @@ fn an_evicted_session_is_kept_by_the_store_alone_and_every_request_still_finds_i
         .collect();
     assert_eq!(outcomes, ["answered", "pending"], "{calls_dormant}");
     // The resume's request id names it now, not the start's.
-    let (code, v) = post_with(&s, &cancel, &json!({"request_id": "req-a"}), &[]);
+    let (code, v) = s.post_with(&cancel, &json!({"request_id": "req-a"}), &[]);
     assert_eq!(code, 404, "{v}");
-    let (code, v) = post_with(&s, &cancel, &json!({"request_id": "req-a2"}), &[]);
+    let (code, v) = s.post_with(&cancel, &json!({"request_id": "req-a2"}), &[]);
     assert_eq!(code, 200, "{v}");
     assert_eq!(v["error_type"], "cancelled", "{v}");
     assert_eq!(dormant(&s), Some(0));

@@ -1412,23 +1412,6 @@ fn a_call_made_while_paused_is_handed_out_at_the_next_pause() {
 // Programmatic calls as LibreChat's client makes them (issue 11, item 4)
 // ---------------------------------------------------------------------------
 
-/// POST with extra headers (credentials, `X-LibreChat-Code-Request-ID`).
-fn post_with(s: &Server, path: &str, body: &Value, headers: &[(&str, &str)]) -> (u16, Value) {
-    let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(120)).build();
-    let mut req = agent.post(&s.url(path)).set("Content-Type", "application/json");
-    for (name, value) in headers {
-        req = req.set(name, value);
-    }
-    let resp = match req.send_string(&body.to_string()) {
-        Ok(r) => r,
-        Err(ureq::Error::Status(_, r)) => r,
-        Err(e) => panic!("POST {path}: {e}"),
-    };
-    let status = resp.status();
-    let text = resp.into_string().unwrap();
-    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
-}
-
 /// The answer every call of these tests gets: the call's own arguments, echoed.
 fn echo_args(_: &str, args: &Value) -> Answer {
     ok(args.clone())
@@ -1678,20 +1661,20 @@ fn cancel_by_request_id() {
     let bob = ("X-API-Key", "key-b-0123456789abcdef");
     let cancel = format!("{ROUTE}/cancel");
     let body = json!({"language": "python", "code": "print(get_exchange_rate(base='USD', quote='EUR'))", "tools": [rate_tool()], "timeout": 15000});
-    let (code, first) = post_with(&s, ROUTE, &body, &[alice, ("X-LibreChat-Code-Request-ID", "req-42")]);
+    let (code, first) = s.post_with(ROUTE, &body, &[alice, ("X-LibreChat-Code-Request-ID", "req-42")]);
     assert_eq!(code, 200, "{first}");
     assert_paused_shape(&first);
 
     // Another principal's request id, an unknown one: 404; neither field: 400.
-    let (code, v) = post_with(&s, &cancel, &json!({"request_id": "req-42"}), &[bob]);
+    let (code, v) = s.post_with(&cancel, &json!({"request_id": "req-42"}), &[bob]);
     assert_api_error(code, &v, 404, "session_not_found");
-    let (code, v) = post_with(&s, &cancel, &json!({"request_id": "req-43"}), &[alice]);
+    let (code, v) = s.post_with(&cancel, &json!({"request_id": "req-43"}), &[alice]);
     assert_api_error(code, &v, 404, "session_not_found");
-    let (code, v) = post_with(&s, &cancel, &json!({}), &[alice]);
+    let (code, v) = s.post_with(&cancel, &json!({}), &[alice]);
     assert_api_error(code, &v, 400, "invalid_request");
 
     // LibreChat's abort: only the request id.
-    let (code, v) = post_with(&s, &cancel, &json!({"request_id": "req-42"}), &[alice]);
+    let (code, v) = s.post_with(&cancel, &json!({"request_id": "req-42"}), &[alice]);
     assert_eq!(code, 200, "{v}");
     assert_eq!(v["status"], "error", "{v}");
     assert_eq!(v["error_type"], "cancelled", "{v}");
@@ -1700,30 +1683,29 @@ fn cancel_by_request_id() {
     // The client sends a fresh id with each request: a resume's id names the session
     // from then on, in place of the start's.
     let body = json!({"language": "python", "code": "for i in range(2): get_exchange_rate(base='USD', quote='EUR')", "tools": [rate_tool()]});
-    let (code, first) = post_with(&s, ROUTE, &body, &[alice, ("X-LibreChat-Code-Request-ID", "start-1")]);
+    let (code, first) = s.post_with(ROUTE, &body, &[alice, ("X-LibreChat-Code-Request-ID", "start-1")]);
     assert_eq!(code, 200, "{first}");
     let resume_body = json!({
         "continuation_token": first["continuation_token"],
         "tool_results": [ok_result(&first["tool_calls"][0]["id"], json!(1))],
     });
-    let (code, second) = post_with(
-        &s,
+    let (code, second) = s.post_with(
         ROUTE,
         &resume_body,
         &[alice, ("X-LibreChat-Code-Request-ID", "resume-1")],
     );
     assert_eq!(code, 200, "{second}");
     assert_paused_shape(&second);
-    let (code, v) = post_with(&s, &cancel, &json!({"request_id": "start-1"}), &[alice]);
+    let (code, v) = s.post_with(&cancel, &json!({"request_id": "start-1"}), &[alice]);
     assert_api_error(code, &v, 404, "session_not_found");
-    let (code, v) = post_with(&s, &cancel, &json!({"request_id": "resume-1"}), &[alice]);
+    let (code, v) = s.post_with(&cancel, &json!({"request_id": "resume-1"}), &[alice]);
     assert_eq!(code, 200, "{v}");
     assert_eq!(v["error_type"], "cancelled", "{v}");
     assert_eq!(v["session_id"], first["session_id"]);
 
     // A request id that is too long is refused at the start.
     let long = "x".repeat(257);
-    let (code, v) = post_with(&s, ROUTE, &body, &[alice, ("X-LibreChat-Code-Request-ID", &long)]);
+    let (code, v) = s.post_with(ROUTE, &body, &[alice, ("X-LibreChat-Code-Request-ID", &long)]);
     assert_api_error(code, &v, 400, "invalid_request");
 }
 
