@@ -502,6 +502,21 @@ async fn at_owner(
     )))
 }
 
+/// `at_owner` for a GET, which only reads the session: it claims no lease (`own` false),
+/// and a dormant session is answered from the store.
+async fn read_at_owner(
+    state: &AppState,
+    principal: &Principal,
+    id: &str,
+    headers: &axum::http::HeaderMap,
+    path: &str,
+) -> Result<Option<Response>, ApiError> {
+    at_owner(state, principal, id, headers, false, Method::GET, path, || {
+        Ok(Bytes::new())
+    })
+    .await
+}
+
 /// Many nodes: names the node that served the answer (`sandcall-node`).
 fn tag_node(state: &AppState, mut response: Response) -> Response {
     if let Some(node) = state.sessions.node() {
@@ -582,19 +597,7 @@ pub(crate) async fn session_route(
 ) -> Result<Response, ApiError> {
     tracing::Span::current().record("session_id", session_id.as_str());
     let path = format!("/v1/exec/programmatic/{session_id}");
-    let empty = || Ok(Bytes::new());
-    if let Some(answer) = at_owner(
-        &state,
-        &principal,
-        &session_id,
-        &headers,
-        false,
-        Method::GET,
-        &path,
-        empty,
-    )
-    .await?
-    {
+    if let Some(answer) = read_at_owner(&state, &principal, &session_id, &headers, &path).await? {
         return Ok(answer);
     }
     // Already JSON: a paused session's answer is serialized once, not per GET.
@@ -630,19 +633,7 @@ pub(crate) async fn calls_route(
     tracing::Span::current().record("session_id", session_id.as_str());
     // Many nodes: the audit trail is kept by the node that holds the session.
     let path = format!("/v1/exec/programmatic/{session_id}/calls");
-    let empty = || Ok(Bytes::new());
-    if let Some(answer) = at_owner(
-        &state,
-        &principal,
-        &session_id,
-        &headers,
-        false,
-        Method::GET,
-        &path,
-        empty,
-    )
-    .await?
-    {
+    if let Some(answer) = read_at_owner(&state, &principal, &session_id, &headers, &path).await? {
         return Ok(answer);
     }
     let calls = state.sessions.calls(&principal, &session_id).await?;
