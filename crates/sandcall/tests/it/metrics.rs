@@ -64,7 +64,13 @@ fn a_scrape_after_known_traffic_shows_its_counts() {
     let alice = Client::bearer(&s, "key-a-0123456789abcdef");
     // Guarded like every route.
     assert_eq!(Client::anonymous(&s).get("/metrics").status, 401);
-    s.wait_warm(2);
+    // The pool builds its warm sandboxes (`wait_warm` cannot see them: health without
+    // a key does not say), each timed once it is ready.
+    let built = || observations(&scrape(&alice), "sandcall_sandbox_build_seconds", &[("warm", "true")]);
+    assert!(
+        crate::common::settle(|| built() >= 2, true),
+        "no two warm sandboxes were built"
+    );
 
     for code in [
         "print(1)",
@@ -96,7 +102,7 @@ fn a_scrape_after_known_traffic_shows_its_counts() {
     assert_eq!(run("bash", "ok"), 1.0);
     assert_eq!(observations(&m, "sandcall_run_seconds", &[("language", "python")]), 4);
     assert_eq!(observations(&m, "sandcall_run_queue_seconds", &[]), 5);
-    // The pool built its warm sandboxes, and each run was answered and timed.
+    // The warm builds counted above are still there, and each run was answered and timed.
     assert!(observations(&m, "sandcall_sandbox_build_seconds", &[("warm", "true")]) >= 2);
     let exec = [("method", "POST"), ("route", "/v1/exec"), ("status", "200")];
     assert_eq!(value(&m, "sandcall_http_requests_total", &exec), 5.0);
