@@ -36,11 +36,7 @@ fn the_calls_route_lists_every_call_made_refused_and_answered() {
     let s = Server::start_with(&[("SANDCALL_API_KEYS", KEYS)], "");
     let alice = Client::bearer(&s, "key-a-0123456789abcdef");
     let bob = Client::bearer(&s, "key-b-0123456789abcdef");
-    let r = alice.post_json(
-        "/v1/exec/programmatic",
-        &json!({"language": "python", "code": PROGRAM, "tools": [rate_tool()]}),
-    );
-    let first = r.json();
+    let first = start(&alice);
     assert_eq!(first["status"], "tool_call_required", "{first}");
     let id = first["session_id"].as_str().unwrap();
     let call1 = first["tool_calls"][0]["id"].as_str().unwrap();
@@ -133,6 +129,21 @@ fn the_calls_route_lists_every_call_made_refused_and_answered() {
 }
 
 /// Resumes `paused`'s one call with `result`.
+/// Starts PROGRAM with the rate tool: its first pause.
+fn start(c: &Client) -> Value {
+    let r = c.post_json(
+        "/v1/exec/programmatic",
+        &json!({"language": "python", "code": PROGRAM, "tools": [rate_tool()]}),
+    );
+    assert_eq!(r.status, 200, "{r}");
+    r.json()
+}
+
+/// Each listed call's outcome, in order.
+fn outcomes(listed: &[Value]) -> Vec<&Value> {
+    listed.iter().map(|c| &c["outcome"]["status"]).collect()
+}
+
 fn answer(c: &Client, paused: &Value, result: Value) -> Value {
     let r = c.post_json(
         "/v1/exec/programmatic",
@@ -148,11 +159,7 @@ fn a_replay_lists_each_call_once() {
     let env = [("SANDCALL_API_KEYS", KEYS), ("SANDCALL_SESSION_IDLE_EVICT_S", "1")];
     let s = Server::start_with(&env, "");
     let alice = Client::bearer(&s, "key-a-0123456789abcdef");
-    let r = alice.post_json(
-        "/v1/exec/programmatic",
-        &json!({"language": "python", "code": PROGRAM, "tools": [rate_tool()]}),
-    );
-    let first = r.json();
+    let first = start(&alice);
     let id = first["session_id"].as_str().unwrap().to_owned();
     let dormant = || value(&scrape(&alice), "sandcall_sessions_dormant", &[]);
     // Evicted while paused; the resume brings it back by replay, which meets the first
@@ -161,8 +168,7 @@ fn a_replay_lists_each_call_once() {
     let second = answer(&alice, &first, json!(0.92));
     assert_eq!(second["status"], "tool_call_required", "{second}");
     let listed = calls(&alice, &id);
-    let outcomes: Vec<&Value> = listed.iter().map(|c| &c["outcome"]["status"]).collect();
-    assert_eq!(outcomes, ["answered", "refused", "pending"], "{listed:#?}");
+    assert_eq!(outcomes(&listed), ["answered", "refused", "pending"], "{listed:#?}");
     assert!(listed.iter().all(|c| c.get("replayed").is_none()), "{listed:#?}");
     crate::common::settle(dormant, 1.0);
     assert_eq!(calls(&alice, &id).len(), 3);
@@ -172,16 +178,14 @@ fn a_replay_lists_each_call_once() {
     let (s, _) = s.restart(&env, false);
     let alice = Client::bearer(&s, "key-a-0123456789abcdef");
     let kept = calls(&alice, &id);
-    let outcomes: Vec<&Value> = kept.iter().map(|c| &c["outcome"]["status"]).collect();
-    assert_eq!(outcomes, ["answered", "refused", "pending"], "{kept:#?}");
+    assert_eq!(outcomes(&kept), ["answered", "refused", "pending"], "{kept:#?}");
     let end = answer(&alice, &second, json!(null));
     assert_eq!(end["status"], "completed", "{end}");
     let listed = calls(&alice, &id);
     assert_eq!(listed.len(), 3, "{listed:#?}");
     assert_eq!(listed[0]["call_id"], first["tool_calls"][0]["id"]);
     assert_eq!(listed[2]["call_id"], second["tool_calls"][0]["id"]);
-    let outcomes: Vec<&Value> = listed.iter().map(|c| &c["outcome"]["status"]).collect();
-    assert_eq!(outcomes, ["answered", "refused", "answered"], "{listed:#?}");
+    assert_eq!(outcomes(&listed), ["answered", "refused", "answered"], "{listed:#?}");
     assert!(listed.iter().all(|c| c.get("replayed").is_none()), "{listed:#?}");
 }
 
@@ -192,11 +196,7 @@ fn a_replay_after_sigkill_lists_the_journalled_calls_again_as_replayed() {
     let env = [("SANDCALL_API_KEYS", KEYS)];
     let s = Server::start_with(&env, "");
     let alice = Client::bearer(&s, "key-a-0123456789abcdef");
-    let r = alice.post_json(
-        "/v1/exec/programmatic",
-        &json!({"language": "python", "code": PROGRAM, "tools": [rate_tool()]}),
-    );
-    let first = r.json();
+    let first = start(&alice);
     let id = first["session_id"].as_str().unwrap().to_owned();
     let second = answer(&alice, &first, json!(0.92));
     assert_eq!(second["status"], "tool_call_required", "{second}");

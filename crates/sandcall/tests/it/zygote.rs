@@ -210,6 +210,17 @@ fn killing_the_template_mid_burst_loses_no_request() {
     s.assert_healthy();
 }
 
+/// A process's pid in each pid namespace it is in, outermost first (`NSpid`); empty
+/// once it is gone.
+fn nspid(pid: u32) -> Vec<String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .map(|l| l.split_whitespace().map(str::to_owned).collect())
+        .unwrap_or_default()
+}
+
 /// The templates among processes that carry the template's source on their command
 /// line: the runs forked from it do too, but they sit one pid namespace deeper (pid 2 of
 /// the template's namespace is the template itself).
@@ -217,12 +228,7 @@ fn templates(pids: &[u32]) -> Vec<u32> {
     pids.iter()
         .copied()
         .filter(|pid| {
-            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-            let nspid: Vec<&str> = status
-                .lines()
-                .find_map(|l| l.strip_prefix("NSpid:"))
-                .map(|l| l.split_whitespace().collect())
-                .unwrap_or_default();
+            let nspid = nspid(*pid);
             nspid.len() == 2 && nspid[1] == "2"
         })
         .collect()
@@ -353,12 +359,7 @@ fn forked_programs(server: u32) -> usize {
     descendants(server)
         .into_iter()
         .filter(|pid| {
-            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-            let nspid: Vec<&str> = status
-                .lines()
-                .find_map(|l| l.strip_prefix("NSpid:"))
-                .map(|l| l.split_whitespace().collect())
-                .unwrap_or_default();
+            let nspid = nspid(*pid);
             nspid.len() == 3 && nspid[2] == "2"
         })
         .count()
