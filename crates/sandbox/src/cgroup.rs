@@ -222,6 +222,19 @@ impl CgroupRoot {
         removed
     }
 
+    /// At a clean stop: sweeps, then removes the instance directories themselves, so a
+    /// stopped server leaves no cgroup behind (each left directory of a hierarchy is a
+    /// task group the kernel keeps walking: writing a run's `cpu.cfs_quota_us` walks
+    /// them all). Returns how many run cgroups the sweep found.
+    pub fn close(&self) -> usize {
+        let swept = self.sweep();
+        for base in self.bases() {
+            // One still busy (a process that outlived the sweep's kill) stays.
+            let _ = fs::remove_dir(&base);
+        }
+        swept
+    }
+
     /// Run cgroups currently present under this instance (for leak accounting).
     pub fn count_runs(&self) -> usize {
         self.bases()

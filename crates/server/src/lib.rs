@@ -383,7 +383,7 @@ async fn run(config: Config, frontend: Frontend) -> Result<(), ServeError> {
         while runner.active() > 0 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        host.cgroups.sweep();
+        host.cgroups.close();
         return Ok(());
     }
     let cap = listen::connection_cap(&config);
@@ -412,7 +412,7 @@ async fn run(config: Config, frontend: Frontend) -> Result<(), ServeError> {
     }
     // Many nodes: this node's sessions are free for the others now.
     sessions_at_exit.release_leases().await;
-    let left = host.cgroups.sweep();
+    let left = host.cgroups.close();
     tracing::info!(left, "stopped");
     Ok(())
 }

@@ -352,6 +352,11 @@ impl Drop for Server {
         if self.child.is_some() {
             self.stop();
         }
+        // A server a test killed leaves its cgroups (a stopped one removes them itself);
+        // its data dir goes now, so no later server would sweep them.
+        if let Ok(cgroups) = sandcall_sandbox::cgroup::CgroupRoot::detect(&self.instance()) {
+            cgroups.close();
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -88,3 +88,27 @@ fn two_hundred_runs(pool: usize) {
     let _ = Duration::ZERO;
     s.assert_healthy();
 }
+
+/// A server stopped with SIGTERM removes its whole cgroup subtree, the instance
+/// directory of each hierarchy included: every directory left behind is a task group
+/// the kernel walks again on each later run's `cpu.cfs_quota_us` write, on any server of
+/// the machine (thousands of them made every run measurably slower).
+#[test]
+fn a_stopped_server_leaves_no_cgroup_behind() {
+    let mut s = Server::start_with(&[("SANDCALL_WARM_POOL_SIZE", "2")], "");
+    s.assert_healthy();
+    s.wait_warm(2);
+    let instance = s.instance();
+    let hierarchies = || {
+        std::fs::read_dir("/sys/fs/cgroup")
+            .unwrap()
+            .flatten()
+            .filter(|e| e.path().join(&instance).is_dir())
+            .count()
+    };
+    assert!(hierarchies() >= 2, "the server has no cgroup subtree to remove");
+    assert!(run_cgroups(&instance) >= 2, "the warm sandboxes have no cgroups");
+    let status = s.stop();
+    assert!(status.success(), "{status:?}");
+    assert_eq!(hierarchies(), 0, "instance directories left after the stop");
+}
