@@ -1165,16 +1165,26 @@ impl Sessions {
     /// The session's state as the JSON of a `ProgrammaticResponse`. A paused session's
     /// answer is serialized once and shared by every GET that reads it.
     pub async fn status(&self, principal: &Principal, id: &str) -> Result<Bytes, ApiError> {
-        let session = match self.get(id, principal) {
-            Ok(session) => session,
+        let mut looked_twice = false;
+        let session = loop {
+            let missing = match self.get(id, principal) {
+                Ok(session) => break session,
+                Err(missing) => missing,
+            };
             // Not held here: a dormant session's pause is in the store.
-            Err(missing) => {
-                return match self.inner.store.entry(id).await.map_err(|e| journal_failed(&e))? {
-                    Some((owner, state)) if owner == principal.0 && state.open => {
-                        self.stored_pause(id).await?.ok_or(missing)
+            match self.inner.store.entry(id).await.map_err(|e| journal_failed(&e))? {
+                Some((owner, state)) if owner == principal.0 && state.open => {
+                    if let Some(json) = self.stored_pause(id).await? {
+                        return Ok(json);
                     }
-                    _ => Err(missing),
+                    // Its pause ended between the two reads: brought back into memory
+                    // (its calls timed out, or a resume woke it), where it is now.
+                    if looked_twice {
+                        return Err(missing);
+                    }
+                    looked_twice = true;
                 }
+                _ => return Err(missing),
             }
         };
         if session.lock().dormant.is_some() {
