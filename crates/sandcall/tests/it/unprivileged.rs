@@ -89,7 +89,11 @@ fn an_ordinary_user_runs_sandboxes_with_a_delegated_cgroup() {
     assert_eq!(r["status"], "timed_out");
     s.assert_healthy();
     drop(s);
+    // The server cannot remove what root delegated to it; the test harness does.
     for d in cgroups {
-        std::fs::remove_dir(&d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
+        match std::fs::remove_dir(&d) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => panic!("{}: {e}", d.display()),
+            _ => {}
+        }
     }
 }
