@@ -336,7 +336,7 @@ def write_section(r, path, mark):
         ("JavaScript `console.log(1)`, sandcall / fresh `node -e`", q["js_over_node"], 0.3),
     ]
     la, lb = r["load_average_before"], r["load_average_after"]
-    zygote = " --zygote" if r.get("zygote") else ""
+    zygote = "" if r.get("zygote") else " --no-zygote"
     text = f"""{mark}
 
 ## Managed runtimes: the data snippet and JavaScript

@@ -143,8 +143,8 @@ pub struct Config {
     /// that has started the interpreter and imported the preloads (a "zygote",
     /// ARCHITECTURE.md "Forked runs"), instead of starting an interpreter in each;
     /// while a template is being (re)built, warm sandboxes are built the usual way.
-    /// Needs the server to run as root (without it, a warning, and no template).
-    /// Default false.
+    /// Needs the server to run as root (without it, a note in the log, and no
+    /// template). Default true.
     pub zygote: bool,
     /// Where managed runtimes are installed (`sandcall runtime install`), one directory
     /// per lock (`python-<hash>`), bound read-only into every sandbox; may be shared by
@@ -556,7 +556,7 @@ impl Default for Config {
             mcp_servers: Vec::new(),
             warm_preload: ["numpy", "pandas", "matplotlib.pyplot"].map(String::from).to_vec(),
             warm_preload_pool_size: 2,
-            zygote: false,
+            zygote: true,
             runtime_dir: None,
             install_runtime: true,
             sandbox_uid: None,

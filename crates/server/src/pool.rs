@@ -112,7 +112,9 @@ impl Pool {
                 // through /proc, so the sets are built the usual way.
                 let zygote_on = config.zygote && language == Language::Python;
                 if zygote_on && !nix::unistd::geteuid().is_root() {
-                    tracing::warn!(
+                    // A note, not a warning: `zygote` is on by default, and a server
+                    // that is not root is a supported way to run.
+                    tracing::info!(
                         "zygote needs the server to run as root; warm Python sandboxes are built the usual way"
                     );
                 }
