@@ -31,7 +31,7 @@ const WORKSPACES: TableDefinition<&str, &[u8]> = TableDefinition::new("workspace
 
 pub struct LocalStore {
     root: PathBuf,
-    db: Arc<Database>,
+    db: Db,
 }
 
 fn key(principal: &str, session_id: &str, id: &str) -> String {
@@ -40,6 +40,63 @@ fn key(principal: &str, session_id: &str, id: &str) -> String {
 
 fn db_err(e: impl std::fmt::Display) -> StoreError {
     StoreError::Io(e.to_string())
+}
+
+/// A store's redb database. Its operations run on a blocking thread: redb's calls block,
+/// and a commit waits for the disk.
+struct Db(Arc<Database>);
+
+/// How work in a write transaction ends (`Db::write_if_changed`).
+enum Outcome<T> {
+    /// Something was written: commit, then answer.
+    Changed(T),
+    /// Nothing was: drop the transaction (no commit, no fsync), then answer.
+    Unchanged(T),
+}
+use Outcome::{Changed, Unchanged};
+
+impl Db {
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Database) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let db = self.0.clone();
+        tokio::task::spawn_blocking(move || f(&db)).await.map_err(db_err)?
+    }
+
+    /// Runs `f` in a write transaction, committed when `f` returns Ok. An Err drops the
+    /// transaction, which undoes what `f` wrote.
+    async fn write<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&WriteTransaction) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        self.write_if_changed(move |tx| f(tx).map(Changed)).await
+    }
+
+    /// `write` for work that may find nothing to change and says so: `Unchanged` is not
+    /// committed, so it costs no fsync.
+    async fn write_if_changed<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&WriteTransaction) -> Result<Outcome<T>, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        self.blocking(move |db| transaction(db, f)).await
+    }
+}
+
+/// One write transaction on this thread: `Db::write_if_changed`'s, and the `open`s'.
+fn transaction<T>(
+    db: &Database,
+    f: impl FnOnce(&WriteTransaction) -> Result<Outcome<T>, StoreError>,
+) -> Result<T, StoreError> {
+    let tx = db.begin_write().map_err(db_err)?;
+    match f(&tx)? {
+        Changed(out) => {
+            tx.commit().map_err(db_err)?;
+            Ok(out)
+        }
+        // Dropped, redb aborts it.
+        Unchanged(out) => Ok(out),
+    }
 }
 
 impl LocalStore {
@@ -54,30 +111,26 @@ impl LocalStore {
             }
         }
         let db = Database::create(root.join("meta.redb")).map_err(db_err)?;
-        let tx = db.begin_write().map_err(db_err)?;
-        let has_usage = tx.list_tables().map_err(db_err)?.any(|t| t.name() == USAGE.name());
-        tx.open_table(FILES).map_err(db_err)?;
-        tx.open_table(EXPIRY).map_err(db_err)?;
-        tx.open_table(WORKSPACES).map_err(db_err)?;
-        // A data dir from before quotas: count what it holds, once.
-        if !has_usage {
-            count_usage(&tx)?;
-        }
-        tx.commit().map_err(db_err)?;
-        Ok(LocalStore { root, db: Arc::new(db) })
+        transaction(&db, |tx| {
+            let has_usage = tx.list_tables().map_err(db_err)?.any(|t| t.name() == USAGE.name());
+            tx.open_table(FILES).map_err(db_err)?;
+            tx.open_table(EXPIRY).map_err(db_err)?;
+            tx.open_table(WORKSPACES).map_err(db_err)?;
+            // A data dir from before quotas: count what it holds, once.
+            if !has_usage {
+                count_usage(tx)?;
+            }
+            Ok(Changed(()))
+        })?;
+        Ok(LocalStore {
+            root,
+            db: Db(Arc::new(db)),
+        })
     }
 
     fn object_path(&self, session_id: &str, id: &str) -> PathBuf {
         // Both are ids of our own making ([A-Za-z0-9_-]), safe as path parts.
         self.root.join("objects").join(session_id).join(id)
-    }
-
-    async fn blocking<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&Database) -> Result<T, StoreError> + Send + 'static,
-    ) -> Result<T, StoreError> {
-        let db = self.db.clone();
-        tokio::task::spawn_blocking(move || f(&db)).await.map_err(db_err)?
     }
 }
 
@@ -128,36 +181,34 @@ impl FileStore for LocalStore {
         let temp = temp.to_path_buf();
         let moved = dest.clone();
         let result = self
-            .blocking(move |db| {
+            .db
+            .write(move |tx| {
                 let k = key(&meta.principal, &meta.session_id, &meta.id);
-                let tx = db.begin_write().map_err(db_err)?;
-                {
-                    // Checked inside the write transaction, which no other can overlap:
-                    // this is what keeps concurrent inserts from passing together.
-                    let mut usage = tx.open_table(USAGE).map_err(db_err)?;
-                    let mut now = usage_in(&usage, &meta.principal)?;
-                    now.check(quota, meta.size, 1)?;
-                    now.bytes += meta.size;
-                    now.files += 1;
-                    usage
-                        .insert(meta.principal.as_str(), (now.bytes, now.files))
-                        .map_err(db_err)?;
-                    tx.open_table(FILES)
-                        .map_err(db_err)?
-                        .insert(k.as_str(), record.as_slice())
-                        .map_err(db_err)?;
-                    tx.open_table(EXPIRY)
-                        .map_err(db_err)?
-                        .insert((meta.expires_ms, k.as_str()), ())
-                        .map_err(db_err)?;
-                }
-                // The bytes move only once the quota has let them in; an error from here
-                // on drops the transaction, which undoes the rows.
+                // Checked inside the write transaction, which no other can overlap:
+                // this is what keeps concurrent inserts from passing together.
+                let mut usage = tx.open_table(USAGE).map_err(db_err)?;
+                let mut now = usage_in(&usage, &meta.principal)?;
+                now.check(quota, meta.size, 1)?;
+                now.bytes += meta.size;
+                now.files += 1;
+                usage
+                    .insert(meta.principal.as_str(), (now.bytes, now.files))
+                    .map_err(db_err)?;
+                tx.open_table(FILES)
+                    .map_err(db_err)?
+                    .insert(k.as_str(), record.as_slice())
+                    .map_err(db_err)?;
+                tx.open_table(EXPIRY)
+                    .map_err(db_err)?
+                    .insert((meta.expires_ms, k.as_str()), ())
+                    .map_err(db_err)?;
+                // The bytes move only once the quota has let them in, and before the
+                // commit; an error from here on drops the transaction, which undoes the rows.
                 if let Some(dir) = moved.parent() {
                     std::fs::create_dir_all(dir)?;
                 }
                 std::fs::rename(&temp, &moved)?;
-                tx.commit().map_err(db_err)
+                Ok(())
             })
             .await;
         if result.is_err() {
@@ -168,17 +219,18 @@ impl FileStore for LocalStore {
 
     async fn usage(&self, principal: &str) -> Result<Usage, StoreError> {
         let principal = principal.to_owned();
-        self.blocking(move |db| {
-            let tx = db.begin_read().map_err(db_err)?;
-            usage_in(&tx.open_table(USAGE).map_err(db_err)?, &principal)
-        })
-        .await
+        self.db
+            .blocking(move |db| {
+                let tx = db.begin_read().map_err(db_err)?;
+                usage_in(&tx.open_table(USAGE).map_err(db_err)?, &principal)
+            })
+            .await
     }
 
     async fn get(&self, principal: &str, session_id: &str, id: &str) -> Result<Option<FileMeta>, StoreError> {
         let k = key(principal, session_id, id);
         let now = crate::files::now_ms();
-        let meta = self.blocking(move |db| read_meta(db, &k)).await?;
+        let meta = self.db.blocking(move |db| read_meta(db, &k)).await?;
         // Past its time, a file is gone even before the sweeper comes by.
         Ok(meta.filter(|m| m.expires_ms > now))
     }
@@ -195,32 +247,33 @@ impl FileStore for LocalStore {
     async fn list(&self, principal: &str, session_id: &str) -> Result<Vec<FileMeta>, StoreError> {
         let prefix = format!("{principal}\0{session_id}\0");
         let now = crate::files::now_ms();
-        self.blocking(move |db| {
-            let tx = db.begin_read().map_err(db_err)?;
-            let table = tx.open_table(FILES).map_err(db_err)?;
-            let mut out = Vec::new();
-            for entry in table.range(prefix.as_str()..).map_err(db_err)? {
-                let (k, v) = entry.map_err(db_err)?;
-                if !k.value().starts_with(prefix.as_str()) {
-                    break;
-                }
-                if let Ok(meta) = serde_json::from_slice::<FileMeta>(v.value()) {
-                    if meta.expires_ms > now {
-                        out.push(meta);
+        self.db
+            .blocking(move |db| {
+                let tx = db.begin_read().map_err(db_err)?;
+                let table = tx.open_table(FILES).map_err(db_err)?;
+                let mut out = Vec::new();
+                for entry in table.range(prefix.as_str()..).map_err(db_err)? {
+                    let (k, v) = entry.map_err(db_err)?;
+                    if !k.value().starts_with(prefix.as_str()) {
+                        break;
+                    }
+                    if let Ok(meta) = serde_json::from_slice::<FileMeta>(v.value()) {
+                        if meta.expires_ms > now {
+                            out.push(meta);
+                        }
                     }
                 }
-            }
-            out.sort_by(|a, b| a.created_ms.cmp(&b.created_ms).then(a.name.cmp(&b.name)));
-            Ok(out)
-        })
-        .await
+                out.sort_by(|a, b| a.created_ms.cmp(&b.created_ms).then(a.name.cmp(&b.name)));
+                Ok(out)
+            })
+            .await
     }
 
     async fn delete(&self, principal: &str, session_id: &str, id: &str) -> Result<bool, StoreError> {
         let k = key(principal, session_id, id);
         let removed = self
-            .blocking(move |db| {
-                let tx = db.begin_write().map_err(db_err)?;
+            .db
+            .write(move |tx| {
                 let meta = {
                     let mut files = tx.open_table(FILES).map_err(db_err)?;
                     let old = files.remove(k.as_str()).map_err(db_err)?;
@@ -245,7 +298,6 @@ impl FileStore for LocalStore {
                             .map_err(db_err)?;
                     }
                 }
-                tx.commit().map_err(db_err)?;
                 Ok(meta)
             })
             .await?;
@@ -264,6 +316,7 @@ impl FileStore for LocalStore {
 
     async fn sweep(&self, now_ms: u64) -> Result<usize, StoreError> {
         let expired: Vec<String> = self
+            .db
             .blocking(move |db| {
                 let tx = db.begin_read().map_err(db_err)?;
                 let table = tx.open_table(EXPIRY).map_err(db_err)?;
@@ -295,9 +348,8 @@ impl FileStore for LocalStore {
         expires_ms: u64,
     ) -> Result<(), StoreError> {
         let keys: Vec<String> = files.iter().map(|(s, i)| key(principal, s, i)).collect();
-        self.blocking(move |db| {
-            let tx = db.begin_write().map_err(db_err)?;
-            {
+        self.db
+            .write(move |tx| {
                 let mut table = tx.open_table(FILES).map_err(db_err)?;
                 let mut expiry = tx.open_table(EXPIRY).map_err(db_err)?;
                 for k in &keys {
@@ -314,10 +366,9 @@ impl FileStore for LocalStore {
                     let record = serde_json::to_vec(&meta).map_err(db_err)?;
                     table.insert(k.as_str(), record.as_slice()).map_err(db_err)?;
                 }
-            }
-            tx.commit().map_err(db_err)
-        })
-        .await
+                Ok(())
+            })
+            .await
     }
 
     async fn workspace_take(
@@ -329,13 +380,14 @@ impl FileStore for LocalStore {
         until_ms: u64,
     ) -> Result<Option<Vec<WorkspaceFile>>, StoreError> {
         let (k, holder) = (format!("{principal}\0{name}"), holder.to_owned());
-        self.blocking(move |db| {
-            change_workspace(db, &k, |ws| {
-                let taken = ws.take(&holder, now_ms, until_ms);
-                (taken, taken.then(|| ws.files.clone()))
+        self.db
+            .write(move |tx| {
+                change_workspace(tx, &k, |ws| {
+                    let taken = ws.take(&holder, now_ms, until_ms);
+                    (taken, taken.then(|| ws.files.clone()))
+                })
             })
-        })
-        .await
+            .await
     }
 
     async fn workspace_release(
@@ -346,29 +398,29 @@ impl FileStore for LocalStore {
         files: Option<Vec<WorkspaceFile>>,
     ) -> Result<(), StoreError> {
         let (k, holder) = (format!("{principal}\0{name}"), holder.to_owned());
-        self.blocking(move |db| change_workspace(db, &k, |ws| (ws.release(&holder, files), ())))
+        self.db
+            .write(move |tx| change_workspace(tx, &k, |ws| (ws.release(&holder, files), ())))
             .await
     }
 }
 
-/// Reads the workspace at `k` in a write transaction, lets `f` change it, and writes it
+/// Reads the workspace at `k` in the write transaction, lets `f` change it, and writes it
 /// back if `f` says so; returns what `f` returned.
-fn change_workspace<T>(db: &Database, k: &str, f: impl FnOnce(&mut Workspace) -> (bool, T)) -> Result<T, StoreError> {
-    let tx = db.begin_write().map_err(db_err)?;
-    let out = {
-        let mut table = tx.open_table(WORKSPACES).map_err(db_err)?;
-        let mut ws: Workspace = match table.get(k).map_err(db_err)? {
-            Some(v) => serde_json::from_slice(v.value()).unwrap_or_default(),
-            None => Workspace::default(),
-        };
-        let (write, out) = f(&mut ws);
-        if write {
-            let json = serde_json::to_vec(&ws).map_err(db_err)?;
-            table.insert(k, json.as_slice()).map_err(db_err)?;
-        }
-        out
+fn change_workspace<T>(
+    tx: &WriteTransaction,
+    k: &str,
+    f: impl FnOnce(&mut Workspace) -> (bool, T),
+) -> Result<T, StoreError> {
+    let mut table = tx.open_table(WORKSPACES).map_err(db_err)?;
+    let mut ws: Workspace = match table.get(k).map_err(db_err)? {
+        Some(v) => serde_json::from_slice(v.value()).unwrap_or_default(),
+        None => Workspace::default(),
     };
-    tx.commit().map_err(db_err)?;
+    let (write, out) = f(&mut ws);
+    if write {
+        let json = serde_json::to_vec(&ws).map_err(db_err)?;
+        table.insert(k, json.as_slice()).map_err(db_err)?;
+    }
     Ok(out)
 }
 
@@ -377,7 +429,7 @@ fn change_workspace<T>(db: &Database, k: &str, f: impl FnOnce(&mut Workspace) ->
 /// at a time), committed before it returns: a session written here survives the
 /// server's SIGKILL.
 pub struct EmbeddedSessionStore {
-    db: Arc<Database>,
+    db: Db,
 }
 
 /// The session database's page cache.
@@ -474,26 +526,19 @@ impl EmbeddedSessionStore {
             .set_cache_size(SESSION_CACHE_BYTES)
             .create(data_dir.join("sessions.redb"))
             .map_err(db_err)?;
-        let tx = db.begin_write().map_err(db_err)?;
-        tx.open_table(SESSION_STARTS).map_err(db_err)?;
-        tx.open_table(SESSION_STATES).map_err(db_err)?;
-        tx.open_table(SESSION_ENTRIES).map_err(db_err)?;
-        tx.open_table(SESSION_OWNERS).map_err(db_err)?;
-        tx.open_table(SESSION_DORMANT).map_err(db_err)?;
-        tx.open_table(SESSION_DUE).map_err(db_err)?;
-        tx.open_table(SESSION_DORMANT_COUNT).map_err(db_err)?;
-        tx.open_table(SESSION_REQUESTS).map_err(db_err)?;
-        tx.open_table(SESSION_REQUEST_OF).map_err(db_err)?;
-        tx.commit().map_err(db_err)?;
-        Ok(EmbeddedSessionStore { db: Arc::new(db) })
-    }
-
-    async fn blocking<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&Database) -> Result<T, StoreError> + Send + 'static,
-    ) -> Result<T, StoreError> {
-        let db = self.db.clone();
-        tokio::task::spawn_blocking(move || f(&db)).await.map_err(db_err)?
+        transaction(&db, |tx| {
+            tx.open_table(SESSION_STARTS).map_err(db_err)?;
+            tx.open_table(SESSION_STATES).map_err(db_err)?;
+            tx.open_table(SESSION_ENTRIES).map_err(db_err)?;
+            tx.open_table(SESSION_OWNERS).map_err(db_err)?;
+            tx.open_table(SESSION_DORMANT).map_err(db_err)?;
+            tx.open_table(SESSION_DUE).map_err(db_err)?;
+            tx.open_table(SESSION_DORMANT_COUNT).map_err(db_err)?;
+            tx.open_table(SESSION_REQUESTS).map_err(db_err)?;
+            tx.open_table(SESSION_REQUEST_OF).map_err(db_err)?;
+            Ok(Changed(()))
+        })?;
+        Ok(EmbeddedSessionStore { db: Db(Arc::new(db)) })
     }
 }
 
@@ -556,32 +601,31 @@ impl SessionStore for EmbeddedSessionStore {
             principal: start.principal.clone(),
             state: state.clone(),
         })?;
-        self.blocking(move |db| {
-            let tx = db.begin_write().map_err(db_err)?;
-            tx.open_table(SESSION_STARTS)
-                .map_err(db_err)?
-                .insert(id.as_str(), start_json.as_slice())
-                .map_err(db_err)?;
-            tx.open_table(SESSION_STATES)
-                .map_err(db_err)?
-                .insert(id.as_str(), state_json.as_slice())
-                .map_err(db_err)?;
-            tx.commit().map_err(db_err)
-        })
-        .await
+        self.db
+            .write(move |tx| {
+                tx.open_table(SESSION_STARTS)
+                    .map_err(db_err)?
+                    .insert(id.as_str(), start_json.as_slice())
+                    .map_err(db_err)?;
+                tx.open_table(SESSION_STATES)
+                    .map_err(db_err)?
+                    .insert(id.as_str(), state_json.as_slice())
+                    .map_err(db_err)?;
+                Ok(())
+            })
+            .await
     }
 
     async fn append(&self, id: &str, entries: &[JournalEntry], state: &SessionState) -> Result<(), StoreError> {
         let (id, entries, state) = (id.to_owned(), entries_json(entries)?, state.clone());
-        self.blocking(move |db| {
-            let tx = db.begin_write().map_err(db_err)?;
-            let Some(stored) = state_in(&tx, &id)? else {
-                return Err(StoreError::Io(format!("session {id} is not journalled")));
-            };
-            write_step(&tx, &id, stored.principal, &entries, &state)?;
-            tx.commit().map_err(db_err)
-        })
-        .await
+        self.db
+            .write(move |tx| {
+                let Some(stored) = state_in(tx, &id)? else {
+                    return Err(StoreError::Io(format!("session {id} is not journalled")));
+                };
+                write_step(tx, &id, stored.principal, &entries, &state)
+            })
+            .await
     }
 
     async fn consume(
@@ -592,162 +636,162 @@ impl SessionStore for EmbeddedSessionStore {
         state: &SessionState,
     ) -> Result<bool, StoreError> {
         let (id, entries, state) = (id.to_owned(), entries_json(entries)?, state.clone());
-        self.blocking(move |db| {
-            let tx = db.begin_write().map_err(db_err)?;
-            let Some(stored) = state_in(&tx, &id)?.filter(|s| s.state.open && s.state.pause == pause) else {
-                return Ok(false);
-            };
-            write_step(&tx, &id, stored.principal, &entries, &state)?;
-            tx.commit().map_err(db_err)?;
-            Ok(true)
-        })
-        .await
+        self.db
+            .write_if_changed(move |tx| {
+                let Some(stored) = state_in(tx, &id)?.filter(|s| s.state.open && s.state.pause == pause) else {
+                    return Ok(Unchanged(false));
+                };
+                write_step(tx, &id, stored.principal, &entries, &state)?;
+                Ok(Changed(true))
+            })
+            .await
     }
 
     async fn load(&self, id: &str) -> Result<Option<Journal>, StoreError> {
         let id = id.to_owned();
-        self.blocking(move |db| {
-            let Some(stored) = stored_state(db, &id)? else {
-                return Ok(None);
-            };
-            let tx = db.begin_read().map_err(db_err)?;
-            let starts = tx.open_table(SESSION_STARTS).map_err(db_err)?;
-            let Some(start) = starts.get(id.as_str()).map_err(db_err)? else {
-                return Ok(None);
-            };
-            let start: SessionStart = serde_json::from_slice(start.value()).map_err(db_err)?;
-            let table = tx.open_table(SESSION_ENTRIES).map_err(db_err)?;
-            let mut entries = Vec::new();
-            for row in table
-                .range((id.as_str(), 0)..=(id.as_str(), u64::MAX))
-                .map_err(db_err)?
-            {
-                let (_, v) = row.map_err(db_err)?;
-                entries.push(serde_json::from_slice(v.value()).map_err(db_err)?);
-            }
-            Ok(Some(Journal {
-                start,
-                state: stored.state,
-                entries,
-            }))
-        })
-        .await
+        self.db
+            .blocking(move |db| {
+                let Some(stored) = stored_state(db, &id)? else {
+                    return Ok(None);
+                };
+                let tx = db.begin_read().map_err(db_err)?;
+                let starts = tx.open_table(SESSION_STARTS).map_err(db_err)?;
+                let Some(start) = starts.get(id.as_str()).map_err(db_err)? else {
+                    return Ok(None);
+                };
+                let start: SessionStart = serde_json::from_slice(start.value()).map_err(db_err)?;
+                let table = tx.open_table(SESSION_ENTRIES).map_err(db_err)?;
+                let mut entries = Vec::new();
+                for row in table
+                    .range((id.as_str(), 0)..=(id.as_str(), u64::MAX))
+                    .map_err(db_err)?
+                {
+                    let (_, v) = row.map_err(db_err)?;
+                    entries.push(serde_json::from_slice(v.value()).map_err(db_err)?);
+                }
+                Ok(Some(Journal {
+                    start,
+                    state: stored.state,
+                    entries,
+                }))
+            })
+            .await
     }
 
     async fn state(&self, id: &str) -> Result<Option<SessionState>, StoreError> {
         let id = id.to_owned();
-        self.blocking(move |db| Ok(stored_state(db, &id)?.map(|s| s.state)))
+        self.db
+            .blocking(move |db| Ok(stored_state(db, &id)?.map(|s| s.state)))
             .await
     }
 
     async fn list(&self) -> Result<Vec<(String, String, SessionState)>, StoreError> {
-        self.blocking(|db| {
-            let tx = db.begin_read().map_err(db_err)?;
-            let table = tx.open_table(SESSION_STATES).map_err(db_err)?;
-            let mut all = Vec::new();
-            for row in table.iter().map_err(db_err)? {
-                let (k, v) = row.map_err(db_err)?;
-                // An unreadable record is left out: it cannot be brought back.
-                if let Ok(stored) = serde_json::from_slice::<StoredState>(v.value()) {
-                    all.push((k.value().to_owned(), stored.principal, stored.state));
+        self.db
+            .blocking(|db| {
+                let tx = db.begin_read().map_err(db_err)?;
+                let table = tx.open_table(SESSION_STATES).map_err(db_err)?;
+                let mut all = Vec::new();
+                for row in table.iter().map_err(db_err)? {
+                    let (k, v) = row.map_err(db_err)?;
+                    // An unreadable record is left out: it cannot be brought back.
+                    if let Ok(stored) = serde_json::from_slice::<StoredState>(v.value()) {
+                        all.push((k.value().to_owned(), stored.principal, stored.state));
+                    }
                 }
-            }
-            Ok(all)
-        })
-        .await
+                Ok(all)
+            })
+            .await
     }
 
     async fn remove(&self, id: &str) -> Result<(), StoreError> {
         let id = id.to_owned();
-        self.blocking(move |db| {
-            let tx = db.begin_write().map_err(db_err)?;
-            tx.open_table(SESSION_STARTS)
-                .map_err(db_err)?
-                .remove(id.as_str())
-                .map_err(db_err)?;
-            tx.open_table(SESSION_STATES)
-                .map_err(db_err)?
-                .remove(id.as_str())
-                .map_err(db_err)?;
-            tx.open_table(SESSION_OWNERS)
-                .map_err(db_err)?
-                .remove(id.as_str())
-                .map_err(db_err)?;
-            {
-                let mut table = tx.open_table(SESSION_ENTRIES).map_err(db_err)?;
-                table
-                    .retain_in((id.as_str(), 0)..=(id.as_str(), u64::MAX), |_, _| false)
-                    .map_err(db_err)?;
-            }
-            // What it kept while dormant, and its request id, go with it.
-            wake_in(&tx, &id)?;
-            let named = tx
-                .open_table(SESSION_REQUEST_OF)
-                .map_err(db_err)?
-                .remove(id.as_str())
-                .map_err(db_err)?
-                .map(|v| v.value().to_owned());
-            if let Some(named) = named {
-                let mut requests = tx.open_table(SESSION_REQUESTS).map_err(db_err)?;
-                let points_here = requests
-                    .get(named.as_str())
+        self.db
+            .write(move |tx| {
+                tx.open_table(SESSION_STARTS)
                     .map_err(db_err)?
-                    .is_some_and(|v| v.value() == id);
-                if points_here {
-                    requests.remove(named.as_str()).map_err(db_err)?;
+                    .remove(id.as_str())
+                    .map_err(db_err)?;
+                tx.open_table(SESSION_STATES)
+                    .map_err(db_err)?
+                    .remove(id.as_str())
+                    .map_err(db_err)?;
+                tx.open_table(SESSION_OWNERS)
+                    .map_err(db_err)?
+                    .remove(id.as_str())
+                    .map_err(db_err)?;
+                {
+                    let mut table = tx.open_table(SESSION_ENTRIES).map_err(db_err)?;
+                    table
+                        .retain_in((id.as_str(), 0)..=(id.as_str(), u64::MAX), |_, _| false)
+                        .map_err(db_err)?;
                 }
-            }
-            tx.commit().map_err(db_err)
-        })
-        .await
+                // What it kept while dormant, and its request id, go with it.
+                wake_in(tx, &id)?;
+                let named = tx
+                    .open_table(SESSION_REQUEST_OF)
+                    .map_err(db_err)?
+                    .remove(id.as_str())
+                    .map_err(db_err)?
+                    .map(|v| v.value().to_owned());
+                if let Some(named) = named {
+                    let mut requests = tx.open_table(SESSION_REQUESTS).map_err(db_err)?;
+                    let points_here = requests
+                        .get(named.as_str())
+                        .map_err(db_err)?
+                        .is_some_and(|v| v.value() == id);
+                    if points_here {
+                        requests.remove(named.as_str()).map_err(db_err)?;
+                    }
+                }
+                Ok(())
+            })
+            .await
     }
 
     async fn claim(&self, id: &str, owner: &str, now_ms: u64, until_ms: u64) -> Result<bool, StoreError> {
         let (id, owner) = (id.to_owned(), owner.to_owned());
-        self.blocking(move |db| {
-            let tx = db.begin_write().map_err(db_err)?;
-            {
+        self.db
+            .write_if_changed(move |tx| {
                 let mut table = tx.open_table(SESSION_OWNERS).map_err(db_err)?;
                 let held = table.get(id.as_str()).map_err(db_err)?.map(|v| {
                     let (o, until) = v.value();
                     (o.to_owned(), until)
                 });
                 if held.is_some_and(|(o, until)| o != owner && until > now_ms) {
-                    return Ok(false);
+                    return Ok(Unchanged(false));
                 }
                 table.insert(id.as_str(), (owner.as_str(), until_ms)).map_err(db_err)?;
-            }
-            tx.commit().map_err(db_err)?;
-            Ok(true)
-        })
-        .await
+                Ok(Changed(true))
+            })
+            .await
     }
 
     async fn entry(&self, id: &str) -> Result<Option<(String, SessionState)>, StoreError> {
         let id = id.to_owned();
-        self.blocking(move |db| Ok(stored_state(db, &id)?.map(|s| (s.principal, s.state))))
+        self.db
+            .blocking(move |db| Ok(stored_state(db, &id)?.map(|s| (s.principal, s.state))))
             .await
     }
 
     async fn owner(&self, id: &str, now_ms: u64) -> Result<Option<String>, StoreError> {
         let id = id.to_owned();
-        self.blocking(move |db| {
-            let tx = db.begin_read().map_err(db_err)?;
-            let table = tx.open_table(SESSION_OWNERS).map_err(db_err)?;
-            let held = table.get(id.as_str()).map_err(db_err)?.and_then(|v| {
-                let (owner, until) = v.value();
-                (until > now_ms).then(|| owner.to_owned())
-            });
-            Ok(held)
-        })
-        .await
+        self.db
+            .blocking(move |db| {
+                let tx = db.begin_read().map_err(db_err)?;
+                let table = tx.open_table(SESSION_OWNERS).map_err(db_err)?;
+                let held = table.get(id.as_str()).map_err(db_err)?.and_then(|v| {
+                    let (owner, until) = v.value();
+                    (until > now_ms).then(|| owner.to_owned())
+                });
+                Ok(held)
+            })
+            .await
     }
 
     async fn release(&self, id: &str, owner: &str) -> Result<(), StoreError> {
         let (id, owner) = (id.to_owned(), owner.to_owned());
-        self.blocking(move |db| {
-            let tx = db.begin_write().map_err(db_err)?;
-            {
+        self.db
+            .write(move |tx| {
                 let mut table = tx.open_table(SESSION_OWNERS).map_err(db_err)?;
                 let mine = table
                     .get(id.as_str())
@@ -756,130 +800,131 @@ impl SessionStore for EmbeddedSessionStore {
                 if mine {
                     table.remove(id.as_str()).map_err(db_err)?;
                 }
-            }
-            tx.commit().map_err(db_err)
-        })
-        .await
+                Ok(())
+            })
+            .await
     }
 
     async fn sleep(&self, id: &str, dormancy: &Dormancy) -> Result<bool, StoreError> {
         let (id, dormancy) = (id.to_owned(), dormancy.clone());
         let record = to_json(&dormancy)?;
-        self.blocking(move |db| {
-            let tx = db.begin_write().map_err(db_err)?;
-            if state_in(&tx, &id)?.is_none() {
-                return Ok(false);
-            }
-            // Marked again: its old deadline goes, and it is counted once.
-            wake_in(&tx, &id)?;
-            tx.open_table(SESSION_DORMANT)
-                .map_err(db_err)?
-                .insert(id.as_str(), record.as_slice())
-                .map_err(db_err)?;
-            tx.open_table(SESSION_DUE)
-                .map_err(db_err)?
-                .insert((dormancy.due_ms, id.as_str()), ())
-                .map_err(db_err)?;
-            {
-                let mut counts = tx.open_table(SESSION_DORMANT_COUNT).map_err(db_err)?;
-                let n = counts
-                    .get(dormancy.principal.as_str())
+        self.db
+            .write_if_changed(move |tx| {
+                if state_in(tx, &id)?.is_none() {
+                    return Ok(Unchanged(false));
+                }
+                // Marked again: its old deadline goes, and it is counted once.
+                wake_in(tx, &id)?;
+                tx.open_table(SESSION_DORMANT)
                     .map_err(db_err)?
-                    .map_or(0, |v| v.value());
-                counts.insert(dormancy.principal.as_str(), n + 1).map_err(db_err)?;
-            }
-            if let Some(request_id) = &dormancy.request_id {
-                name_in(&tx, &id, &request_key(&dormancy.principal, request_id))?;
-            }
-            tx.commit().map_err(db_err)?;
-            Ok(true)
-        })
-        .await
+                    .insert(id.as_str(), record.as_slice())
+                    .map_err(db_err)?;
+                tx.open_table(SESSION_DUE)
+                    .map_err(db_err)?
+                    .insert((dormancy.due_ms, id.as_str()), ())
+                    .map_err(db_err)?;
+                {
+                    let mut counts = tx.open_table(SESSION_DORMANT_COUNT).map_err(db_err)?;
+                    let n = counts
+                        .get(dormancy.principal.as_str())
+                        .map_err(db_err)?
+                        .map_or(0, |v| v.value());
+                    counts.insert(dormancy.principal.as_str(), n + 1).map_err(db_err)?;
+                }
+                if let Some(request_id) = &dormancy.request_id {
+                    name_in(tx, &id, &request_key(&dormancy.principal, request_id))?;
+                }
+                Ok(Changed(true))
+            })
+            .await
     }
 
     async fn wake(&self, id: &str) -> Result<Option<String>, StoreError> {
         let id = id.to_owned();
-        self.blocking(move |db| {
-            let tx = db.begin_write().map_err(db_err)?;
-            let woken = wake_in(&tx, &id)?;
-            if woken.is_some() {
-                tx.commit().map_err(db_err)?;
-            }
-            Ok(woken.map(|d| d.audit))
-        })
-        .await
+        self.db
+            .write_if_changed(move |tx| {
+                Ok(match wake_in(tx, &id)? {
+                    Some(woken) => Changed(Some(woken.audit)),
+                    None => Unchanged(None),
+                })
+            })
+            .await
     }
 
     async fn due(&self, now_ms: u64, limit: usize) -> Result<Vec<String>, StoreError> {
-        self.blocking(move |db| {
-            let tx = db.begin_read().map_err(db_err)?;
-            let table = tx.open_table(SESSION_DUE).map_err(db_err)?;
-            let mut ids = Vec::new();
-            for row in table
-                .range((0u64, "")..=(now_ms, "\u{10ffff}"))
-                .map_err(db_err)?
-                .take(limit)
-            {
-                let (k, _) = row.map_err(db_err)?;
-                ids.push(k.value().1.to_owned());
-            }
-            Ok(ids)
-        })
-        .await
+        self.db
+            .blocking(move |db| {
+                let tx = db.begin_read().map_err(db_err)?;
+                let table = tx.open_table(SESSION_DUE).map_err(db_err)?;
+                let mut ids = Vec::new();
+                for row in table
+                    .range((0u64, "")..=(now_ms, "\u{10ffff}"))
+                    .map_err(db_err)?
+                    .take(limit)
+                {
+                    let (k, _) = row.map_err(db_err)?;
+                    ids.push(k.value().1.to_owned());
+                }
+                Ok(ids)
+            })
+            .await
     }
 
     async fn dormant(&self, principal: Option<&str>) -> Result<u64, StoreError> {
         let principal = principal.map(str::to_owned);
-        self.blocking(move |db| {
-            let tx = db.begin_read().map_err(db_err)?;
-            match principal {
-                Some(p) => Ok(tx
-                    .open_table(SESSION_DORMANT_COUNT)
-                    .map_err(db_err)?
-                    .get(p.as_str())
-                    .map_err(db_err)?
-                    .map_or(0, |v| v.value())),
-                None => tx.open_table(SESSION_DORMANT).map_err(db_err)?.len().map_err(db_err),
-            }
-        })
-        .await
+        self.db
+            .blocking(move |db| {
+                let tx = db.begin_read().map_err(db_err)?;
+                match principal {
+                    Some(p) => Ok(tx
+                        .open_table(SESSION_DORMANT_COUNT)
+                        .map_err(db_err)?
+                        .get(p.as_str())
+                        .map_err(db_err)?
+                        .map_or(0, |v| v.value())),
+                    None => tx.open_table(SESSION_DORMANT).map_err(db_err)?.len().map_err(db_err),
+                }
+            })
+            .await
     }
 
     async fn dormant_audit(&self, id: &str) -> Result<Option<String>, StoreError> {
         let id = id.to_owned();
-        self.blocking(move |db| {
-            let tx = db.begin_read().map_err(db_err)?;
-            let table = tx.open_table(SESSION_DORMANT).map_err(db_err)?;
-            let Some(v) = table.get(id.as_str()).map_err(db_err)? else {
-                return Ok(None);
-            };
-            let dormancy: Dormancy = serde_json::from_slice(v.value()).map_err(db_err)?;
-            Ok(Some(dormancy.audit))
-        })
-        .await
+        self.db
+            .blocking(move |db| {
+                let tx = db.begin_read().map_err(db_err)?;
+                let table = tx.open_table(SESSION_DORMANT).map_err(db_err)?;
+                let Some(v) = table.get(id.as_str()).map_err(db_err)? else {
+                    return Ok(None);
+                };
+                let dormancy: Dormancy = serde_json::from_slice(v.value()).map_err(db_err)?;
+                Ok(Some(dormancy.audit))
+            })
+            .await
     }
 
     async fn name_request(&self, principal: &str, request_id: &str, id: &str) -> Result<(), StoreError> {
         let (key, id) = (request_key(principal, request_id), id.to_owned());
-        self.blocking(move |db| {
-            let tx = db.begin_write().map_err(db_err)?;
-            if state_in(&tx, &id)?.is_none() {
-                return Ok(());
-            }
-            name_in(&tx, &id, &key)?;
-            tx.commit().map_err(db_err)
-        })
-        .await
+        self.db
+            .write_if_changed(move |tx| {
+                if state_in(tx, &id)?.is_none() {
+                    return Ok(Unchanged(()));
+                }
+                name_in(tx, &id, &key)?;
+                Ok(Changed(()))
+            })
+            .await
     }
 
     async fn by_request(&self, principal: &str, request_id: &str) -> Result<Option<String>, StoreError> {
         let key = request_key(principal, request_id);
-        self.blocking(move |db| {
-            let tx = db.begin_read().map_err(db_err)?;
-            let table = tx.open_table(SESSION_REQUESTS).map_err(db_err)?;
-            Ok(table.get(key.as_str()).map_err(db_err)?.map(|v| v.value().to_owned()))
-        })
-        .await
+        self.db
+            .blocking(move |db| {
+                let tx = db.begin_read().map_err(db_err)?;
+                let table = tx.open_table(SESSION_REQUESTS).map_err(db_err)?;
+                Ok(table.get(key.as_str()).map_err(db_err)?.map(|v| v.value().to_owned()))
+            })
+            .await
     }
 }
 
