@@ -15,6 +15,7 @@ pub mod cgroup;
 pub mod clone3;
 pub mod helper;
 mod io;
+pub mod launcher;
 pub mod mounts;
 pub mod priority;
 pub mod protocol;
