@@ -361,7 +361,9 @@ fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
         nix::libc::syscall(
             nix::libc::SYS_pidfd_open,
             pid as nix::libc::pid_t,
-            nix::libc::PIDFD_NONBLOCK,
+            // Blocking (PIDFD_NONBLOCK needs Linux 5.10): it is only polled, and waited
+            // on with WNOHANG.
+            0u32,
         )
     };
     if fd < 0 {
@@ -417,10 +419,19 @@ fn spawn_process(exe: &Path) -> std::io::Result<(OwnedFd, OwnedFd)> {
         .stderr(Stdio::inherit());
     let mut child = command.spawn()?;
     drop(command);
-    match pidfd_open(child.id()) {
+    // Its helpers are waited for through pidfds: without them (pidfd_open needs Linux
+    // 5.3, waitid on one 5.4) there is no launcher.
+    let usable = pidfd_open(child.id()).and_then(|pidfd| {
+        waitid(
+            Id::PIDFd(pidfd.as_fd()),
+            WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT,
+        )
+        .map_err(std::io::Error::from)?;
+        Ok(pidfd)
+    });
+    match usable {
         Ok(pidfd) => Ok((ours, pidfd)),
         Err(e) => {
-            // Without pidfds (Linux < 5.3) its helpers could not be waited for.
             let _ = child.kill();
             let _ = child.wait();
             Err(e)
