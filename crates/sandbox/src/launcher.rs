@@ -1,4 +1,4 @@
-//! The helper launcher (`sandcall sandbox-helper --launcher`): a small, single-threaded
+//! The helper launcher (`sandcall helper-launcher`): a small, single-threaded
 //! process the server starts once, which forks each sandbox's helper from itself instead
 //! of the server exec'ing the binary for each one. An exec of the release binary costs
 //! about 1.4 ms of CPU (the dynamic loader's relocations, the copy-on-write faults they
@@ -63,7 +63,7 @@ impl Reply {
     }
 }
 
-/// Entry point of `sandcall sandbox-helper --launcher`; fd 0 is the server's socket.
+/// Entry point of `sandcall helper-launcher`; fd 0 is the server's socket.
 /// Returns the process exit code; a forked helper never returns from here (it exits
 /// with its own code).
 pub fn run_launcher() -> i32 {
