@@ -114,9 +114,19 @@ impl Launcher {
                         }
                     };
                 }
-                // A fork that failed (EAGAIN, ENOMEM) says nothing against the launcher.
-                Ok(Ok(Reply::Failed(e))) => {
+                // A fork that failed for want of memory or processes says nothing against
+                // the launcher; any other reason (a seccomp profile that refuses
+                // CLONE_PARENT, say) would hold for every fork: helpers are exec'd.
+                Ok(Ok(Reply::Failed(e @ (Errno::EAGAIN | Errno::ENOMEM)))) => {
                     tracing::warn!("the helper launcher could not fork: {e}");
+                    return None;
+                }
+                Ok(Ok(Reply::Failed(e))) => {
+                    tracing::warn!("the helper launcher cannot fork ({e}); helpers are exec'd from now on");
+                    slot.on = false;
+                    if let Some(conn) = slot.conn.take() {
+                        conn.retire();
+                    }
                     return None;
                 }
                 Ok(Err(e)) => e,
