@@ -141,19 +141,32 @@ impl Launcher {
         None
     }
 
-    /// Starts a new launcher in the background unless one is starting, or started less
-    /// than `RESTART_EVERY` ago (the next request that finds none tries again).
+    /// Starts a new launcher in the background, unless one runs or is starting: at once,
+    /// or once `RESTART_EVERY` has passed since the last start. A start that fails is
+    /// tried again the same way (until `install` gives up).
     fn restart(self: &Arc<Self>, slot: &mut Slot) {
-        let recent = slot.last_start.is_some_and(|t| t.elapsed() < RESTART_EVERY);
-        if !slot.on || slot.starting || slot.conn.is_some() || recent {
+        if !slot.on || slot.starting || slot.conn.is_some() {
             return;
         }
+        let wait = slot
+            .last_start
+            .map(|t| RESTART_EVERY.saturating_sub(t.elapsed()))
+            .unwrap_or_default();
         slot.starting = true;
-        slot.last_start = Some(Instant::now());
         let this = self.clone();
         tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            {
+                let mut slot = this.slot.lock().await;
+                if !slot.on {
+                    slot.starting = false;
+                    return;
+                }
+                slot.last_start = Some(Instant::now());
+            }
             if let Err(e) = this.install(spawn(this.exe.clone()).await).await {
                 tracing::warn!("{e}");
+                this.restart(&mut *this.slot.lock().await);
             }
         });
     }
