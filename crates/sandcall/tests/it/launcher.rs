@@ -222,9 +222,9 @@ fn killing_the_launcher_mid_burst_loses_no_request_and_a_new_one_takes_over() {
 
 #[test]
 fn the_launcher_and_its_helpers_die_with_the_server() {
-    // Built sandboxes only: a Python template's helper outlives a killed server, exec'd
-    // or forked alike (a separate bug, reported with this change).
-    let s = Server::start_with(&[("SANDCALL_WARM_POOL_SIZE", "1"), ("SANDCALL_ZYGOTE", "false")], "");
+    // With a Python template too: its init, which watches no pipe of its helper, must
+    // die by its parent-death signal (which the kernel clears at its setresuid).
+    let s = Server::start_with(&[("SANDCALL_WARM_POOL_SIZE", "1"), ("SANDCALL_ZYGOTE", "true")], "");
     s.assert_healthy();
     let server = s.pid();
     let launcher = the_launcher(server);
