@@ -423,7 +423,7 @@ bounds; the tables above are the quiet totals.
 | helper: exit to `Finished` (kill, three cgroup counters, the empty working directory looked at, 340 bytes of JSON) | 27 system calls; 0.3 ms traced |
 | server: `Finished` to the response written (parse, task hand-offs, outbox, JSON, HTTP) | 0.6 ms |
 | after the answer: reaping, cgroup removal (on v1, `rmdir` of the memory cgroup waits about 6 ms for an RCU grace period), mounts | off the request path |
-| the refill of the sandbox just taken: a helper's start alone is 1.4 ms of CPU (`perf stat`), then the mounts, the cgroup and Python's start (about 15 ms of CPU) | on the other core, competing with the run |
+| the refill of the sandbox just taken: a helper's start (a fork of the helper launcher, where an exec of the binary took 1.4 ms of CPU), then the mounts, the cgroup and Python's start (about 15 ms of CPU) | on the other core, competing with the run |
 
 - **What changed.** Refills no longer compete: a sandbox built ahead of requests (a
   refill, a template and its forks) waits at nice 19, lowered by the server as soon as
@@ -463,8 +463,8 @@ the pool empty gets one forked for it instead of the cold path.
 - **Removed from each Python sandbox:** the interpreter's start (about 15 ms of CPU, a
   second with the data stack) and the helper's staging mounts; its memory is the
   template's, copy-on-write, until the run writes.
-- **Still paid per sandbox:** starting its helper (an exec of the sandcall binary, 1.4 ms
-  of CPU), the run's cgroup (on cgroup v1, the first process to join a memory cgroup
+- **Still paid per sandbox:** starting its helper (a fork of the helper launcher; an
+  exec of the sandcall binary cost 1.4 ms of CPU), the run's cgroup (on cgroup v1, the first process to join a memory cgroup
   waits for an RCU grace period, about 10 ms), three forks of the template (C, the run's
   init, the program), the run's namespaces and its tmpfs mounts, and the host side's
   JSON round trips. All of it runs at nice 19 for a refill (the template and its forks

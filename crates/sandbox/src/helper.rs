@@ -1520,6 +1520,9 @@ fn init_setup(ctx: &InitContext, commands: &mut Lines) -> Result<Option<InitRun>
     nix::unistd::setresgid(id, id, id).map_err(errstr("setresgid"))?;
     let id = nix::unistd::Uid::from_raw(SANDBOX_ID);
     nix::unistd::setresuid(id, id, id).map_err(errstr("setresuid"))?;
+    // The kernel clears the parent-death signal when the uid changes: set it again, or
+    // an init that does not watch the helper's pipes (a template's) outlives the helper.
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(errstr("pdeathsig"))?;
     // The program runs as the same uid: keep it from ptracing or reading init's memory.
     nix::sys::prctl::set_dumpable(false).map_err(errstr("set_dumpable"))?;
 

@@ -2,8 +2,9 @@
 //!
 //! Invariants:
 //! - This crate never uses tokio and never starts a thread: `helper::run_helper` runs in a
-//!   single-threaded process of its own (`sandcall sandbox-helper`), so fork and clone
-//!   are safe there. The server only spawns that process and talks JSON lines to it.
+//!   single-threaded process of its own (`sandcall sandbox-helper`, or forked from the
+//!   single-threaded `launcher::run_launcher`), so fork and clone are safe there. The
+//!   server only starts that process and talks JSON lines to it.
 //! - The isolation sequence is `helper::Sandbox::build_steps` followed by
 //!   `mounts::build_root` (in init) and `helper::exec_program_steps` (in the program),
 //!   in that order; ARCHITECTURE.md explains the order.
@@ -15,6 +16,7 @@ pub mod cgroup;
 pub mod clone3;
 pub mod helper;
 mod io;
+pub mod launcher;
 pub mod mounts;
 pub mod priority;
 pub mod protocol;

@@ -1,5 +1,6 @@
-//! The `sandcall` binary: `serve`, `mcp`, `doctor`, and the hidden `sandbox-helper` that the
-//! server re-executes for every sandbox.
+//! The `sandcall` binary: `serve`, `mcp`, `doctor`, and the hidden `sandbox-helper` that
+//! runs every sandbox (forked by the hidden `helper-launcher`, or exec'd by the server
+//! while no launcher runs).
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -38,6 +39,10 @@ enum Command {
     /// Internal: build and run one sandbox, driven over stdin/stdout by the server.
     #[command(hide = true)]
     SandboxHelper,
+    /// Internal: the process that forks each sandbox's helper, driven over a socket
+    /// on its stdin by the server (`sandcall_sandbox::launcher`).
+    #[command(hide = true)]
+    HelperLauncher,
     /// Inside a sandbox: call a declared tool (what the Bash tool commands run).
     #[command(hide = true)]
     ToolCall {
@@ -84,6 +89,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::SandboxHelper => ExitCode::from(sandcall_sandbox::helper::run_helper() as u8),
+        Command::HelperLauncher => ExitCode::from(sandcall_sandbox::launcher::run_launcher() as u8),
         Command::ToolCall { name, args } => ExitCode::from(sandcall_sandbox::tools::client_main(&name, &args) as u8),
         Command::Serve(args) => run_async(serve(args)),
         Command::Mcp(args) => run_async(mcp(args)),

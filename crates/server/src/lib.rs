@@ -17,6 +17,7 @@ pub mod host;
 pub mod http;
 pub mod ids;
 pub mod json;
+pub mod launcher;
 pub mod listen;
 pub mod mcp;
 pub mod npm_runtime;
@@ -279,6 +280,7 @@ async fn run(config: Config, frontend: Frontend) -> Result<(), ServeError> {
         },
         shutdown_rx.clone(),
     );
+    runner.start_launcher().await;
     let admission = Admission::new(
         config.max_concurrent_runs,
         config.queue_length(),

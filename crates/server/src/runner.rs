@@ -1,17 +1,21 @@
 //! Starts sandbox helpers and talks to them. The server never forks or enters
-//! namespaces itself: each run is a fresh `sandcall sandbox-helper` process.
+//! namespaces itself: each run is a fresh `sandcall sandbox-helper` process, forked by
+//! the helper launcher (`crate::launcher`) once one runs, exec'd by the server otherwise.
 
+use crate::launcher::{ForkedHelper, Launcher};
 use sandcall_sandbox::cgroup::CgroupRoot;
 use sandcall_sandbox::priority;
 use sandcall_sandbox::protocol::{
     Collect, Event, InputFile, Launch, Limits, Prepare, Run, RunResult, ToolChannel, ToolReply,
 };
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
-use tokio::process::{ChildStdout, Command};
+use tokio::io::{AsyncBufReadExt, AsyncWrite, AsyncWriteExt, BufReader, Lines};
+use tokio::net::unix::pipe;
+use tokio::process::Command;
 use tokio::sync::watch;
 
 #[derive(Debug, thiserror::Error)]
@@ -89,6 +93,9 @@ pub struct Runner {
     shutdown: watch::Receiver<bool>,
     /// Why the most recent run could not get a sandbox, until a later run gets one.
     failing: Arc<Mutex<Option<String>>>,
+    /// Forks helpers once `start_launcher` ran; until then (and while it is being
+    /// replaced) helpers are exec'd.
+    launcher: Arc<Launcher>,
 }
 
 /// Counts a helper as alive from spawn to reaped.
@@ -110,10 +117,19 @@ impl Drop for ActiveGuard {
 impl Runner {
     pub fn new(settings: RunnerSettings, shutdown: watch::Receiver<bool>) -> Self {
         Runner {
+            launcher: Arc::new(Launcher::new(settings.helper_exe.clone())),
             settings: Arc::new(settings),
             active: Arc::new(AtomicUsize::new(0)),
             shutdown,
             failing: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    /// Starts the helper launcher: from now on helpers are forked from it. If it cannot
+    /// start, helpers are exec'd as before (the reason is logged).
+    pub async fn start_launcher(&self) {
+        if let Err(e) = self.launcher.start().await {
+            tracing::warn!("{e}; sandbox helpers are exec'd meanwhile");
         }
     }
 
@@ -317,37 +333,47 @@ impl Runner {
         self.prepare(&prepare).await
     }
 
-    /// Spawns a helper and has it build a sandbox.
-    async fn prepare(&self, prepare: &Prepare) -> Result<Helper, RunError> {
-        let started = std::time::Instant::now();
-        let s = &self.settings;
-        let guard = ActiveGuard::new(self.active.clone());
-        let mut command = Command::new(&s.helper_exe);
+    /// Starts a helper: forked by the launcher, or exec'd if there is none right now.
+    /// Returns it with the server's ends of its stdin and stdout.
+    async fn spawn_helper(&self) -> Result<(Process, OwnedFd, OwnedFd), RunError> {
+        let ends = HelperPipes::new().map_err(RunError::Spawn)?;
+        if let Some(forked) = self.launcher.fork(&ends.helper_stdin, &ends.helper_stdout).await {
+            return Ok((Process::Forked(forked), ends.stdin, ends.stdout));
+        }
+        // Fresh pipes: a fork the launcher answered too late for may hold the first ones.
+        drop(ends);
+        let ends = HelperPipes::new().map_err(RunError::Spawn)?;
+        let mut command = Command::new(&self.settings.helper_exe);
         command
             .arg("sandbox-helper")
             .env_clear()
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
+            .stdin(Stdio::from(ends.helper_stdin))
+            .stdout(Stdio::from(ends.helper_stdout))
             .stderr(Stdio::inherit());
         // Spawned from an async worker, never from a blocking-pool thread: the helper's
         // parent-death signal fires when the *thread* that spawned it exits, and idle
         // blocking threads do exit.
-        let mut child = command.spawn().map_err(RunError::Spawn)?;
+        let child = command.spawn().map_err(RunError::Spawn)?;
+        // The command holds the helper's ends: the server must not, or it would never see
+        // the helper's stdout close.
+        drop(command);
+        Ok((Process::Spawned(child), ends.stdin, ends.stdout))
+    }
+
+    /// Spawns a helper and has it build a sandbox.
+    async fn prepare(&self, prepare: &Prepare) -> Result<Helper, RunError> {
+        let started = std::time::Instant::now();
+        let guard = ActiveGuard::new(self.active.clone());
+        let (child, stdin, stdout) = self.spawn_helper().await?;
         if prepare.background && priority::can_restore() {
-            // Lowered at once, for its own start too (about 1.5 ms of CPU); the helper
-            // raises itself again at its `Run` (`sandcall_sandbox::priority`).
+            // Lowered at once, for its own start too; the helper raises itself again at
+            // its `Run` (`sandcall_sandbox::priority`).
             if let Some(pid) = child.id() {
                 let _ = priority::set_nice(pid as i32, priority::BACKGROUND_NICE);
             }
         }
-        let stdin = child
-            .stdin
-            .take()
-            .ok_or_else(|| RunError::Protocol("no stdin".into()))?;
-        let stdout = child
-            .stdout
-            .take()
-            .ok_or_else(|| RunError::Protocol("no stdout".into()))?;
+        let stdin = pipe::Sender::from_owned_fd(stdin).map_err(RunError::Spawn)?;
+        let stdout = pipe::Receiver::from_owned_fd(stdout).map_err(RunError::Spawn)?;
         let mut helper = Helper {
             run_id: prepare.run_id.clone(),
             child,
@@ -395,15 +421,66 @@ fn run_message(spec: RunSpec) -> Run {
     }
 }
 
+/// The two pipes of a helper, all four ends close-on-exec (a helper's ends lose that
+/// flag only as its stdin and stdout).
+struct HelperPipes {
+    /// The server's ends.
+    stdin: OwnedFd,
+    stdout: OwnedFd,
+    /// The helper's.
+    helper_stdin: OwnedFd,
+    helper_stdout: OwnedFd,
+}
+
+impl HelperPipes {
+    fn new() -> std::io::Result<Self> {
+        let cloexec = nix::fcntl::OFlag::O_CLOEXEC;
+        let (helper_stdin, stdin) = nix::unistd::pipe2(cloexec)?;
+        let (stdout, helper_stdout) = nix::unistd::pipe2(cloexec)?;
+        Ok(HelperPipes {
+            stdin,
+            stdout,
+            helper_stdin,
+            helper_stdout,
+        })
+    }
+}
+
+/// A helper process: exec'd by the server (tokio waits for and reaps it), or forked by
+/// the launcher as the server's child (`ForkedHelper` does).
+enum Process {
+    Spawned(tokio::process::Child),
+    Forked(ForkedHelper),
+}
+
+impl Process {
+    fn id(&self) -> Option<u32> {
+        match self {
+            Process::Spawned(child) => child.id(),
+            Process::Forked(child) => Some(child.id()),
+        }
+    }
+
+    /// Waits for the helper to exit, and reaps it.
+    async fn wait(&mut self) {
+        match self {
+            Process::Spawned(child) => {
+                let _ = child.wait().await;
+            }
+            Process::Forked(child) => child.wait().await,
+        }
+    }
+}
+
 /// A running sandbox helper: its events, and the commands it takes.
 pub struct Helper {
     run_id: String,
-    child: tokio::process::Child,
+    child: Process,
     /// Lines for the helper's stdin, written by a task of their own: a sender never
     /// waits on the helper, so the helper and the server can never block on each other.
     /// Dropping it closes the helper's stdin (abort).
     stdin: Option<tokio::sync::mpsc::UnboundedSender<Vec<u8>>>,
-    events: Lines<BufReader<ChildStdout>>,
+    events: Lines<BufReader<pipe::Receiver>>,
     /// A large event being parsed on a blocking thread. Kept here, not in the future of
     /// `next_event`, so that a caller that drops that future (a `select!` whose other
     /// branch won) loses nothing: the next call takes the same parse up again.
@@ -489,13 +566,13 @@ impl Helper {
     /// helper whose template exited stays until the runs forked from it have ended, and
     /// closing its stdin would kill them.
     pub async fn linger(mut self) {
-        let _ = self.child.wait().await;
+        self.child.wait().await;
     }
 
     /// Waits for the helper to exit (it does once everything is reclaimed).
     pub async fn wait(mut self) {
         self.stdin = None;
-        let _ = self.child.wait().await;
+        self.child.wait().await;
     }
 }
 
@@ -514,7 +591,7 @@ async fn send<T: serde::Serialize>(
 
 /// The task that writes queued lines to a helper's stdin, and closes it when the queue's
 /// sender is dropped.
-fn spawn_writer(mut stdin: tokio::process::ChildStdin) -> tokio::sync::mpsc::UnboundedSender<Vec<u8>> {
+fn spawn_writer(mut stdin: impl AsyncWrite + Unpin + Send + 'static) -> tokio::sync::mpsc::UnboundedSender<Vec<u8>> {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
     tokio::spawn(async move {
         while let Some(line) = rx.recv().await {

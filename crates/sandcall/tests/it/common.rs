@@ -431,7 +431,9 @@ pub fn parents() -> Vec<(u32, u32)> {
     parents
 }
 
-/// Processes whose parent chain leads to `root` (not counting `root`).
+/// Processes whose parent chain leads to `root` (not counting `root`), but for the
+/// server's helper launcher (see `launchers`), which lives as long as the server and
+/// has no children of its own (the helpers it forks are the server's).
 pub fn descendants(root: u32) -> Vec<u32> {
     let parents = parents();
     let mut found = vec![root];
@@ -445,8 +447,25 @@ pub fn descendants(root: u32) -> Vec<u32> {
             }
         }
     }
-    found.retain(|p| *p != root);
+    found.retain(|p| *p != root && !is_launcher(*p));
     found
+}
+
+/// The name (`comm`) of the helper launcher (`sandcall_sandbox::launcher::LAUNCHER_NAME`).
+pub const LAUNCHER_NAME: &str = "sandcall-launch";
+
+/// Whether `pid` is a helper launcher.
+pub fn is_launcher(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim_end() == LAUNCHER_NAME)
+}
+
+/// The helper launchers whose parent is `server`.
+pub fn launchers(server: u32) -> Vec<u32> {
+    parents()
+        .into_iter()
+        .filter(|(pid, ppid)| *ppid == server && is_launcher(*pid))
+        .map(|(pid, _)| pid)
+        .collect()
 }
 
 /// Host processes whose command line contains `needle`.

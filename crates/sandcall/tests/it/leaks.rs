@@ -1,6 +1,6 @@
 //! Leak accounting: after many runs, hostile ones included, nothing is left over.
 
-use crate::common::{descendants, dir_entries, fd_count, hostile, mount_count, run_cgroups, settle, Server};
+use crate::common::{descendants, dir_entries, fd_count, hostile, launchers, mount_count, run_cgroups, settle, Server};
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -89,6 +89,8 @@ fn two_hundred_runs(pool: usize) {
         "(idle, processes, cgroups, staging dirs) after"
     );
     assert_eq!(settle(mount_count, mounts_before), mounts_before, "host mounts changed");
+    // The helpers were forked by one launcher, which is still the only one.
+    assert_eq!(launchers(pid).len(), 1, "helper launchers");
     // Descriptors of the server may vary by a few (connection pool, epoll); runs must
     // not add up.
     let fds_after = fd_count(s.pid());

@@ -13,6 +13,7 @@ mod faults;
 mod files;
 mod hostile;
 mod jwt;
+mod launcher;
 mod leaks;
 mod lifecycle;
 mod metrics;

@@ -1,8 +1,8 @@
 //! Work the host-side helper does for a run outside the run's cgroup: its buffers and
 //! its CPU on refused calls are bounded.
 //!
-//! The helper (`sandcall sandbox-helper`, a child of the server) is found through
-//! /proc while the run goes on, and its VmHWM is compared with that of a helper whose
+//! The helper (`sandcall sandbox-helper`, or forked by `sandcall helper-launcher`, a
+//! child of the server either way) is found through /proc while the run goes on, and its VmHWM is compared with that of a helper whose
 //! program does nothing.
 
 use crate::common::{hostile, Server};
@@ -35,7 +35,9 @@ fn helpers(server: u32) -> Vec<u32> {
         .map(|(pid, _)| pid)
         .filter(|pid| {
             let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            String::from_utf8_lossy(&cmdline).contains("sandbox-helper")
+            let cmdline = String::from_utf8_lossy(&cmdline);
+            (cmdline.contains("sandbox-helper") || cmdline.contains("helper-launcher"))
+                && !crate::common::is_launcher(*pid)
         })
         .collect()
 }
