@@ -332,17 +332,9 @@ fn errstr(what: &str) -> impl FnOnce(nix::Error) -> String + '_ {
 #[serde(tag = "init", rename_all = "snake_case")]
 enum InitReport {
     Ready,
-    /// A forked run's code directory is read-only now (see `Sandbox::run`).
-    Sealed,
-    SetupFailed {
-        message: String,
-    },
-    Exited {
-        code: i32,
-    },
-    Signaled {
-        signal: i32,
-    },
+    SetupFailed { message: String },
+    Exited { code: i32 },
+    Signaled { signal: i32 },
 }
 
 /// The message init waits for before it forks the program.
@@ -817,14 +809,12 @@ impl Sandbox {
             self.forked.is_some(),
         )?;
         if self.forked.is_some() {
-            // A forked run's code directory is its own tmpfs, writable until now: its
-            // init remounts it read-only before the program gets its go.
+            // A forked run's code directory is its own tmpfs, writable until now. The
+            // program waits for its init's release before it reads its go; init gives
+            // it only once it has remounted the directory read-only. So the go follows
+            // at once, without a round trip (zygote.py, `_run_init`).
             let to_init = self.to_init.as_ref().ok_or("init channel closed")?;
             write_all(to_init, b"seal\n").map_err(|e| format!("seal the code: {e}"))?;
-            match self.read_init_report(SETUP_TIMEOUT)? {
-                InitReport::Sealed => {}
-                other => return Err(format!("sandbox init: unexpected report {other:?}")),
-            }
         }
 
         // A launched program says on fd 3 when it ends; that ends the run at once,
@@ -1031,6 +1021,12 @@ impl Sandbox {
                                     result.signal = Some(signal_name(signal));
                                     ended_at.get_or_insert_with(Instant::now);
                                     kill = true;
+                                }
+                                // A forked run's init could not seal the code: the
+                                // program was never released.
+                                Ok(InitReport::SetupFailed { message }) if self.forked.is_some() => {
+                                    self.kill_init();
+                                    return Err(format!("sandbox setup: {message}"));
                                 }
                                 _ => {}
                             }
