@@ -167,26 +167,10 @@ def _run_init(request, fds, runner, filters):
     signal.signal(signal.SIGCHLD, lambda *_: None)
     _send_line(report, {"init": "ready"})
     pending = b""
+    # No timeout: SIGCHLD's wake-up fd and the report socket are all there is to wait
+    # for. The children are looked at first, so a program that ended before the
+    # handler was set is seen too.
     while True:
-        ready, _, _ = select.select([report, wake_r], [], [], 1.0)
-        if report in ready:
-            chunk = os.read(report, 64)
-            if not chunk:
-                # The helper is gone: so is the run (every process of this namespace).
-                os._exit(1)
-            pending += chunk
-            while b"\n" in pending:
-                line, pending = pending.split(b"\n", 1)
-                if line == b"seal" and release_w is not None:
-                    try:
-                        _mount(None, "/run/sandcall", None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
-                    except OSError as error:
-                        # The program never gets its release: it ends with the namespace.
-                        _send_line(report, {"init": "setup_failed", "message": str(error)})
-                        os._exit(1)
-                    os.write(release_w, b"g")
-                    os.close(release_w)
-                    release_w = None
         try:
             while os.read(wake_r, 64):
                 pass
@@ -205,6 +189,25 @@ def _run_init(request, fds, runner, filters):
                 else:
                     _send_line(report, {"init": "exited", "code": os.WEXITSTATUS(status)})
                 os._exit(0)
+        ready, _, _ = select.select([report, wake_r], [], [])
+        if report in ready:
+            chunk = os.read(report, 64)
+            if not chunk:
+                # The helper is gone: so is the run (every process of this namespace).
+                os._exit(1)
+            pending += chunk
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                if line == b"seal" and release_w is not None:
+                    try:
+                        _mount(None, "/run/sandcall", None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+                    except OSError as error:
+                        # The program never gets its release: it ends with the namespace.
+                        _send_line(report, {"init": "setup_failed", "message": str(error)})
+                        os._exit(1)
+                    os.write(release_w, b"g")
+                    os.close(release_w)
+                    release_w = None
 
 
 def _run_program(request, fds, runner, filters):
@@ -244,6 +247,7 @@ def _run_program(request, fds, runner, filters):
             prog = _SockFprog(count, ctypes.addressof(buf))
             _check(_LIBC.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.addressof(prog), 0, 0), "seccomp")
         _reseed()
+        _rehearse(runner)
     except BaseException as error:  # noqa: BLE001
         try:
             os.write(2, ("sandcall: cannot start the program: %s\n" % error).encode())
@@ -264,6 +268,19 @@ def _run_program(request, fds, runner, filters):
         code = exit_request.code
         os._exit(code if isinstance(code, int) else 1)
     os._exit(0)
+
+
+def _rehearse(runner):
+    """While the program waits for its go: the steps of a go once over (read the go's
+    JSON, compile and run a line that prints, read a file), so that the pages they write
+    (reference counts of the objects they use, the allocator's free lists) are copied
+    from the template's now, not on the request path. Measured with perf on one
+    `print(1)`: 88 page faults and 0.6 ms of CPU in the program after its go without
+    this, 46 with it, against 5 faults and 0.4 ms for a built sandbox's program.
+    Nothing of it is left for the program to see (runner.py, `_warm_up`)."""
+    json.loads('{"args": [], "tools": false}')
+    runner["_warm_up"]()
+    sys.modules["types"].ModuleType("__main__")
 
 
 def _reseed():
