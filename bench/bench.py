@@ -437,8 +437,13 @@ bounds; the tables above are the quiet totals.
   message without the cold launch's argv and environment), and reading the helper's own
   memory figure before the `Run` arrives.
 - **Bash p50 (goal 2 ms).** Bash cannot report its own end, so the helper waits for
-  init's report of the exit and the end of the output pipes; the warm launcher also
-  execs a second bash for the program (about 1 ms). An EXIT trap reporting on fd 3 would
+  init's report of the exit and the end of the output pipes. The warm launcher used to
+  exec a second bash for the program at the go: 1.8 ms of CPU and 145 page faults in the
+  program after its go (`perf stat`), against 0.4 ms for Python's `print(1)`; that is
+  why Bash was slower than Python. The waiting shell now sources the code itself, with
+  a script's `$0` and arguments (`warm::warm_bash_runs_answer_as_cold_ones`): 0.2 ms
+  and 3 faults; one client's p50, interleaved against the main branch's build in one
+  run, 2.7 to 2.8 ms against 5.0 to 5.8. An EXIT trap reporting on fd 3 would
   be visible to the program (a trap of its own replaces it, `exec` in the script skips
   it, children inherit fd 3), so it was not done: it would change results.
 - **Throughput with 8 clients.** Bounded by how fast warm sandboxes are rebuilt (a
@@ -472,18 +477,30 @@ the pool empty gets one forked for it instead of the cold path.
   its `Run`). A fork a request waits for is raised to nice 0 at its hello: with it at
   nice 19 too, the 8-client throughput fell from 111 to 80 runs/s.
 - **Why one client's p50 was worse than without it (5.8 against 3.8 ms before the
-  priority change).** Traced side by side, a forked run's request path has more steps
-  than a built one's: from the `Run` to the go the helper makes 31 system calls instead
-  of 23: the code is written through `/proc/<G>/root` under switched filesystem ids,
-  and the `seal` round trip has G, a Python process, wake, remount `/run/sandcall`
-  read-only and answer before the go can be sent. The program, a fork of the template,
-  also takes copy-on-write faults on the pages the run touches. And the refill of the
-  sandbox just taken started at once and at full priority on the same two cores (a
-  helper's start, the template's fork, the namespaces and mounts). On the loaded machine
-  these traces were taken on, the share of each could not be separated; the refill now
-  waits at nice 19, and merging the `seal` into the go (G releasing the program once
-  sealed) would remove the round trip.
-- **Not changed:** Bash and JavaScript sandboxes are built as before.
+  priority change).** A forked run's request path had more steps than a built one's:
+  the code written through `/proc/<G>/root` under switched filesystem ids, and a `seal`
+  round trip (G, a Python process, woke, remounted `/run/sandcall` read-only and
+  answered before the go could be sent). Now the helper sends the go and then `seal`,
+  without waiting: the program waits for G's release (a pipe) before it reads its go,
+  and G releases it once the directory is read-only. The helper sends whatever starts
+  the program last, when it has nothing left to do but wait: traced with `perf trace`
+  on the loaded machine, the helper had lost 4.8 ms between the seal and the go to the
+  G it had just woken. The program, a fork of the template, took 88 copy-on-write page
+  faults after its go (5 in a built program); it now goes once through a go's steps
+  while it waits (`_rehearse`), which leaves 46-52.
+- **Where a forked `print(1)` spends its CPU now** (`perf stat -i` on each process across
+  one request, release build, 3 runs, load average 6 to 9): server 1.5 to 1.7
+  ms, helper 0.9 to 1.0 ms, program 0.5 to 0.6 ms, G 0.2 to 0.35 ms; built: server 1.7
+  to 1.9 ms, helper 1.1 to 1.2 ms, program 0.4 ms, init under 0.1 ms. About 3.3 ms of
+  CPU either way: what a forked run still loses is waiting, not work. Traced, with the
+  machine's other load on both cores, the helper woken by the program's `exit 0` waited
+  0.7 to 5.8 ms for a CPU (behind the program's own exit, G's, the refill and the
+  machine's other work), and the server's worker that spawns the refill's helper is held
+  1.7 to 2.5 ms in `clone3` (a vfork, until the exec) just as the run starts. A forked
+  run has one process more to wake (G) and a larger exit. These are left: measured on
+  a quiet machine they would tell how much of the 1.5 ms goal they are.
+- **Not changed:** Bash and JavaScript sandboxes are built as before. (The warm Bash
+  launcher no longer execs a second bash at the go, see the Bash p50 above.)
 
 ### Memory of a paused forked session
 

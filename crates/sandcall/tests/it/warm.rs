@@ -256,3 +256,38 @@ fn forked_runs_run_at_the_normal_priority_from_the_pool_and_on_demand() {
     }
     assert!(answers.iter().all(|(kind, _)| kind == "warm"), "{answers:?}");
 }
+
+/// A warm Bash sandbox runs the code in the shell that waited for it (no second bash at
+/// the go): what a script sees of itself, its errors and its exit are those of
+/// `bash main.sh args` in a cold sandbox.
+#[test]
+fn warm_bash_runs_answer_as_cold_ones() {
+    let warm = Server::start_with(
+        &[
+            ("SANDCALL_WARM_POOL_SIZE", "2"),
+            ("SANDCALL_WARM_LANGUAGES", r#"["bash"]"#),
+        ],
+        "",
+    );
+    let cold = Server::start_with(&[("SANDCALL_WARM_POOL_SIZE", "0")], "");
+    let programs = [
+        json!({"code": "echo \"$0|$#|$1|$2|${BASH_SOURCE[*]}|$$\"\nf() { echo \"${FUNCNAME[0]} $LINENO\"; }\nf\nset | grep -c '^a=' || true", "args": ["a", "b c"]}),
+        json!({"code": "nosuchcommand\necho \"status $?\"\nls /nonexistent\nexit 4"}),
+        json!({"code": "echo before\nif then\necho after"}),
+        json!({"code": "set -e\necho one\nfalse\necho two"}),
+        json!({"code": "read -r line; echo \"got $line\"; cat", "stdin": "first\nrest\n"}),
+        json!({"code": "trap 'echo bye' EXIT\necho \"$(pwd) $(ulimit -n)\"\nexit 3"}),
+    ];
+    for body in programs {
+        let mut body = body;
+        body["language"] = json!("bash");
+        warm.wait_warm(2);
+        let (kind, w) = warm.exec_kind(&body.to_string());
+        assert_eq!(kind, "warm", "{w}");
+        let (kind, c) = cold.exec_kind(&body.to_string());
+        assert_eq!(kind, "cold", "{c}");
+        for key in ["status", "exit_code", "signal", "stdout", "stderr"] {
+            assert_eq!(w[key], c[key], "{key} of {body}:\nwarm {w}\ncold {c}");
+        }
+    }
+}

@@ -67,7 +67,8 @@ fn stdout(v: &Value) -> &str {
 #[test]
 fn forked_runs_answer_as_cold_runs_do() {
     let forked = forked_server(1, None);
-    let cold = Server::start();
+    // Built sandboxes, whatever the environment says (SANDCALL_ZYGOTE=true in CI).
+    let cold = Server::start_with(&[("SANDCALL_ZYGOTE", "false")], "");
     let programs = [
         json!({"code": "print('hi')\nimport sys\nsys.exit(3)"}),
         json!({"code": "def f():\n    raise ValueError('boom')\nf()"}),
@@ -324,6 +325,38 @@ fn many_forked_runs_leave_nothing_behind() {
         "the server's descriptors: {} now, {fds_before} before",
         fd_count(pid)
     );
+}
+
+/// A forked run's code directory is its own tmpfs, written by the helper at the `Run`:
+/// it is read-only before the first line of the program runs (init seals it, then
+/// releases the program), and the program keeps no descriptor of that release.
+#[test]
+fn a_forked_runs_code_directory_is_read_only_from_its_first_line() {
+    let s = forked_server(1, None);
+    let code = r#"import os
+for path, mode in (('/run/sandcall/main.py', 'a'), ('/run/sandcall/new.py', 'w')):
+    try:
+        open(path, mode).write('x')
+        print(path, 'written')
+    except OSError as e:
+        print(path, e.errno)
+ro = [l.split()[5].split(',')[0] for l in open('/proc/self/mountinfo') if l.split()[4] == '/run/sandcall']
+try:
+    os.fstat(4)
+    print('fd 4 open')
+except OSError:
+    print('fd 4 closed')
+print(sorted(set(ro)), 'main.py' in os.listdir('/run/sandcall'))
+"#;
+    for _ in 0..3 {
+        let v = run_forked(&s, json!({ "code": code }));
+        assert_eq!(v["exit_code"], 0, "{v}");
+        assert_eq!(
+            stdout(&v),
+            "/run/sandcall/main.py 30\n/run/sandcall/new.py 30\nfd 4 closed\n['ro'] True\n",
+            "{v}"
+        );
+    }
 }
 
 /// A programmatic session pauses and resumes in a forked run as in any warm sandbox: its

@@ -291,11 +291,16 @@ pub fn warm_launch(language: Language, interpreter: &Path) -> (Vec<String>, Vec<
             // Tool commands, when the run has any, come through BASH_ENV; a file that
             // does not exist is ignored.
             env.push(("BASH_ENV".into(), format!("{CODE_DIR}/tools.sh")));
+            // The waiting shell runs the code itself, with a script's `$0` and
+            // arguments, instead of starting a second bash at the go: that exec was
+            // most of a warm `echo 1` (1.8 ms of CPU and 145 page faults in the
+            // program after its go, against 0.4 ms for Python's `print(1)`). It reads
+            // BASH_ENV as a new bash would, and only then the code.
+            let code = format!("{CODE_DIR}/{}", decl.code_file);
             let script = format!(
-                "read -r _ <&3; exec 3<&-; mapfile -d '' -t a < {CODE_DIR}/args; exec {interpreter} {CODE_DIR}/{} \"${{a[@]}}\"",
-                decl.code_file
+                "read -r _ <&3; exec 3<&-; mapfile -d '' -t a < {CODE_DIR}/args; set -- \"${{a[@]}}\"; unset a; if [[ -f $BASH_ENV ]]; then . \"$BASH_ENV\"; fi; . {code}"
             );
-            vec![interpreter.clone(), "-c".into(), script, "sandcall".into()]
+            vec![interpreter.clone(), "-c".into(), script, code]
         }
     };
     (argv, env)

@@ -13,12 +13,16 @@
 #                         /run/sandcall; unshares the cgroup namespace; says hello with
 #                         its credentials, so the helper learns its pid; forks P; reaps
 #              P (pid 2, the program): stdio, rlimits, no capabilities, no_new_privs,
-#                         seccomp, fresh random state, then runner.py's main(), which
-#                         waits on fd 3 for its go exactly as in a warm sandbox.
+#                         seccomp, fresh random state; waits until G releases it, then
+#                         runner.py's main(), which reads its go on fd 3 as in a warm
+#                         sandbox. The helper's one message "seal" (sent with the go,
+#                         no answer awaited) makes G remount /run/sandcall read-only
+#                         and only then release P.
 #
 # Every message from the helper is trusted (it is sandcall's own); nothing here reads
 # anything a program controls.
 import ctypes
+import fcntl
 import gc
 import json
 import os
@@ -114,16 +118,6 @@ def _send_line(fd, obj):
         data = data[os.write(fd, data) :]
 
 
-def _read_line(fd):
-    line = b""
-    while not line.endswith(b"\n"):
-        chunk = os.read(fd, 1)
-        if not chunk:
-            return None
-        line += chunk
-    return line[:-1]
-
-
 def _run_init(request, fds, runner, filters):
     """G: pid 1 of the run's namespaces (see the top of this file). Never returns."""
     report, stdin_r, stdout_w, stderr_w, go = fds
@@ -154,25 +148,29 @@ def _run_init(request, fds, runner, filters):
             _send_line(report, {"init": "setup_failed", "message": str(error)})
         finally:
             os._exit(1)
+    # The program waits on this pipe, before it reads its go, until we have sealed the
+    # code directory: one message from the helper ("seal") does both, so no line of the
+    # run's code runs while /run/sandcall is writable, and the helper does not wait for us.
+    # (Above the program's fds 0 to 4, which it is moved to: C closed fds 3 and 4.)
+    release_r, release_w = os.pipe2(os.O_CLOEXEC)
+    for_program = fcntl.fcntl(release_r, fcntl.F_DUPFD_CLOEXEC, 5)
+    os.close(release_r)
+    release_r = for_program
     program = os.fork()
     if program == 0:
-        _run_program(request, (stdin_r, stdout_w, stderr_w, go), runner, filters)
-    for fd in (stdin_r, stdout_w, stderr_w, go):
+        os.close(release_w)
+        _run_program(request, (stdin_r, stdout_w, stderr_w, go, release_r), runner, filters)
+    for fd in (stdin_r, stdout_w, stderr_w, go, release_r):
         os.close(fd)
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     _send_line(report, {"init": "ready"})
+    pending = b""
+    # No timeout: SIGCHLD's wake-up fd and the report socket are all there is to wait
+    # for. The children are looked at first, so a program that ended before the
+    # handler was set is seen too.
     while True:
-        ready, _, _ = select.select([report, wake_r], [], [], 1.0)
-        if report in ready:
-            line = _read_line(report)
-            if line is None:
-                # The helper is gone: so is the run (every process of this namespace).
-                os._exit(1)
-            if line == b"seal":
-                _mount(None, "/run/sandcall", None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
-                _send_line(report, {"init": "sealed"})
         try:
             while os.read(wake_r, 64):
                 pass
@@ -191,6 +189,25 @@ def _run_init(request, fds, runner, filters):
                 else:
                     _send_line(report, {"init": "exited", "code": os.WEXITSTATUS(status)})
                 os._exit(0)
+        ready, _, _ = select.select([report, wake_r], [], [])
+        if report in ready:
+            chunk = os.read(report, 64)
+            if not chunk:
+                # The helper is gone: so is the run (every process of this namespace).
+                os._exit(1)
+            pending += chunk
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                if line == b"seal" and release_w is not None:
+                    try:
+                        _mount(None, "/run/sandcall", None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+                    except OSError as error:
+                        # The program never gets its release: it ends with the namespace.
+                        _send_line(report, {"init": "setup_failed", "message": str(error)})
+                        os._exit(1)
+                    os.write(release_w, b"g")
+                    os.close(release_w)
+                    release_w = None
 
 
 def _run_program(request, fds, runner, filters):
@@ -198,9 +215,9 @@ def _run_program(request, fds, runner, filters):
     its execve (ARCHITECTURE.md, steps 16 to 22); then the runner. Never returns."""
     try:
         os.setsid()
-        for fd, to in zip(fds, (0, 1, 2, 3)):
+        for fd, to in zip(fds, (0, 1, 2, 3, 4)):
             os.dup2(fd, to)
-        os.closerange(4, 1 << 20)
+        os.closerange(5, 1 << 20)
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
         gc.enable()
         limits = request["limits"]
@@ -230,17 +247,40 @@ def _run_program(request, fds, runner, filters):
             prog = _SockFprog(count, ctypes.addressof(buf))
             _check(_LIBC.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.addressof(prog), 0, 0), "seccomp")
         _reseed()
+        _rehearse(runner)
     except BaseException as error:  # noqa: BLE001
         try:
             os.write(2, ("sandcall: cannot start the program: %s\n" % error).encode())
         finally:
             os._exit(126)
+    # Released by init once the code directory is read-only (`_run_init`); anything
+    # else (init gone before it sealed) ends the program before any of the run's code.
+    try:
+        released = os.read(4, 1) == b"g"
+        os.close(4)
+    except OSError:
+        released = False
+    if not released:
+        os._exit(126)
     try:
         runner["main"](True)
     except SystemExit as exit_request:
         code = exit_request.code
         os._exit(code if isinstance(code, int) else 1)
     os._exit(0)
+
+
+def _rehearse(runner):
+    """While the program waits for its go: the steps of a go once over (read the go's
+    JSON, compile and run a line that prints, read a file), so that the pages they write
+    (reference counts of the objects they use, the allocator's free lists) are copied
+    from the template's now, not on the request path. Measured with perf on one
+    `print(1)`: 88 page faults and 0.6 ms of CPU in the program after its go without
+    this, 46 with it, against 5 faults and 0.4 ms for a built sandbox's program.
+    Nothing of it is left for the program to see (runner.py, `_warm_up`)."""
+    json.loads('{"args": [], "tools": false}')
+    runner["_warm_up"]()
+    sys.modules["types"].ModuleType("__main__")
 
 
 def _reseed():
