@@ -297,15 +297,9 @@ def _finish(status):
 def _warm_up():
     """Runs a little code through the same paths a program takes (compile, exec, print,
     file I/O) while the sandbox waits for its program: the interpreter's code pages are
-    then in memory, which takes over a millisecond off the run. Nothing of it is left
-    for the program to see."""
-    import io
-
-    sink = io.StringIO()
-    code = compile("x = [i * 2 for i in range(10)]\nprint(x, file=sink)\n", "<warm-up>", "exec", dont_inherit=True)
-    exec(code, {"sink": sink, "__name__": "__warm_up__"})
-    with open("/proc/self/stat", "rb") as f:
-        f.read()
+    then in memory, which takes over a millisecond off the run. Then imports the
+    preloads. Nothing of it is left for the program to see."""
+    _warm_paths()
     # asyncio is not imported here, though programs that call tools start with it: with
     # it here, every plain run paid too (a warm `print(1)` measured 3x to 5x slower, A/B
     # under the same load; the larger interpreter also takes longer to refill and to
@@ -328,6 +322,19 @@ def _warm_up():
     if preload is not None:
         # sandcall hands this sandbox out only after this line (Launch::wait_ready).
         os.write(3, b"ready\n")
+
+
+def _warm_paths():
+    """The paths of a run without its imports: compile, exec, print, file I/O. A program
+    forked from the template runs this alone (zygote.py, `_rehearse`): the figures and
+    imports are the template's already, and drawing again would copy their pages."""
+    import io
+
+    sink = io.StringIO()
+    code = compile("x = [i * 2 for i in range(10)]\nprint(x, file=sink)\n", "<warm-up>", "exec", dont_inherit=True)
+    exec(code, {"sink": sink, "__name__": "__warm_up__"})
+    with open("/proc/self/stat", "rb") as f:
+        f.read()
 
 
 def _warm_figures():
