@@ -336,7 +336,8 @@ impl Footprint {
 
     /// A server with a full warm pool and nothing else: each warm sandbox is a helper,
     /// the sandbox's init and its waiting program, one staging directory and one cgroup
-    /// per hierarchy.
+    /// per hierarchy; with `zygote` (the default), Python's template is one more helper,
+    /// init and process, with a cgroup per hierarchy and no staging directory.
     fn idle(s: &Server) -> Footprint {
         // The harness's pool size, per language.
         let pool: usize = std::env::var("SANDCALL_TEST_WARM_POOL")
@@ -350,10 +351,12 @@ impl Footprint {
             .filter(|e| e.path().join(&instance).is_dir())
             .count();
         let sandboxes = 2 * pool;
+        let zygote = std::env::var("SANDCALL_ZYGOTE").map_or(true, |v| v != "false");
+        let templates = usize::from(zygote && pool > 0);
         Footprint {
             warm_idle: sandboxes,
-            processes: 3 * sandboxes,
-            run_cgroups: sandboxes * hierarchies,
+            processes: 3 * (sandboxes + templates),
+            run_cgroups: (sandboxes + templates) * hierarchies,
             staging_dirs: sandboxes,
             outbox_dirs: 0,
             incoming_uploads: 0,
