@@ -412,8 +412,9 @@ async fn run(config: Config, frontend: Frontend) -> Result<(), ServeError> {
     while runner.active() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    // Many nodes: this node's sessions are free for the others now.
-    sessions_at_exit.release_leases().await;
+    // Every session's driver done (a paused one dormant in the store), and with many
+    // nodes this node's sessions free for the others now.
+    sessions_at_exit.release_leases(deadline).await;
     let left = host.cgroups.close();
     tracing::info!(left, "stopped");
     Ok(())

@@ -400,6 +400,9 @@ struct Inner {
     node: Option<String>,
     /// How long a lease lasts unless renewed (`node_lease_ms`).
     lease_ms: u64,
+    /// Every session's driver task: at shutdown the server waits for them, so that each
+    /// paused session is marked dormant and gives its lease up before the process ends.
+    drivers: tokio_util::task::TaskTracker,
 }
 
 fn not_found() -> ApiError {
@@ -462,6 +465,7 @@ impl Sessions {
                 mcp: crate::mcp::client::McpServers::new(&config_mcp),
                 node,
                 lease_ms,
+                drivers: tokio_util::task::TaskTracker::new(),
             }),
         }
     }
@@ -589,7 +593,7 @@ impl Sessions {
             replay: None,
             state: SessionState::default(),
         };
-        tokio::spawn(driver.run(helper, rx, slot, run_slot));
+        self.inner.drivers.spawn(driver.run(helper, rx, slot, run_slot));
         session.next_outcome_json(0).await
     }
 
@@ -890,7 +894,9 @@ impl Sessions {
                         replies,
                         undo: Some(undo),
                     };
-                    tokio::spawn(self.clone().revive(session.clone(), rx, slot, run_slot, Some(resumed)));
+                    self.inner
+                        .drivers
+                        .spawn(self.clone().revive(session.clone(), rx, slot, run_slot, Some(resumed)));
                     served = Served::Replay;
                 } else if !session.send(DriverCommand::Results(replies, run_slot, digest, Box::new(undo))) {
                     return Err(not_found());
@@ -1041,9 +1047,15 @@ impl Sessions {
         }
     }
 
-    /// Many nodes, at shutdown: gives up this node's leases, so that the other nodes take
-    /// its sessions over at once instead of waiting for the leases to run out.
-    pub async fn release_leases(&self) {
+    /// At shutdown: waits (until `deadline`) for every session's driver to end, then, with
+    /// many nodes, gives up this node's leases, so that the other nodes take its sessions
+    /// over at once instead of waiting for the leases to run out.
+    pub async fn release_leases(&self, deadline: tokio::time::Instant) {
+        // Each session's driver ends the session's run at shutdown: a paused one is
+        // marked dormant and gives its own lease up once its sandbox is gone. Leaving
+        // before they have would leave their leases to run out.
+        self.inner.drivers.close();
+        let _ = tokio::time::timeout_at(deadline, self.inner.drivers.wait()).await;
         let Some(node) = self.inner.node.as_deref() else {
             return;
         };
@@ -1498,7 +1510,9 @@ impl Sessions {
                 return false;
             };
             let run_slot = inner.admission.admit_now(&principal);
-            tokio::spawn(self.clone().revive(session, rx, slot, run_slot, None));
+            self.inner
+                .drivers
+                .spawn(self.clone().revive(session, rx, slot, run_slot, None));
         }
         true
     }
@@ -1657,7 +1671,9 @@ impl Sessions {
             resumed
         };
         let run_slot = inner.admission.admit_now(&session.principal);
-        tokio::spawn(self.clone().revive(session.clone(), rx, slot, run_slot, Some(resumed)));
+        self.inner
+            .drivers
+            .spawn(self.clone().revive(session.clone(), rx, slot, run_slot, Some(resumed)));
         true
     }
 
