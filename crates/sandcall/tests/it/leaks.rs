@@ -113,7 +113,11 @@ fn a_stopped_server_leaves_no_cgroup_behind() {
     // one on v2.
     let bases = sandcall_sandbox::cgroup::CgroupRoot::detect(&instance).unwrap().bases();
     let present = || bases.iter().filter(|base| base.is_dir()).count();
-    assert_eq!(present(), bases.len(), "the server has no cgroup subtree to remove: {bases:?}");
+    assert_eq!(
+        present(),
+        bases.len(),
+        "the server has no cgroup subtree to remove: {bases:?}"
+    );
     assert!(run_cgroups(&instance) >= 2, "the warm sandboxes have no cgroups");
     let status = s.stop();
     assert!(status.success(), "{status:?}");
