@@ -176,3 +176,26 @@ fn the_interpreter_is_configurable() {
     assert_eq!(r["stdout"], "/usr/bin/python3.11\n", "{r}");
     assert_eq!(s.bash("echo $BASH")["stdout"], "/bin/bash\n");
 }
+
+#[test]
+fn sigterm_does_not_wait_for_ended_sessions_to_expire() {
+    // An ended programmatic session stays readable for session_expiry_s (default 300):
+    // the server's wait for its sessions' drivers at shutdown must not wait that out,
+    // nor its own 10 s deadline.
+    let mut s = Server::start();
+    let (status, v) = s.post(
+        "/v1/exec/programmatic",
+        &json!({"code": "print(t())", "tools": [{"name": "t", "parameters": {"type": "object"}}]}),
+    );
+    assert_eq!(status, 200, "{v}");
+    let (status, done) = s.post(
+        "/v1/exec/programmatic",
+        &json!({"continuation_token": v["continuation_token"], "tool_results": [{"call_id": v["tool_calls"][0]["id"], "result": 7}]}),
+    );
+    assert_eq!(status, 200, "{done}");
+    assert_eq!(done["stdout"], "7\n", "{done}");
+    let t = Instant::now();
+    let status = s.stop();
+    assert!(status.success(), "{status:?}");
+    assert!(t.elapsed() < Duration::from_secs(5), "shutdown took {:?}", t.elapsed());
+}

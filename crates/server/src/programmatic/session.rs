@@ -2766,8 +2766,14 @@ impl Driver {
             return;
         }
         self.session.publish(Phase::Done, response);
-        // The ended session stays readable (GET) for a while, then goes.
-        tokio::time::sleep(expiry).await;
+        // The ended session stays readable (GET) for a while, then goes; at shutdown at
+        // once (nothing serves a GET then), so that the server's wait for its drivers
+        // is not a wait for these.
+        let mut shutdown = self.sessions.inner.shutdown.clone();
+        tokio::select! {
+            _ = tokio::time::sleep(expiry) => {}
+            _ = shutdown.wait_for(|stop| *stop) => {}
+        }
         self.sessions.remove(&self.session);
     }
 
