@@ -204,22 +204,45 @@ impl CgroupRoot {
         }
     }
 
-    /// Removes every run cgroup left under this instance by an earlier server (one that
-    /// crashed or was killed), killing whatever still runs in them. Returns how many.
-    pub fn sweep(&self) -> usize {
-        let mut removed = 0;
-        for base in self.bases() {
-            let Ok(entries) = fs::read_dir(&base) else { continue };
-            for entry in entries.flatten() {
-                if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                    kill_all(&entry.path());
-                    if remove_when_empty(&entry.path(), Duration::from_secs(2)).is_ok() {
-                        removed += 1;
-                    }
-                }
-            }
+    /// Where the cgroup of template `template_id` lives (`Prepare::template`). On v2, a
+    /// leaf (`template`) of a directory of its own that also holds the cgroups of the
+    /// runs forked from it (`forked_placement`): the kernel lets the template clone a
+    /// run straight into its cgroup only if it may write `cgroup.procs` of the common
+    /// ancestor of both cgroups, and that directory is the one it is given
+    /// (`RunCgroup::create_template`). On v1, a run cgroup like any other.
+    pub fn template_placement(&self, template_id: &str) -> CgroupPlacement {
+        match self {
+            CgroupRoot::V2 { base } => CgroupPlacement::V2 {
+                path: base.join(template_id).join(TEMPLATE_LEAF),
+            },
+            CgroupRoot::V1 { .. } => self.placement(template_id),
         }
-        removed
+    }
+
+    /// Where the cgroup of run `run_id`, forked from template `template_id`, lives: on
+    /// v2 beside the template's (`template_placement`), on v1 where any run's does.
+    pub fn forked_placement(&self, template_id: &str, run_id: &str) -> CgroupPlacement {
+        match self {
+            CgroupRoot::V2 { base } => CgroupPlacement::V2 {
+                path: base.join(template_id).join(run_id),
+            },
+            CgroupRoot::V1 { .. } => self.placement(run_id),
+        }
+    }
+
+    /// Removes every run cgroup left under this instance by an earlier server (one that
+    /// crashed or was killed), killing whatever still runs in them, and a template's
+    /// directory with the runs below it. Returns how many cgroups it removed.
+    pub fn sweep(&self) -> usize {
+        self.bases()
+            .iter()
+            .map(|base| {
+                subdirectories(base)
+                    .iter()
+                    .map(|dir| remove_tree(dir, Duration::from_secs(2)))
+                    .sum::<usize>()
+            })
+            .sum()
     }
 
     /// At a clean stop: sweeps, then removes the instance directories themselves, so a
@@ -235,14 +258,37 @@ impl CgroupRoot {
         swept
     }
 
-    /// Run cgroups currently present under this instance (for leak accounting).
+    /// Cgroups currently present under this instance, at any depth (for leak
+    /// accounting).
     pub fn count_runs(&self) -> usize {
-        self.bases()
-            .iter()
-            .filter_map(|b| fs::read_dir(b).ok())
-            .map(|d| d.flatten().filter(|e| e.path().is_dir()).count())
-            .sum()
+        fn count(dir: &Path) -> usize {
+            subdirectories(dir).iter().map(|d| 1 + count(d)).sum()
+        }
+        self.bases().iter().map(|b| count(b)).sum()
     }
+}
+
+/// The leaf that holds a template on v2, in the directory its runs' cgroups share.
+const TEMPLATE_LEAF: &str = "template";
+
+/// The directories (child cgroups) in `dir`; none if it cannot be read.
+fn subdirectories(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path())
+        .collect()
+}
+
+/// Kills every process in the cgroup `dir` and below, and removes the cgroups, the
+/// deepest first. Returns how many it removed.
+fn remove_tree(dir: &Path, wait: Duration) -> usize {
+    kill_all(dir);
+    let below: usize = subdirectories(dir).iter().map(|d| remove_tree(d, wait)).sum();
+    below + usize::from(remove_when_empty(dir, wait).is_ok())
 }
 
 fn enable_v2_controllers(dir: &Path) -> Result<(), CgroupError> {
@@ -260,6 +306,15 @@ fn enable_v2_controllers(dir: &Path) -> Result<(), CgroupError> {
         }
     }
     Ok(())
+}
+
+/// Gives `owner` the cgroup's `cgroup.procs`, and nothing else of it. Where it cannot
+/// (a server without root, in a subtree delegated to it, names the sandbox's ids in a
+/// user namespace of its own), the file stays as it is: the template's clone into the
+/// cgroup is then refused, and the run's helper moves the run instead, as on v1
+/// (`Event::Ready::cloned_into_cgroup` says which).
+fn give_procs(dir: &Path, (uid, gid): (u32, u32)) {
+    let _ = std::os::unix::fs::chown(dir.join("cgroup.procs"), Some(uid), Some(gid));
 }
 
 fn write(dir: &Path, file: &str, value: &str) -> Result<(), CgroupError> {
@@ -318,6 +373,9 @@ fn remove_when_empty(dir: &Path, wait: Duration) -> Result<(), CgroupError> {
 #[derive(Debug)]
 pub struct RunCgroup {
     placement: CgroupPlacement,
+    /// On v2, a template's or a forked run's: the directory the template's cgroup
+    /// shares with its runs', removed with the last of them.
+    family: Option<PathBuf>,
 }
 
 /// What the kernel accounted for a run.
@@ -332,6 +390,7 @@ impl RunCgroup {
     pub fn create(placement: &CgroupPlacement, limits: &Limits) -> Result<Self, CgroupError> {
         let cg = RunCgroup {
             placement: placement.clone(),
+            family: None,
         };
         for dir in cg.dirs() {
             fs::create_dir(&dir).map_err(io_err(&dir))?;
@@ -364,6 +423,76 @@ impl RunCgroup {
             }
         }
         Ok(cg)
+    }
+
+    /// A template's cgroup (`CgroupRoot::template_placement`). On v2, it first makes
+    /// the directory the template shares with its runs, with the controllers on for
+    /// them, and gives `owner` (the sandbox's host uid and gid) its `cgroup.procs`: with
+    /// that and each run's own `cgroup.procs` (`create_forked`), the template may
+    /// clone each run straight into the run's cgroup. It gets no other file: the
+    /// limits stay root's. A run cannot use this: it has no cgroup filesystem, and one
+    /// it mounted would be rooted at its own cgroup (ARCHITECTURE.md, "Forked runs").
+    pub fn create_template(
+        placement: &CgroupPlacement,
+        limits: &Limits,
+        owner: (u32, u32),
+    ) -> Result<Self, CgroupError> {
+        let Some(family) = Self::family_of(placement) else {
+            return Self::create(placement, limits);
+        };
+        fs::create_dir(&family).map_err(io_err(&family))?;
+        give_procs(&family, owner);
+        let made = enable_v2_controllers(&family).and_then(|()| Self::create(placement, limits));
+        match made {
+            Ok(cg) => Ok(RunCgroup {
+                family: Some(family),
+                ..cg
+            }),
+            Err(e) => {
+                let _ = fs::remove_dir(&family);
+                Err(e)
+            }
+        }
+    }
+
+    /// A run forked from a template (`CgroupRoot::forked_placement`). On v2 its
+    /// `cgroup.procs` is given to `owner`, so that the template may clone the run
+    /// into it (`create_template`).
+    pub fn create_forked(placement: &CgroupPlacement, limits: &Limits, owner: (u32, u32)) -> Result<Self, CgroupError> {
+        let family = Self::family_of(placement);
+        let cg = RunCgroup {
+            family,
+            ..Self::create(placement, limits)?
+        };
+        if let Some(path) = cg.v2_path() {
+            give_procs(path, owner);
+        }
+        Ok(cg)
+    }
+
+    fn family_of(placement: &CgroupPlacement) -> Option<PathBuf> {
+        match placement {
+            CgroupPlacement::V2 { path } => path.parent().map(Path::to_path_buf),
+            CgroupPlacement::V1 { .. } => None,
+        }
+    }
+
+    /// The cgroup v2 directory a template may clone this run into, if any.
+    pub fn v2_path(&self) -> Option<&Path> {
+        match &self.placement {
+            CgroupPlacement::V2 { path } if self.family.is_some() => Some(path),
+            _ => None,
+        }
+    }
+
+    /// Whether process `pid` is in this cgroup (on v2; on v1, in its memory cgroup).
+    pub fn holds(&self, pid: i32) -> bool {
+        let procs = match &self.placement {
+            CgroupPlacement::V1 { memory, .. } => memory.join("cgroup.procs"),
+            CgroupPlacement::V2 { path } => path.join("cgroup.procs"),
+        };
+        let pid = pid.to_string();
+        fs::read_to_string(procs).is_ok_and(|t| t.lines().any(|l| l.trim() == pid))
     }
 
     fn dirs(&self) -> Vec<PathBuf> {
@@ -452,7 +581,8 @@ impl RunCgroup {
         }
     }
 
-    /// Kills whatever is left and removes the cgroup directories.
+    /// Kills whatever is left and removes the cgroup directories; the last of a
+    /// template and its runs to go removes the directory they share.
     pub fn destroy(self) -> Result<(), CgroupError> {
         let mut first_err = None;
         for dir in self.dirs() {
@@ -460,6 +590,10 @@ impl RunCgroup {
             if let Err(e) = remove_when_empty(&dir, Duration::from_secs(5)) {
                 first_err.get_or_insert(e);
             }
+        }
+        if let Some(family) = &self.family {
+            // Refused (EBUSY) while the template or another of its runs is still there.
+            let _ = fs::remove_dir(family);
         }
         first_err.map_or(Ok(()), Err)
     }
@@ -485,6 +619,45 @@ mod tests {
         assert!(m[3].v2);
         assert_eq!(m[4].path, PathBuf::from("/sys/fs/cgroup/cpu acct"));
         assert_eq!(m[4].controllers, vec!["cpu", "cpuacct"]);
+    }
+
+    /// A template's directory on v2 holds the template's cgroup and its runs': the
+    /// sweep of a server's leftovers kills what runs in them and removes all three
+    /// levels, and the leak count sees every level. On a real cgroup v2 hierarchy (this
+    /// machine's controller-less one, or the v2 machine's).
+    #[test]
+    fn a_sweep_kills_and_removes_a_templates_directory_with_its_runs() {
+        assert!(nix::unistd::geteuid().is_root(), "needs root, to make cgroups");
+        let text = fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let mount = parse_mountinfo(&text).into_iter().find(|m| m.v2);
+        let mount = mount.expect("needs a cgroup2 mount (this machine and CI have one)");
+        let base = mount.path.join(format!("sandcall-sweep-test-{}", std::process::id()));
+        let root = CgroupRoot::v2_at(base.clone());
+        let template = root.template_placement("tpl");
+        let run = root.forked_placement("tpl", "run");
+        let (CgroupPlacement::V2 { path: template }, CgroupPlacement::V2 { path: run }) = (template, run) else {
+            panic!("v2 placements expected");
+        };
+        assert_eq!(
+            (template.parent(), run.parent()),
+            (Some(&*base.join("tpl")), Some(&*base.join("tpl")))
+        );
+        for dir in [&template, &run, &base.join("plain")] {
+            fs::create_dir_all(dir).unwrap();
+        }
+        let mut sleeper = std::process::Command::new("sleep").arg("60").spawn().unwrap();
+        fs::write(run.join("cgroup.procs"), sleeper.id().to_string()).unwrap();
+        assert_eq!(root.count_runs(), 4, "tpl, tpl/template, tpl/run, plain");
+
+        assert_eq!(root.sweep(), 4);
+        let status = sleeper.wait().unwrap();
+        assert_eq!(root.count_runs(), 0);
+        fs::remove_dir(&base).unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(libc::SIGKILL),
+            "the run's process: {status:?}"
+        );
     }
 
     #[test]

@@ -100,7 +100,9 @@ pub fn run_helper() -> i32 {
             let _ = sandbox.wait_program_ready(READY_WAIT);
         }
     }
-    emit(&Event::Ready);
+    emit(&Event::Ready {
+        cloned_into_cgroup: sandbox.forked.as_ref().map(|f| f.cloned_into_cgroup),
+    });
 
     let run: Run = match read_message(&mut control) {
         Ok(Some(r)) => r,
@@ -200,7 +202,9 @@ fn keep_template(prepare: &Prepare, control: &mut Lines) -> i32 {
         emit(&Event::Failed { message });
         return 1;
     }
-    emit(&Event::Ready);
+    emit(&Event::Ready {
+        cloned_into_cgroup: None,
+    });
     let mut template_alive = true;
     let mut ended = false;
     loop {
@@ -408,6 +412,9 @@ struct Forked {
     root: PathBuf,
     /// The run's `/mnt/data`, once init has mounted it.
     work: Option<OwnedFd>,
+    /// Whether the template cloned the run's first process into the run's cgroup
+    /// (else the helper moved it there).
+    cloned_into_cgroup: bool,
 }
 
 /// The longest a warm sandbox's program may take to say it is ready (`Launch::wait_ready`).
@@ -430,6 +437,11 @@ struct InitContext<'a> {
     tool_client: Option<&'a Path>,
     /// A template's listening socket, the program's fd 4 (`Prepare::template`).
     listener: Option<RawFd>,
+    /// Whether init makes its cgroup the root of a cgroup namespace of its own: every
+    /// sandbox's but a template's on v2, which must see the cgroups of the runs it
+    /// clones into (with `nsdelegate`, the kernel refuses a clone into a cgroup outside
+    /// the caller's cgroup namespace). Each run makes its own (zygote.py, `_run_init`).
+    cgroup_namespace: bool,
 }
 
 impl Sandbox {
@@ -564,8 +576,13 @@ impl Sandbox {
         )
         .map_err(|e| e.to_string())?;
 
-        // 3. The cgroup, with its limits set before any process joins it.
-        self.cgroup = Some(RunCgroup::create(&prepare.cgroup, &prepare.limits).map_err(|e| e.to_string())?);
+        // 3. The cgroup, with its limits set before any process joins it. A template's,
+        //    on v2, in a directory of its own that its runs' cgroups share.
+        let cgroup = match prepare.template {
+            Some(_) => RunCgroup::create_template(&prepare.cgroup, &prepare.limits, (uid, gid)),
+            None => RunCgroup::create(&prepare.cgroup, &prepare.limits),
+        };
+        self.cgroup = Some(cgroup.map_err(|e| e.to_string())?);
 
         // 4. Pipes and directory handles that init inherits. All are close-on-exec: the
         //    program gets only its three stdio pipes, which init dup2()s into place.
@@ -619,6 +636,7 @@ impl Sandbox {
             node_modules: prepare.node_modules.as_deref(),
             tool_client: tool_client.as_deref().filter(|_| prepare.tools.is_some()),
             listener: listener.as_ref().map(|fd| fd.as_raw_fd()),
+            cgroup_namespace: self.cgroup.as_ref().is_none_or(|c| c.v2_path().is_none()),
         };
         let flags = CloneFlags::CLONE_NEWUSER
             | CloneFlags::CLONE_NEWPID
@@ -676,8 +694,24 @@ impl Sandbox {
         use nix::sys::socket::{sendmsg, setsockopt, sockopt, ControlMessage, MsgFlags};
         use std::os::unix::net::UnixStream;
         self.owner = (prepare.host_uid, prepare.host_gid);
-        // 1. The cgroup, with its limits set before any process of the run joins it.
-        self.cgroup = Some(RunCgroup::create(&prepare.cgroup, &prepare.limits).map_err(|e| e.to_string())?);
+        // 1. The cgroup, with its limits set before any process of the run joins it;
+        //    on v2 beside the template's, and open for the template to clone into.
+        let cgroup =
+            RunCgroup::create_forked(&prepare.cgroup, &prepare.limits, self.owner).map_err(|e| e.to_string())?;
+        let into = match cgroup.v2_path() {
+            Some(path) => Some(
+                nix::fcntl::open(
+                    path,
+                    OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+                    nix::sys::stat::Mode::empty(),
+                )
+                .map_err(errstr("open the run's cgroup"))?,
+            ),
+            None => None,
+        };
+        // SAFETY: open returned a fresh descriptor, owned from here on.
+        let into = into.map(|fd| unsafe { OwnedFd::from_raw_fd(fd) });
+        self.cgroup = Some(cgroup);
 
         // 2. The run's channels, as for a built sandbox: stdio pipes, fd 3 (go and
         //    exit), and init's report socket, which also carries init's credentials.
@@ -695,12 +729,30 @@ impl Sandbox {
         //    allocates anything of the run, so that the namespaces, init and every page
         //    they copy are charged to the run, not to the template. Init (G) is then
         //    born in the run's cgroup.
+        //    On v2 the template is given the run's cgroup with the request for a fork,
+        //    and clones C straight into it (`clone3` with `CLONE_INTO_CGROUP`); where
+        //    it cannot, it forks, and C is moved here, as on v1.
         let conn = UnixStream::connect(socket).map_err(|e| format!("connect to the template: {e}"))?;
         setsockopt(&conn, sockopt::PassCred, &true).map_err(errstr("SO_PASSCRED"))?;
         let conn = OwnedFd::from(conn);
+        let cgroup_fd = into.as_ref().map(|fd| [fd.as_raw_fd()]);
+        let cmsgs: Vec<ControlMessage> = cgroup_fd.iter().map(|fd| ControlMessage::ScmRights(fd)).collect();
+        sendmsg::<()>(
+            conn.as_raw_fd(),
+            &[io::IoSlice::new(b"fork\n")],
+            &cmsgs,
+            MsgFlags::empty(),
+            None,
+        )
+        .map_err(errstr("ask the template for a fork"))?;
+        drop(into);
         let child = read_hello(&conn, "the template did not fork in time")?;
+        let mut cloned_into_cgroup = false;
         if let Some(cg) = &self.cgroup {
-            cg.add(child).map_err(|e| e.to_string())?;
+            cloned_into_cgroup = cg.v2_path().is_some() && cg.holds(child);
+            if !cloned_into_cgroup {
+                cg.add(child).map_err(|e| e.to_string())?;
+            }
         }
         // The template waits at nice 19 (its forks are mostly refills); a fork a request
         // waits for is set up at the normal priority: its init and program inherit it.
@@ -747,6 +799,7 @@ impl Sandbox {
             pidfd,
             root: root.clone(),
             work: None,
+            cloned_into_cgroup,
         });
         let writer = report.try_clone().map_err(|e| format!("dup: {e}"))?;
         self.from_init = Some(Lines::new(report, MAX_SHORT_LINE));
@@ -1518,7 +1571,9 @@ fn init_setup(ctx: &InitContext, commands: &mut Lines) -> Result<Option<InitRun>
         _ => return Ok(None),
     }
     // Make the run's cgroup the root of our cgroup view: the helper has placed us in it.
-    unshare(CloneFlags::CLONE_NEWCGROUP).map_err(errstr("unshare cgroup namespace"))?;
+    if ctx.cgroup_namespace {
+        unshare(CloneFlags::CLONE_NEWCGROUP).map_err(errstr("unshare cgroup namespace"))?;
+    }
     // The root is built while init still has the host uid it was cloned with, because the
     // staging directories sit in the data directory, which only that uid may enter.
     build_root(&RootSpec {

@@ -249,8 +249,15 @@ pub struct RunResult {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum Event {
-    /// The sandbox is built and waits for its program.
-    Ready,
+    /// The sandbox is built and waits for its program. For a run forked from a
+    /// template, `cloned_into_cgroup` says whether the template cloned the run's first
+    /// process straight into the run's cgroup (`clone3` with `CLONE_INTO_CGROUP`, on
+    /// cgroup v2) or the helper moved it there after its hello (cgroup v1, or a kernel
+    /// or seccomp profile without that call).
+    Ready {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cloned_into_cgroup: Option<bool>,
+    },
     /// The program ended; the sandbox is being reclaimed.
     Finished { result: RunResult },
     /// The sandbox could not be built or run. `message` is for the log, not the client.

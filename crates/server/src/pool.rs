@@ -5,7 +5,7 @@
 
 use crate::config::Config;
 use crate::ids;
-use crate::runner::{Helper, Runner};
+use crate::runner::{Helper, Runner, Template};
 use crate::runtime;
 use sandcall_api::Language;
 use sandcall_sandbox::protocol::{Launch, Limits, ToolChannel};
@@ -203,14 +203,14 @@ impl Pool {
             .unwrap_or_else(|p| p.into_inner())
             .get(&set)
             .cloned()?;
-        let (socket, seed) = fork.zygote.get()?;
+        let template = fork.zygote.get()?;
         match fork
             .runner
-            .prepare_forked(ids::new_id(), fork.limits, fork.tools, socket, false)
+            .prepare_forked(ids::new_id(), fork.limits, fork.tools, &template, false)
             .await
         {
             Ok(mut helper) => {
-                helper.set_hash_seed(seed);
+                helper.set_hash_seed(template.seed);
                 Some(helper)
             }
             Err(e) => {
@@ -266,24 +266,24 @@ fn imports_any(code: &str, packages: &[String]) -> bool {
 /// A set's template ("zygote"), while it is ready to fork.
 #[derive(Default)]
 struct Zygote {
-    /// Its socket and hash seed, while it is ready; None while it is being (re)built.
-    ready: Mutex<Option<(std::path::PathBuf, u32)>>,
+    /// The template, while it is ready; None while it is being (re)built.
+    ready: Mutex<Option<Template>>,
 }
 
 impl Zygote {
-    fn get(&self) -> Option<(std::path::PathBuf, u32)> {
+    fn get(&self) -> Option<Template> {
         self.ready.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    fn set(&self, ready: Option<(std::path::PathBuf, u32)>) {
+    fn set(&self, ready: Option<Template>) {
         *self.ready.lock().unwrap_or_else(|p| p.into_inner()) = ready;
     }
 }
 
 /// What each run forked from a template may leave charged to the template's cgroup:
-/// pages the template (and the run's first process, before the run's helper has moved
-/// it into the run's cgroup) write after a fork are copied, and the run keeps the
-/// originals, which stay charged to the template for the run's life. Measured: about
+/// pages the template (and on cgroup v1 the run's first process, before the run's
+/// helper has moved it into the run's cgroup) write after a fork are copied, and the run
+/// keeps the originals, which stay charged to the template for the run's life. Measured: about
 /// 0.4 MiB per paused session (docs/benchmarks.md, the zygote notes).
 const TEMPLATE_MEMORY_PER_RUN: u64 = 1 << 20;
 
@@ -322,7 +322,7 @@ impl Keeper {
             launch.env.push(("PYTHONHASHSEED".into(), seed.to_string()));
             let started = self
                 .runner
-                .prepare_template(id, self.limits.clone(), launch, socket.clone())
+                .prepare_template(id.clone(), self.limits.clone(), launch, socket.clone())
                 .await;
             let mut helper = match started {
                 Ok(helper) => helper,
@@ -335,7 +335,7 @@ impl Keeper {
                     continue;
                 }
             };
-            self.zygote.set(Some((socket, seed)));
+            self.zygote.set(Some(Template { id, socket, seed }));
             self.pool.inner.wake.notify_waiters();
             tokio::select! {
                 event = helper.next_event() => {
@@ -400,14 +400,14 @@ impl Refill {
             // A sandbox forked from the set's template, while it is ready; else one
             // built the usual way (also when the fork fails: the template may have
             // just exited).
-            if let Some((socket, seed)) = self.zygote.as_ref().and_then(|z| z.get()) {
+            if let Some(template) = self.zygote.as_ref().and_then(|z| z.get()) {
                 let forked = self
                     .runner
-                    .prepare_forked(ids::new_id(), self.limits.clone(), self.tools.clone(), socket, true)
+                    .prepare_forked(ids::new_id(), self.limits.clone(), self.tools.clone(), &template, true)
                     .await;
                 match forked {
                     Ok(mut helper) => {
-                        helper.set_hash_seed(seed);
+                        helper.set_hash_seed(template.seed);
                         self.pool.ready().entry(self.set).or_default().push(helper);
                         continue;
                     }

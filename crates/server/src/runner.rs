@@ -73,6 +73,15 @@ impl RunSpec {
 }
 
 /// What the runner needs from the configuration.
+/// A template ("zygote") ready to fork: its id (its cgroup's name), the socket it
+/// listens on, and the hash seed its runs share.
+#[derive(Debug, Clone)]
+pub struct Template {
+    pub id: String,
+    pub socket: PathBuf,
+    pub seed: u32,
+}
+
 #[derive(Debug, Clone)]
 pub struct RunnerSettings {
     pub helper_exe: PathBuf,
@@ -310,13 +319,14 @@ impl Runner {
         socket: PathBuf,
     ) -> Result<Helper, RunError> {
         let mut prepare = self.prepare_message(run_id, limits, Some(launch), None);
+        prepare.cgroup = self.settings.cgroups.template_placement(&prepare.run_id);
         prepare.template = Some(socket);
         // Its forks are mostly refills; a run forked from it is raised at its `Run`.
         prepare.background = true;
         self.prepare(&prepare).await
     }
 
-    /// A warm sandbox forked from the template listening at `socket`: like
+    /// A warm sandbox forked from `template`: like
     /// `prepare_warm`, its program is started and waits for `Helper::begin`.
     /// `background` for a refill, not for a request waiting on this fork.
     pub async fn prepare_forked(
@@ -324,11 +334,12 @@ impl Runner {
         run_id: String,
         limits: Limits,
         tools: ToolChannel,
-        socket: PathBuf,
+        template: &Template,
         background: bool,
     ) -> Result<Helper, RunError> {
         let mut prepare = self.prepare_message(run_id, limits, None, Some(tools));
-        prepare.fork_from = Some(socket);
+        prepare.cgroup = self.settings.cgroups.forked_placement(&template.id, &prepare.run_id);
+        prepare.fork_from = Some(template.socket.clone());
         prepare.background = background;
         self.prepare(&prepare).await
     }
@@ -387,7 +398,13 @@ impl Runner {
         let ready = async {
             helper.send(prepare).await?;
             match helper.next_event().await? {
-                Event::Ready => Ok(()),
+                Event::Ready { cloned_into_cgroup } => {
+                    if let Some(cloned) = cloned_into_cgroup {
+                        let how = if cloned { "cloned" } else { "moved" };
+                        metrics::counter!(crate::telemetry::FORKED_RUNS, "cgroup" => how).increment(1);
+                    }
+                    Ok(())
+                }
                 Event::Failed { message } => Err(RunError::Sandbox(message)),
                 other => Err(RunError::Protocol(format!("expected ready, got {other:?}"))),
             }

@@ -33,6 +33,10 @@ pub const REQUESTS: &str = "sandcall_http_requests_total";
 /// Requests refused before they ran, by `reason` (the `error_type`: `at_capacity`,
 /// `principal_at_capacity`, `rate_limited`).
 pub const REFUSALS: &str = "sandcall_admission_refusals_total";
+/// Sandboxes forked from a template, by how their first process got into its cgroup:
+/// `cloned` (cgroup v2: born there, `clone3` with `CLONE_INTO_CGROUP`) or `moved` (by
+/// the helper, after its hello: cgroup v1, or no such call).
+pub const FORKED_RUNS: &str = "sandcall_forked_sandboxes_total";
 /// Warm sandboxes ready, by `language` and `preloaded`.
 pub const WARM_IDLE: &str = "sandcall_warm_sandboxes";
 /// Programmatic sessions holding a sandbox, and those of them paused.
@@ -99,6 +103,10 @@ fn describe() {
     describe_histogram!(REQUEST_SECONDS, Unit::Seconds, "Time from a request to its answer.");
     describe_counter!(REQUESTS, "Requests answered, by method, route and status.");
     describe_counter!(REFUSALS, "Requests refused by admission control or a rate, by reason.");
+    describe_counter!(
+        FORKED_RUNS,
+        "Sandboxes forked from a template, by how their first process got into its cgroup."
+    );
     describe_gauge!(WARM_IDLE, "Warm sandboxes ready, by language.");
     describe_gauge!(SESSIONS_LIVE, "Programmatic sessions holding a sandbox.");
     describe_gauge!(SESSIONS_PAUSED, "Live programmatic sessions paused on tool calls.");

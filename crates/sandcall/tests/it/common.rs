@@ -490,8 +490,16 @@ pub fn run_cgroups(instance: &str) -> usize {
     run_cgroup_paths(instance).len()
 }
 
-/// The paths of this instance's run cgroups, across every hierarchy.
+/// The paths of this instance's cgroups, across every hierarchy and at any depth (on
+/// v2, a template's runs are below the template's directory).
 pub fn run_cgroup_paths(instance: &str) -> std::collections::BTreeSet<PathBuf> {
+    fn below(dir: &Path, into: &mut std::collections::BTreeSet<PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        for path in entries.flatten().map(|e| e.path()).filter(|p| p.is_dir()) {
+            below(&path, into);
+            into.insert(path);
+        }
+    }
     let mut bases: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
         .unwrap()
         .flatten()
@@ -499,11 +507,11 @@ pub fn run_cgroup_paths(instance: &str) -> std::collections::BTreeSet<PathBuf> {
         .collect();
     // cgroup v2 mounted directly at /sys/fs/cgroup.
     bases.push(Path::new("/sys/fs/cgroup").join(instance));
-    bases
-        .iter()
-        .filter_map(|base| std::fs::read_dir(base).ok())
-        .flat_map(|runs| runs.flatten().map(|e| e.path()).filter(|p| p.is_dir()))
-        .collect()
+    let mut paths = std::collections::BTreeSet::new();
+    for base in &bases {
+        below(base, &mut paths);
+    }
+    paths
 }
 
 /// Polls `f` until it returns `want` (up to 10 s): helpers answer before they finish

@@ -327,6 +327,30 @@ fn many_forked_runs_leave_nothing_behind() {
     );
 }
 
+/// A forked run's first process gets into the run's cgroup before it writes anything of
+/// the run: on cgroup v2 it is born there (the template clones it with `clone3` and
+/// `CLONE_INTO_CGROUP`, into the cgroup the run's helper hands it), on v1 the helper
+/// moves it there after its hello. The server counts which, and on a v2 machine (CI's
+/// cgroup v2 machine runs this test) every fork must have been a clone into the cgroup.
+#[test]
+fn a_forked_runs_first_process_is_cloned_into_its_cgroup_on_v2() {
+    let s = forked_server(1, None);
+    for _ in 0..3 {
+        assert_eq!(stdout(&run_forked(&s, json!({"code": "print(1)"}))), "1\n");
+    }
+    let (status, _, health) = s.request("GET", "/v1/health", None, None);
+    assert_eq!(status, 200, "{health}");
+    let client = crate::files::Client::anonymous(&s);
+    let scrape = crate::metrics::scrape(&client);
+    let count = |how| crate::metrics::value(&scrape, "sandcall_forked_sandboxes_total", &[("cgroup", how)]);
+    let (cloned, moved) = (count("cloned"), count("moved"));
+    match health["cgroup"].as_str() {
+        Some("v2") => assert!(cloned >= 3.0 && moved == 0.0, "cloned {cloned}, moved {moved}"),
+        Some("v1") => assert!(moved >= 3.0 && cloned == 0.0, "cloned {cloned}, moved {moved}"),
+        other => panic!("cgroup version {other:?}: {health}"),
+    }
+}
+
 /// A forked run's code directory is its own tmpfs, written by the helper at the `Run`:
 /// it is read-only before the first line of the program runs (init seals it, then
 /// releases the program), and the program keeps no descriptor of that release.

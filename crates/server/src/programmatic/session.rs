@@ -2503,7 +2503,7 @@ impl Driver {
                         break Ok(result);
                     }
                     Ok(Event::Failed { message }) => break Err(RunError::Sandbox(message)),
-                    Ok(Event::Ready) => {}
+                    Ok(Event::Ready { .. }) => {}
                     Err(e) => break Err(e),
                 },
                 Some((key, reply)) = mcp_rx.recv() => {

@@ -4,11 +4,14 @@
 # the interpreter once, loads runner.py (its source is argv[1]), imports the preloads,
 # then forks one run per request that arrives on its listening socket (fd 4):
 #
-#   template --fork--> C: says hello with its credentials, so the helper learns its
-#                         pid; waits for the run's request, which the helper sends once
-#                         it has placed C in the run's cgroup; unshares user, pid,
-#                         mount, net, IPC and UTS namespaces, maps uid/gid 1000 to
-#                         itself, forks G (born in the run's cgroup), exits
+#   template --fork--> C: on cgroup v2 born in the run's cgroup (clone3 with
+#                         CLONE_INTO_CGROUP, into the cgroup the helper sends with its
+#                         request for a fork); says hello with its credentials, so the
+#                         helper learns its pid; waits for the run's request, which the
+#                         helper sends once C is in the run's cgroup (it moves C there
+#                         if it was not born there: cgroup v1, or no clone3); unshares
+#                         user, pid, mount, net, IPC and UTS namespaces, maps uid/gid
+#                         1000 to itself, forks G (born in the run's cgroup), exits
 #              G (pid 1 of the run): fresh /proc, tmpfs on /tmp, /dev/shm, /mnt/data and
 #                         /run/sandcall; unshares the cgroup namespace; says hello with
 #                         its credentials, so the helper learns its pid; forks P; reaps
@@ -35,6 +38,9 @@ import sys
 import time
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
+# The same C library, called with the GIL held (clone3 below forks this process).
+_LIBC_GIL = ctypes.PyDLL(None, use_errno=True)
+_LIBC_GIL.syscall.restype = ctypes.c_long
 _LIBC.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 _LIBC.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 _LIBC.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
@@ -54,6 +60,29 @@ _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 38, 47, 4
 _SECCOMP_MODE_FILTER = 2
 _SANDBOX_ID = 1000
 _LISTENER = 4
+_SYS_CLONE3 = 435  # x86-64 and arm64 alike
+_CLONE_INTO_CGROUP = 0x200000000
+_ENOSYS, _E2BIG, _EINVAL = 38, 7, 22
+
+
+class _CloneArgs(ctypes.Structure):
+    # struct clone_args as of Linux 5.7 (CLONE_ARGS_SIZE_VER2).
+    _fields_ = [
+        (name, ctypes.c_uint64)
+        for name in (
+            "flags",
+            "pidfd",
+            "child_tid",
+            "parent_tid",
+            "exit_signal",
+            "stack",
+            "stack_size",
+            "tls",
+            "set_tid",
+            "set_tid_size",
+            "cgroup",
+        )
+    ]
 
 
 class _SockFprog(ctypes.Structure):
@@ -307,6 +336,36 @@ def _hello(report):
     sock.detach()
 
 
+# False once this kernel has said it cannot clone into a cgroup: fork from then on.
+_clone3_works = [True]
+
+
+def _fork_into(cgroup):
+    """Forks as os.fork() does, with the interpreter's fork hooks around it; the child
+    born in the cgroup v2 directory `cgroup` (a descriptor) when there is one and the
+    kernel can (clone3 with CLONE_INTO_CGROUP: Linux 5.7, and no seccomp profile that
+    hides clone3). Where it cannot, or refuses (the cgroup is gone, or not ours to
+    clone into), a plain fork: the helper then moves the child (Sandbox::fork_steps).
+    Returns 0 in the child and the child's pid in the parent. The child's C library
+    keeps its parent's cached thread id (clone3 has no wrapper to reset it), which
+    only pthread_kill and raise use: C never calls them, and its own forks (G, then P)
+    are made by os.fork(), which gives each the right one."""
+    if cgroup is not None and _clone3_works[0]:
+        args = _CloneArgs(flags=_CLONE_INTO_CGROUP, exit_signal=signal.SIGCHLD, cgroup=cgroup)
+        ctypes.pythonapi.PyOS_BeforeFork()
+        pid = _LIBC_GIL.syscall(ctypes.c_long(_SYS_CLONE3), ctypes.byref(args), ctypes.c_size_t(ctypes.sizeof(args)))
+        errno = ctypes.get_errno()
+        if pid == 0:
+            ctypes.pythonapi.PyOS_AfterFork_Child()
+            return 0
+        ctypes.pythonapi.PyOS_AfterFork_Parent()
+        if pid > 0:
+            return pid
+        if errno in (_ENOSYS, _E2BIG, _EINVAL):
+            _clone3_works[0] = False
+    return os.fork()
+
+
 def _fork_run(conn, listener, runner, filters):
     """C: says hello, and once the helper has placed it in the run's cgroup, reads the
     run's request, makes the run's namespaces and forks its init. Never returns."""
@@ -391,12 +450,27 @@ def main():
         except OSError:
             time.sleep(0.01)
             continue
+        # The helper's request for a fork, with the run's cgroup on v2. The helper
+        # sends it as soon as it connects: five seconds is a helper that is gone.
+        cgroup = None
         try:
-            pid = os.fork()
-        except OSError:
+            conn.settimeout(5)
+            message, fds, _, _ = socket.recv_fds(conn, 64, 1)
+            conn.settimeout(None)
+            for extra in fds[1:]:
+                os.close(extra)
+            cgroup = fds[0] if fds else None
+            if message != b"fork\n":
+                raise ValueError("not a request for a fork")
+            pid = _fork_into(cgroup)
+        except (OSError, ValueError):
+            if cgroup is not None:
+                os.close(cgroup)
             conn.close()
             time.sleep(0.01)
             continue
+        if cgroup is not None:
+            os.close(cgroup)
         if pid == 0:
             _fork_run(conn, listener, runner, filters)
         conn.close()
