@@ -15,10 +15,19 @@ for pid in pids:
             environ_hits.append(pid)
     except OSError:
         pass
+# The other processes whose command line shows the server's (its `serve`, config or
+# data directory) or the secret (this one's has them: they are its arguments); each
+# command line's start, to say who is there. (A forked run's init and program have the
+# template's command line, tens of KiB of its source.)
+cmdline_hits = []
 cmdlines = []
 for pid in pids:
     try:
-        cmdlines.append(open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode())
+        cmdline = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
     except OSError:
-        pass
-print(json.dumps({"exists": found, "env_leaks": leaked, "pids": pids, "environ_hits": environ_hits, "cmdlines": cmdlines}))
+        continue
+    if pid != os.getpid() and any(word in cmdline for word in ("serve", secret, config_path, data_dir)):
+        cmdline_hits.append(pid)
+    cmdlines.append(cmdline[:200])
+print(json.dumps({"exists": found, "env_leaks": leaked, "pids": pids, "environ_hits": environ_hits,
+                  "cmdline_hits": cmdline_hits, "cmdlines": cmdlines}))
