@@ -7,6 +7,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+/// For tests that count what is left on the machine (cgroups, processes, staging
+/// directories): no warm sandboxes, even in a pass that turns the pool on with
+/// `SANDCALL_TEST_WARM_POOL`.
+pub const NO_POOL: (&str, &str) = ("SANDCALL_WARM_POOL_SIZE", "0");
+
 pub struct Server {
     pub child: Option<Child>,
     pub base: String,

@@ -2,15 +2,11 @@
 //! (SIGTERM or SIGKILL of the real server, restarted on the same data dir) and after
 //! eviction, single-use tokens across restarts, and replay divergence.
 
-use crate::common::{descendants, run_cgroups, Server};
+use crate::common::{descendants, run_cgroups, Server, NO_POOL};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
 const ROUTE: &str = "/v1/exec/programmatic";
-
-/// For tests that count what is left on the machine: no warm sandboxes (CI may turn the
-/// pool on for a whole pass).
-const NO_POOL: (&str, &str) = ("SANDCALL_WARM_POOL_SIZE", "0");
 
 fn src(lines: &[&str]) -> String {
     let mut s = lines.join("\n");

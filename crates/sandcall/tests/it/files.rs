@@ -6,7 +6,7 @@
 //! The HTTP helpers at the top (multipart uploads, raw bytes, auth headers) are shared
 //! with `principals.rs`.
 
-use crate::common::{descendants, hostile, Server};
+use crate::common::{descendants, hostile, Server, NO_POOL};
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -1968,7 +1968,7 @@ fn directory_swapped_for_a_symlink_at_the_end() {
 
 #[test]
 fn swapping_during_collection_reads_nothing_outside() {
-    let s = Server::start();
+    let s = Server::start_with(&[NO_POOL], "");
     let c = Client::anonymous(&s);
     let secrets = host_secrets(&s);
     for round in 0..3 {

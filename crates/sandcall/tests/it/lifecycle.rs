@@ -1,6 +1,6 @@
 //! Starting, refusing to start, `doctor`, and stopping with running programs.
 
-use crate::common::{descendants, dir_entries, run_cgroups, Server};
+use crate::common::{descendants, dir_entries, run_cgroups, Server, NO_POOL};
 use serde_json::json;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -147,7 +147,7 @@ fn sigterm_kills_running_programs_and_reclaims_every_sandbox() {
 
 #[test]
 fn health_reports_503_while_sandboxes_cannot_be_built() {
-    let s = Server::start();
+    let s = Server::start_with(&[NO_POOL], "");
     s.assert_healthy();
     // Take away this instance's memory cgroup directory: no sandbox can be built.
     let memory = std::path::Path::new("/sys/fs/cgroup/memory").join(s.instance());

@@ -2,7 +2,7 @@
 //! paused at each tool call, the caller answers over HTTP, and the token, budget,
 //! timeout and cleanup rules of the wire contract hold.
 
-use crate::common::{descendants, dir_entries, processes_matching, run_cgroups, Server};
+use crate::common::{descendants, dir_entries, processes_matching, run_cgroups, Server, NO_POOL};
 use crate::files::assert_nanoid;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
@@ -905,7 +905,7 @@ fn unknown_sessions_are_404() {
 
 #[test]
 fn never_resumed_session_is_reclaimed() {
-    let s = Server::start_with(&[("SANDCALL_SESSION_EXPIRY_S", "1")], "");
+    let s = Server::start_with(&[("SANDCALL_SESSION_EXPIRY_S", "1"), NO_POOL], "");
     let seconds = 100_000 + u32::from(s.port);
     let marker = format!("sleep {seconds}");
     let body = json!({
@@ -990,7 +990,7 @@ fn tool_call_timeout_raises_timeout_error() {
 
 #[test]
 fn whole_loop_timeout() {
-    let s = Server::start();
+    let s = Server::start_with(&[NO_POOL], "");
 
     // Paused and never resumed: `loop_timeout` includes time spent waiting for the
     // caller (`timeout` does not; see ptc_librechat::timeout_stops_while_paused).
@@ -1147,7 +1147,7 @@ fn bash_tools() {
 
 #[test]
 fn cancel_kills_the_program() {
-    let s = Server::start();
+    let s = Server::start_with(&[NO_POOL], "");
     let seconds = 200_000 + u32::from(s.port);
     let marker = format!("sleep {seconds}");
     let body = json!({
@@ -1199,7 +1199,7 @@ fn cancel_kills_the_program() {
 
 #[test]
 fn circular_ref_schema_is_refused() {
-    let s = Server::start();
+    let s = Server::start_with(&[NO_POOL], "");
     let code = "print(walk(child={}))\n";
     for parameters in [
         json!({
@@ -1243,7 +1243,11 @@ fn circular_ref_schema_is_refused() {
 #[test]
 fn fifty_concurrent_sessions() {
     let s = Server::start_with(
-        &[("SANDCALL_MAX_SESSIONS", "64"), ("SANDCALL_MAX_CONCURRENT_RUNS", "64")],
+        &[
+            ("SANDCALL_MAX_SESSIONS", "64"),
+            ("SANDCALL_MAX_CONCURRENT_RUNS", "64"),
+            NO_POOL,
+        ],
         "",
     );
     std::thread::scope(|scope| {
