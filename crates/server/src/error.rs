@@ -66,14 +66,24 @@ impl ApiError {
     /// 503: the session store (Redis) cannot be reached; logged in full here, answered
     /// without detail. Nothing was changed: the same request may be retried.
     pub fn store_unavailable(detail: &str) -> Self {
-        tracing::warn!(detail, "the store is unavailable");
+        Self::unavailable(
+            "the session store is unavailable now; nothing was changed, retry later",
+            detail,
+        )
+    }
+
+    /// 503: the file store (S3) could not be reached or did not answer; logged in full
+    /// here, answered without detail. No file is half stored: the same request may be
+    /// retried.
+    pub fn file_store_unavailable(detail: &str) -> Self {
+        Self::unavailable("the file store cannot be reached now; retry later", detail)
+    }
+
+    fn unavailable(message: &'static str, detail: &str) -> Self {
+        tracing::warn!(detail, "{message}");
         ApiError {
             retry_after_s: Some(1),
-            ..Self::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                error_type::STORE_UNAVAILABLE,
-                "the session store is unavailable now; nothing was changed, retry later",
-            )
+            ..Self::new(StatusCode::SERVICE_UNAVAILABLE, error_type::STORE_UNAVAILABLE, message)
         }
     }
 

@@ -210,3 +210,127 @@ fn a_file_store_that_is_malformed_or_unreachable_stops_the_start() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A TCP relay to the test S3 server that can be cut as a network outage would be: while
+/// cut it closes each new connection at once and has shut down the ones it relayed.
+struct Relay {
+    port: u16,
+    up: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    open: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl Relay {
+    fn to(endpoint: &str) -> Relay {
+        use std::net::{TcpListener, TcpStream};
+        use std::sync::atomic::Ordering;
+        let target = endpoint.trim_start_matches("http://").trim_end_matches('/').to_owned();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let relay = Relay {
+            port: listener.local_addr().unwrap().port(),
+            up: Default::default(),
+            open: Default::default(),
+        };
+        relay.up.store(true, Ordering::SeqCst);
+        let (up, open) = (relay.up.clone(), relay.open.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                if !up.load(Ordering::SeqCst) {
+                    continue;
+                }
+                let Ok(server) = TcpStream::connect(&target) else {
+                    continue;
+                };
+                let pairs = [
+                    (client.try_clone(), server.try_clone()),
+                    (server.try_clone(), client.try_clone()),
+                ];
+                open.lock().unwrap().extend([client, server]);
+                for (from, to) in pairs {
+                    if let (Ok(mut from), Ok(mut to)) = (from, to) {
+                        std::thread::spawn(move || {
+                            let _ = std::io::copy(&mut from, &mut to);
+                            let _ = to.shutdown(std::net::Shutdown::Write);
+                        });
+                    }
+                }
+            }
+        });
+        relay
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn cut(&self) {
+        self.up.store(false, std::sync::atomic::Ordering::SeqCst);
+        for conn in self.open.lock().unwrap().drain(..) {
+            let _ = conn.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    fn mend(&self) {
+        self.up.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn a_file_store_out_of_reach_answers_503_and_loses_nothing() {
+    let (endpoint, _) = crate::common::s3_server();
+    let relay = Relay::to(&endpoint);
+    let prefix = unique_prefix("outage");
+    let relayed = relay.url();
+    let mut env: Vec<(&str, &str)> = Vec::new();
+    let store_env = s3_env(&prefix);
+    for (k, v) in &store_env {
+        env.push((
+            k.as_str(),
+            if k == "SANDCALL_S3_ENDPOINT" {
+                relayed.as_str()
+            } else {
+                v.as_str()
+            },
+        ));
+    }
+    env.push(("SANDCALL_MAX_STORED_FILES_PER_PRINCIPAL", "2"));
+    let s = Server::start_with(&env, "");
+    let c = Client::anonymous(&s);
+    let kept = c.upload("kept.txt", "text/plain", b"kept\n");
+
+    relay.cut();
+    let refused = c.upload_parts(&[file_part("lost.txt", "text/plain", b"lost\n")]);
+    assert_error(&refused, 503, "store_unavailable");
+    assert_eq!(refused.retry_after.as_deref(), Some("1"), "{refused}");
+    assert_error(&c.download(&kept.session_id, &kept.id), 503, "store_unavailable");
+    assert_error(
+        &c.get(&format!("/v1/files/{}", kept.session_id)),
+        503,
+        "store_unavailable",
+    );
+    // A run with an input file cannot stage it, and says so the same way.
+    let staged = c.post_json(
+        "/v1/exec",
+        &json!({"language": "bash", "code": "cat kept.txt", "files": [kept.input("kept.txt")]}),
+    );
+    assert_error(&staged, 503, "store_unavailable");
+    // A run without inputs still answers; the output it could not store is listed as
+    // skipped, and why.
+    let r = c.exec(json!({"language": "python", "code": "open('out.txt', 'w').write('x')\nprint('ran')"}));
+    assert_eq!(r["stdout"], "ran\n", "{r}");
+    assert_eq!(
+        r["files_skipped"],
+        json!([{"name": "out.txt", "reason": "storage_unavailable"}]),
+        "{r}"
+    );
+    s.assert_healthy();
+
+    // Back: what was stored is whole, and the refused upload took no place in the
+    // quota of two files: one more fits, and the one after that does not.
+    relay.mend();
+    let got = c.download(&kept.session_id, &kept.id);
+    assert_eq!((got.status, got.body.as_slice()), (200, &b"kept\n"[..]), "{got}");
+    assert_eq!(c.list(&kept.session_id).len(), 1);
+    c.upload("second.txt", "text/plain", b"second\n");
+    let over = c.upload_parts(&[file_part("third.txt", "text/plain", b"third\n")]);
+    assert_error(&over, 507, "quota_exceeded");
+}

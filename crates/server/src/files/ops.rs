@@ -23,7 +23,7 @@ pub fn storage_error(e: StoreError) -> ApiError {
         ),
         StoreError::Quota(q) => ApiError::quota_exceeded(q.to_string()),
         StoreError::Io(detail) => ApiError::internal(error_type::INTERNAL, &detail),
-        StoreError::Unavailable(detail) => ApiError::store_unavailable(&detail),
+        StoreError::Unavailable(detail) => ApiError::file_store_unavailable(&detail),
     }
 }
 
@@ -191,7 +191,7 @@ pub async fn ingest_outputs(
                     }
                     StoreError::Unavailable(detail) => {
                         tracing::error!(%detail, "storing an output file");
-                        "storage_error"
+                        "storage_unavailable"
                     }
                 };
                 skipped_total += 1;

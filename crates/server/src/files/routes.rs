@@ -278,6 +278,8 @@ impl Received {
     tag = "files",
     request_body(content = crate::openapi::UploadForm, content_type = "multipart/form-data"),
     responses(
+        (status = 503, description = "`store_unavailable`: the file store (S3) could not be reached or did not answer; no file is half stored. Retry after `Retry-After`.", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds to wait."))),
         (status = 429, description = "`rate_limited`: the caller is over its rate for these routes (`rate_limit_*`).", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Seconds to wait."))),
         (status = 200, description = "Every file was stored, under one new `storage_session_id`.", body = UploadResponse),
@@ -375,6 +377,8 @@ pub async fn upload(
     tag = "files",
     request_body(content = crate::openapi::BatchUploadForm, content_type = "multipart/form-data"),
     responses(
+        (status = 503, description = "`store_unavailable`: the file store (S3) could not be reached or did not answer; no file is half stored. Retry after `Retry-After`.", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds to wait."))),
         (status = 429, description = "`rate_limited`: the caller is over its rate for these routes (`rate_limit_*`).", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Seconds to wait."))),
         (status = 200, description = "At least one file was stored: `message` is `success`, or `partial_success` with the refused files marked `error`.", body = BatchUploadResponse),
@@ -610,6 +614,8 @@ fn etag(meta: &FileMeta) -> String {
     tag = "files",
     params(FilePath),
     responses(
+        (status = 503, description = "`store_unavailable`: the file store (S3) could not be reached or did not answer; no file is half stored. Retry after `Retry-After`.", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds to wait."))),
         (status = 429, description = "`rate_limited`: the caller is over its rate for these routes (`rate_limit_*`).", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Seconds to wait."))),
         (status = 200, description = "The file's bytes, with its stored content type.", content_type = "*/*", body = Vec<u8>,
@@ -750,6 +756,8 @@ fn listing(files: Vec<FileMeta>, detail: Detail) -> serde_json::Value {
     tag = "files",
     params(("session_id" = String, Path, description = "A `storage_session_id`."), ListQuery),
     responses(
+        (status = 503, description = "`store_unavailable`: the file store (S3) could not be reached or did not answer; no file is half stored. Retry after `Retry-After`.", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds to wait."))),
         (status = 429, description = "`rate_limited`: the caller is over its rate for these routes (`rate_limit_*`).", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Seconds to wait."))),
         (status = 200, description = "The caller's files of the session, oldest first; `[]` for an unknown session. `simple`: object names `{session_id}/{file_id}[.ext]` (strings); `summary`: `FileSummary`; `full`: `FileFull`; `normalized`: `FileNormalized`.",
@@ -789,6 +797,8 @@ pub async fn list(
     tag = "files",
     params(FilePath),
     responses(
+        (status = 503, description = "`store_unavailable`: the file store (S3) could not be reached or did not answer; no file is half stored. Retry after `Retry-After`.", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds to wait."))),
         (status = 429, description = "`rate_limited`: the caller is over its rate for these routes (`rate_limit_*`).", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Seconds to wait."))),
         (status = 200, description = "The file's metadata.", body = ObjectInfo),
@@ -817,6 +827,8 @@ pub async fn object(
     tag = "files",
     params(FilePath),
     responses(
+        (status = 503, description = "`store_unavailable`: the file store (S3) could not be reached or did not answer; no file is half stored. Retry after `Retry-After`.", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds to wait."))),
         (status = 429, description = "`rate_limited`: the caller is over its rate for these routes (`rate_limit_*`).", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Seconds to wait."))),
         (status = 200, description = "The file is deleted.", body = DeleteFileResponse),

@@ -77,8 +77,31 @@ fn loopback_http(endpoint: &str) -> bool {
     host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
+/// An object store error: `Unavailable` when S3 could not be reached or did not answer
+/// (worth a retry later), `Io` for anything else (a refusal, a bad answer).
 fn os_err(e: object_store::Error) -> StoreError {
-    StoreError::Io(format!("s3: {e}"))
+    if unreachable(&e) {
+        StoreError::Unavailable(format!("s3: {e}"))
+    } else {
+        StoreError::Io(format!("s3: {e}"))
+    }
+}
+
+/// Whether a transport error (a connection refused, reset or timed out, a request cut
+/// off) lies anywhere in `e`'s chain of causes, io::Error's wrapped errors included
+/// (the multipart writer reports object store errors as io::Error).
+fn unreachable(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if err.is::<object_store::client::HttpError>() {
+            return true;
+        }
+        next = match err.downcast_ref::<std::io::Error>() {
+            Some(io) => io.get_ref().map(|inner| inner as &(dyn std::error::Error + 'static)),
+            None => err.source(),
+        };
+    }
+    false
 }
 
 fn json_err(e: serde_json::Error) -> StoreError {
@@ -299,7 +322,12 @@ impl S3Store {
         .await;
         if let Err(e) = copied {
             let _ = writer.abort().await;
-            return Err(StoreError::Io(format!("s3: uploading: {e}")));
+            let detail = format!("s3: uploading: {e}");
+            return Err(if unreachable(&e) {
+                StoreError::Unavailable(detail)
+            } else {
+                StoreError::Io(detail)
+            });
         }
         Ok(())
     }
