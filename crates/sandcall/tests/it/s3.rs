@@ -301,7 +301,10 @@ fn a_file_store_out_of_reach_answers_503_and_loses_nothing() {
     let refused = c.upload_parts(&[file_part("lost.txt", "text/plain", b"lost\n")]);
     assert_error(&refused, 503, "store_unavailable");
     assert_eq!(refused.retry_after.as_deref(), Some("1"), "{refused}");
+    let batch = c.upload_batch(&[file_part("lost-too.txt", "text/plain", b"lost\n")]);
+    assert_error(&batch, 503, "store_unavailable");
     assert_error(&c.download(&kept.session_id, &kept.id), 503, "store_unavailable");
+    assert_error(&c.delete_file(&kept.session_id, &kept.id), 503, "store_unavailable");
     assert_error(
         &c.get(&format!("/v1/files/{}", kept.session_id)),
         503,
@@ -324,8 +327,9 @@ fn a_file_store_out_of_reach_answers_503_and_loses_nothing() {
     );
     s.assert_healthy();
 
-    // Back: what was stored is whole, and the refused upload took no place in the
-    // quota of two files: one more fits, and the one after that does not.
+    // Back: what was stored is whole (the refused delete removed nothing), and the
+    // refused uploads took no place in the quota of two files: one more fits, and the
+    // one after that does not.
     relay.mend();
     let got = c.download(&kept.session_id, &kept.id);
     assert_eq!((got.status, got.body.as_slice()), (200, &b"kept\n"[..]), "{got}");
