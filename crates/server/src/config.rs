@@ -232,6 +232,10 @@ pub struct Config {
     /// With an S3 file store: the local cache of stored files (inputs are staged from
     /// it), in MiB; files older than a few minutes are evicted past it. Default 1024.
     pub file_cache_mb: u64,
+    /// With an S3 file store: how long a request to S3 may take, in ms, and how long
+    /// after its first try a failed one is still retried; S3 out of reach is answered
+    /// `503 store_unavailable` within about twice this. Default 30000.
+    pub s3_timeout_ms: u64,
     /// Workspaces: a `/v1/exec` request with `runtime_session_hint` or `workspace_id`
     /// starts in the working directory its principal's previous run with the same one
     /// left. Default false (the hint is then ignored, `workspace_id` refused).
@@ -583,6 +587,7 @@ impl Default for Config {
             file_store: None,
             s3_endpoint: None,
             file_cache_mb: 1024,
+            s3_timeout_ms: 30_000,
             workspaces: false,
             header_read_timeout_ms: 10_000,
             body_read_timeout_ms: 120_000,
@@ -703,6 +708,7 @@ impl Config {
             ("max_stored_bytes_per_principal", self.max_stored_bytes_per_principal),
             ("max_stored_files_per_principal", self.max_stored_files_per_principal),
             ("file_cache_mb", self.file_cache_mb),
+            ("s3_timeout_ms", self.s3_timeout_ms),
             ("header_read_timeout_ms", self.header_read_timeout_ms),
             ("body_read_timeout_ms", self.body_read_timeout_ms),
             ("keep_alive_timeout_ms", self.keep_alive_timeout_ms),

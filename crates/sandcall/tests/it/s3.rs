@@ -5,6 +5,10 @@
 use crate::common::{s3_env, unique_prefix, Server};
 use crate::files::{assert_error, file_part, Client};
 use serde_json::{json, Value};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// A node whose files live under `prefix` in the test bucket.
 fn node(prefix: &str, extra: &[(&str, &str)]) -> Server {
@@ -211,31 +215,38 @@ fn a_file_store_that_is_malformed_or_unreachable_stops_the_start() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A TCP relay to the test S3 server that can be cut as a network outage would be: while
-/// cut it closes each new connection at once and has shut down the ones it relayed.
+/// A TCP relay to the test S3 server that can fail as the network between them would:
+/// cut (each new connection closed at once) or black-holed (each new connection held
+/// open, never answered). Either way the connections it was relaying are shut down.
 struct Relay {
     port: u16,
-    up: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    open: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+    mode: Arc<AtomicU8>,
+    open: Arc<Mutex<Vec<TcpStream>>>,
 }
+
+const RELAYING: u8 = 0;
+const CUT: u8 = 1;
+const BLACK_HOLE: u8 = 2;
 
 impl Relay {
     fn to(endpoint: &str) -> Relay {
-        use std::net::{TcpListener, TcpStream};
-        use std::sync::atomic::Ordering;
         let target = endpoint.trim_start_matches("http://").trim_end_matches('/').to_owned();
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let relay = Relay {
             port: listener.local_addr().unwrap().port(),
-            up: Default::default(),
+            mode: Arc::new(AtomicU8::new(RELAYING)),
             open: Default::default(),
         };
-        relay.up.store(true, Ordering::SeqCst);
-        let (up, open) = (relay.up.clone(), relay.open.clone());
+        let (mode, open) = (relay.mode.clone(), relay.open.clone());
         std::thread::spawn(move || {
             for client in listener.incoming().flatten() {
-                if !up.load(Ordering::SeqCst) {
-                    continue;
+                match mode.load(Ordering::SeqCst) {
+                    CUT => continue,
+                    BLACK_HOLE => {
+                        open.lock().unwrap().push(client);
+                        continue;
+                    }
+                    _ => {}
                 }
                 let Ok(server) = TcpStream::connect(&target) else {
                     continue;
@@ -249,7 +260,7 @@ impl Relay {
                     if let (Ok(mut from), Ok(mut to)) = (from, to) {
                         std::thread::spawn(move || {
                             let _ = std::io::copy(&mut from, &mut to);
-                            let _ = to.shutdown(std::net::Shutdown::Write);
+                            let _ = to.shutdown(Shutdown::Write);
                         });
                     }
                 }
@@ -262,42 +273,50 @@ impl Relay {
         format!("http://127.0.0.1:{}", self.port)
     }
 
-    fn cut(&self) {
-        self.up.store(false, std::sync::atomic::Ordering::SeqCst);
+    fn set(&self, mode: u8) {
+        self.mode.store(mode, Ordering::SeqCst);
         for conn in self.open.lock().unwrap().drain(..) {
-            let _ = conn.shutdown(std::net::Shutdown::Both);
+            let _ = conn.shutdown(Shutdown::Both);
         }
     }
+}
 
-    fn mend(&self) {
-        self.up.store(true, std::sync::atomic::Ordering::SeqCst);
-    }
+/// A node whose files live in the test bucket under a prefix of its own, reached through
+/// `relay`.
+fn relayed_node(relay: &Relay, extra: &[(&str, &str)]) -> Server {
+    let (prefix, relayed) = (unique_prefix("outage"), relay.url());
+    let store_env = s3_env(&prefix);
+    let mut env: Vec<(&str, &str)> = store_env
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.as_str(),
+                if k == "SANDCALL_S3_ENDPOINT" {
+                    relayed.as_str()
+                } else {
+                    v.as_str()
+                },
+            )
+        })
+        .collect();
+    env.extend_from_slice(extra);
+    Server::start_with(&env, "")
 }
 
 #[test]
 fn a_file_store_out_of_reach_answers_503_and_loses_nothing() {
-    let (endpoint, _) = crate::common::s3_server();
-    let relay = Relay::to(&endpoint);
-    let prefix = unique_prefix("outage");
-    let relayed = relay.url();
-    let mut env: Vec<(&str, &str)> = Vec::new();
-    let store_env = s3_env(&prefix);
-    for (k, v) in &store_env {
-        env.push((
-            k.as_str(),
-            if k == "SANDCALL_S3_ENDPOINT" {
-                relayed.as_str()
-            } else {
-                v.as_str()
-            },
-        ));
-    }
-    env.push(("SANDCALL_MAX_STORED_FILES_PER_PRINCIPAL", "2"));
-    let s = Server::start_with(&env, "");
+    let relay = Relay::to(&crate::common::s3_server().0);
+    let s = relayed_node(
+        &relay,
+        &[
+            ("SANDCALL_MAX_STORED_FILES_PER_PRINCIPAL", "2"),
+            ("SANDCALL_S3_TIMEOUT_MS", "2000"),
+        ],
+    );
     let c = Client::anonymous(&s);
     let kept = c.upload("kept.txt", "text/plain", b"kept\n");
 
-    relay.cut();
+    relay.set(CUT);
     let refused = c.upload_parts(&[file_part("lost.txt", "text/plain", b"lost\n")]);
     assert_error(&refused, 503, "store_unavailable");
     assert_eq!(refused.retry_after.as_deref(), Some("1"), "{refused}");
@@ -330,11 +349,30 @@ fn a_file_store_out_of_reach_answers_503_and_loses_nothing() {
     // Back: what was stored is whole (the refused delete removed nothing), and the
     // refused uploads took no place in the quota of two files: one more fits, and the
     // one after that does not.
-    relay.mend();
+    relay.set(RELAYING);
     let got = c.download(&kept.session_id, &kept.id);
     assert_eq!((got.status, got.body.as_slice()), (200, &b"kept\n"[..]), "{got}");
     assert_eq!(c.list(&kept.session_id).len(), 1);
     c.upload("second.txt", "text/plain", b"second\n");
     let over = c.upload_parts(&[file_part("third.txt", "text/plain", b"third\n")]);
     assert_error(&over, 507, "quota_exceeded");
+}
+
+#[test]
+fn an_s3_that_never_answers_is_given_up_on_after_s3_timeout_ms() {
+    let relay = Relay::to(&crate::common::s3_server().0);
+    let s = relayed_node(&relay, &[("SANDCALL_S3_TIMEOUT_MS", "1000")]);
+    let c = Client::anonymous(&s);
+    let kept = c.upload("kept.txt", "text/plain", b"kept\n");
+    relay.set(BLACK_HOLE);
+    // Without the bound, the object store client waits 30 s for each try and retries
+    // for 3 minutes.
+    let t = Instant::now();
+    assert_error(&c.download(&kept.session_id, &kept.id), 503, "store_unavailable");
+    let refused = c.upload_parts(&[file_part("late.txt", "text/plain", b"late\n")]);
+    assert_error(&refused, 503, "store_unavailable");
+    assert!(t.elapsed() < Duration::from_secs(15), "took {:?}", t.elapsed());
+    relay.set(RELAYING);
+    let got = c.download(&kept.session_id, &kept.id);
+    assert_eq!((got.status, got.body.as_slice()), (200, &b"kept\n"[..]), "{got}");
 }

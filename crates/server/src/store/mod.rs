@@ -28,7 +28,13 @@ pub async fn open_file_store(
     match config.file_store.as_deref() {
         None | Some("embedded") => Ok(std::sync::Arc::new(embedded::LocalStore::open(data_dir)?)),
         Some(url) => {
-            let store = s3::S3Store::open(data_dir, url, config.s3_endpoint.as_deref(), config.file_cache_mb)?;
+            let store = s3::S3Store::open(
+                data_dir,
+                url,
+                config.s3_endpoint.as_deref(),
+                config.file_cache_mb,
+                std::time::Duration::from_millis(config.s3_timeout_ms),
+            )?;
             store.check().await?;
             Ok(std::sync::Arc::new(store))
         }

@@ -26,9 +26,11 @@ use super::{FileMeta, FileStore, Quota, QuotaExceeded, StoreError, Usage, Worksp
 use async_trait::async_trait;
 use base64::Engine;
 use futures::{StreamExt, TryStreamExt};
-use object_store::aws::AmazonS3Builder;
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::path::Path as ObjPath;
-use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion};
+use object_store::{
+    ClientConfigKey, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig, UpdateVersion,
+};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -76,6 +78,9 @@ fn loopback_http(endpoint: &str) -> bool {
     };
     host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
+
+/// The longest wait for a connection to S3 (at most `s3_timeout_ms`).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// An object store error: `Unavailable` when S3 could not be reached or did not answer
 /// (worth a retry later), `Io` for anything else (a refusal, a bad answer).
@@ -139,11 +144,30 @@ impl Ledger {
 impl S3Store {
     /// The store for `url` (`s3://bucket/prefix`), its cache under `data_dir`. Nothing
     /// is sent yet: `check` is the first request.
-    pub fn open(data_dir: &Path, url: &str, endpoint: Option<&str>, cache_mb: u64) -> Result<Self, StoreError> {
+    /// `timeout` bounds each request to S3, and the retries of a failed one stop once
+    /// that long has passed since its first try (`s3_timeout_ms`).
+    pub fn open(
+        data_dir: &Path,
+        url: &str,
+        endpoint: Option<&str>,
+        cache_mb: u64,
+        timeout: Duration,
+    ) -> Result<Self, StoreError> {
         let (bucket, prefix) = parse_url(url)
             .ok_or_else(|| StoreError::Io(format!("file_store = {url:?} is not embedded or s3://bucket/prefix")))?;
         // Credentials and region from the standard AWS_* variables.
-        let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
+        let timeout_text = format!("{}ms", timeout.as_millis());
+        let mut builder = AmazonS3Builder::from_env()
+            .with_bucket_name(bucket)
+            .with_config(AmazonS3ConfigKey::Client(ClientConfigKey::Timeout), &timeout_text)
+            .with_config(
+                AmazonS3ConfigKey::Client(ClientConfigKey::ConnectTimeout),
+                format!("{}ms", timeout.min(CONNECT_TIMEOUT).as_millis()),
+            )
+            .with_retry(RetryConfig {
+                retry_timeout: timeout,
+                ..RetryConfig::default()
+            });
         if let Some(endpoint) = endpoint {
             if endpoint.starts_with("http://") && !loopback_http(endpoint) {
                 return Err(StoreError::Io(format!(
