@@ -698,19 +698,16 @@ impl Sandbox {
         //    on v2 beside the template's, and open for the template to clone into.
         let cgroup =
             RunCgroup::create_forked(&prepare.cgroup, &prepare.limits, self.owner).map_err(|e| e.to_string())?;
-        let into = match cgroup.v2_path() {
-            Some(path) => Some(
-                nix::fcntl::open(
-                    path,
-                    OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-                    nix::sys::stat::Mode::empty(),
-                )
-                .map_err(errstr("open the run's cgroup"))?,
-            ),
-            None => None,
-        };
-        // SAFETY: open returned a fresh descriptor, owned from here on.
-        let into = into.map(|fd| unsafe { OwnedFd::from_raw_fd(fd) });
+        let into = cgroup
+            .v2_path()
+            .map(|path| {
+                let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+                nix::fcntl::open(path, flags, nix::sys::stat::Mode::empty())
+            })
+            .transpose()
+            .map_err(errstr("open the run's cgroup"))?
+            // SAFETY: open returned a fresh descriptor, owned from here on.
+            .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) });
         self.cgroup = Some(cgroup);
 
         // 2. The run's channels, as for a built sandbox: stdio pipes, fd 3 (go and

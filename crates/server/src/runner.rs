@@ -72,7 +72,6 @@ impl RunSpec {
     }
 }
 
-/// What the runner needs from the configuration.
 /// A template ("zygote") ready to fork: its id (its cgroup's name), the socket it
 /// listens on, and the hash seed its runs share.
 #[derive(Debug, Clone)]
@@ -82,6 +81,7 @@ pub struct Template {
     pub seed: u32,
 }
 
+/// What the runner needs from the configuration.
 #[derive(Debug, Clone)]
 pub struct RunnerSettings {
     pub helper_exe: PathBuf,

@@ -85,10 +85,15 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// An object store error: `Unavailable` when S3 could not be reached or did not answer
 /// (worth a retry later), `Io` for anything else (a refusal, a bad answer).
 fn os_err(e: object_store::Error) -> StoreError {
-    if unreachable(&e) {
-        StoreError::Unavailable(format!("s3: {e}"))
+    classify(&e, format!("s3: {e}"))
+}
+
+/// `Unavailable` with `detail` when a transport error lies in `e`'s causes, else `Io`.
+fn classify(e: &(dyn std::error::Error + 'static), detail: String) -> StoreError {
+    if unreachable(e) {
+        StoreError::Unavailable(detail)
     } else {
-        StoreError::Io(format!("s3: {e}"))
+        StoreError::Io(detail)
     }
 }
 
@@ -156,10 +161,12 @@ impl S3Store {
         let (bucket, prefix) = parse_url(url)
             .ok_or_else(|| StoreError::Io(format!("file_store = {url:?} is not embedded or s3://bucket/prefix")))?;
         // Credentials and region from the standard AWS_* variables.
-        let timeout_text = format!("{}ms", timeout.as_millis());
         let mut builder = AmazonS3Builder::from_env()
             .with_bucket_name(bucket)
-            .with_config(AmazonS3ConfigKey::Client(ClientConfigKey::Timeout), &timeout_text)
+            .with_config(
+                AmazonS3ConfigKey::Client(ClientConfigKey::Timeout),
+                format!("{}ms", timeout.as_millis()),
+            )
             .with_config(
                 AmazonS3ConfigKey::Client(ClientConfigKey::ConnectTimeout),
                 format!("{}ms", timeout.min(CONNECT_TIMEOUT).as_millis()),
@@ -346,12 +353,7 @@ impl S3Store {
         .await;
         if let Err(e) = copied {
             let _ = writer.abort().await;
-            let detail = format!("s3: uploading: {e}");
-            return Err(if unreachable(&e) {
-                StoreError::Unavailable(detail)
-            } else {
-                StoreError::Io(detail)
-            });
+            return Err(classify(&e, format!("s3: uploading: {e}")));
         }
         Ok(())
     }
