@@ -6,6 +6,8 @@
 // Request paths answer errors, they do not panic (tests may unwrap).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod ids;
+
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 

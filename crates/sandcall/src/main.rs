@@ -99,7 +99,7 @@ fn main() -> ExitCode {
             print!("{}", sandcall_server::openapi::document());
             ExitCode::SUCCESS
         }
-        Command::Keys(KeysCommand::Add { name, config }) => match sandcall_server::config::add_key(&config, &name) {
+        Command::Keys(KeysCommand::Add { name, config }) => match sandcall_config::add_key(&config, &name) {
             Ok(key) => {
                 println!("{key}");
                 eprintln!(
@@ -153,9 +153,9 @@ fn runtime_install(args: &ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let dir = sandcall_server::python_runtime::runtime_dir(&config);
+    let dir = sandcall_engine::python_runtime::runtime_dir(&config);
     eprintln!("sandcall: installing the Python runtime into {}", dir.display());
-    match sandcall_server::python_runtime::install(&dir, &config.python, &mut |line| eprintln!("sandcall: {line}")) {
+    match sandcall_engine::python_runtime::install(&dir, &config.python, &mut |line| eprintln!("sandcall: {line}")) {
         Ok(installed) => {
             println!("{}", installed.dir.display());
             eprintln!(
@@ -173,7 +173,7 @@ fn runtime_install(args: &ServeArgs) -> ExitCode {
         "sandcall: installing the npm packages for programs into {}",
         dir.display()
     );
-    match sandcall_server::npm_runtime::install(&dir, &config.node, &mut |line| eprintln!("sandcall: {line}")) {
+    match sandcall_engine::npm_runtime::install(&dir, &config.node, &mut |line| eprintln!("sandcall: {line}")) {
         Ok(installed) => {
             println!("{}", installed.dir.display());
             eprintln!(
@@ -184,7 +184,7 @@ fn runtime_install(args: &ServeArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         // Without npm, JavaScript still runs (with Node's own modules): a warning.
-        Err(e @ sandcall_server::npm_runtime::InstallError::NoNpm(_)) => {
+        Err(e @ sandcall_engine::npm_runtime::InstallError::NoNpm(_)) => {
             eprintln!("sandcall: warning: {e}");
             ExitCode::SUCCESS
         }
@@ -195,24 +195,21 @@ fn runtime_install(args: &ServeArgs) -> ExitCode {
     }
 }
 
-fn load(args: &ServeArgs) -> anyhow::Result<sandcall_server::config::Config> {
-    let overrides = sandcall_server::config::Overrides {
+fn load(args: &ServeArgs) -> anyhow::Result<sandcall_config::Config> {
+    let overrides = sandcall_config::Overrides {
         listen: args.listen.clone(),
         data_dir: args.data_dir.clone(),
     };
-    Ok(sandcall_server::config::Config::load(
-        args.config.as_deref(),
-        &overrides,
-    )?)
+    Ok(sandcall_config::Config::load(args.config.as_deref(), &overrides)?)
 }
 
 /// The configuration `serve` and `mcp` run with: loaded, and pointed at the managed
 /// runtimes (installed first if missing), off the async workers.
-async fn prepared(args: &ServeArgs) -> anyhow::Result<sandcall_server::config::Config> {
+async fn prepared(args: &ServeArgs) -> anyhow::Result<sandcall_config::Config> {
     let mut config = load(args)?;
     Ok(tokio::task::spawn_blocking(move || {
-        sandcall_server::python_runtime::prepare_for_serve(&mut config);
-        sandcall_server::npm_runtime::prepare_for_serve(&config);
+        sandcall_engine::python_runtime::prepare_for_serve(&mut config);
+        sandcall_engine::npm_runtime::prepare_for_serve(&config);
         config
     })
     .await?)
@@ -231,11 +228,11 @@ async fn mcp(args: ServeArgs) -> anyhow::Result<ExitCode> {
 
 async fn doctor(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let mut config = load(&args)?;
-    let dir = sandcall_server::python_runtime::runtime_dir(&config);
-    if let Some(found) = sandcall_server::python_runtime::find(&dir, &config.python) {
-        sandcall_server::python_runtime::apply(&mut config, &found);
+    let dir = sandcall_engine::python_runtime::runtime_dir(&config);
+    if let Some(found) = sandcall_engine::python_runtime::find(&dir, &config.python) {
+        sandcall_engine::python_runtime::apply(&mut config, &found);
     }
-    let report = sandcall_server::doctor::run(&config).await;
+    let report = sandcall_engine::doctor::run(&config).await;
     print!("{}", report.render());
     Ok(if report.all_passed() {
         ExitCode::SUCCESS

@@ -1,7 +1,6 @@
 //! Routes, the JSON extractor and the fallbacks. Handlers parse, call the domain and map
 //! the outcome; they hold no business logic.
 
-use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::exec;
 use crate::files;
@@ -20,6 +19,7 @@ use hyper::body::{Frame, SizeHint};
 use sandcall_api::{
     error_type, CancelRequest, ErrorBody, ExecRequest, ExecResponse, Health, ProgrammaticRequest, ProgrammaticResponse,
 };
+use sandcall_auth::Principal;
 use serde::de::DeserializeOwned;
 use std::future::Future;
 use std::pin::Pin;
@@ -67,7 +67,7 @@ impl<T: DeserializeOwned + Send + 'static> FromRequest<AppState> for JsonBody<T>
             state.config.max_body_bytes()
         };
         let bytes = read_body(req.into_body(), limit).await?;
-        crate::json::parse(bytes).await.map(JsonBody).map_err(|e| {
+        sandcall_engine::json::parse(bytes).await.map(JsonBody).map_err(|e| {
             use serde_json::error::Category;
             match e.classify() {
                 Category::Syntax | Category::Eof | Category::Io => ApiError::new(
@@ -407,7 +407,7 @@ pub(crate) async fn programmatic_route(
     headers: axum::http::HeaderMap,
     JsonBody(req): JsonBody<ProgrammaticRequest>,
 ) -> Result<Response, ApiError> {
-    let request_id = programmatic::request_id(&headers)?;
+    let request_id = programmatic::request_id(headers.get(sandcall_api::REQUEST_ID_HEADER).map(|v| v.as_bytes()))?;
     let group = match req.continuation_token {
         Some(_) => crate::rate_limit::Group::Sessions,
         None => crate::rate_limit::Group::Exec,

@@ -1,58 +1,39 @@
-//! sandcall's server: configuration, HTTP routes, admission control and the runner that
-//! drives sandbox helpers. It never forks, enters namespaces or loads seccomp filters:
-//! those happen only in the helper process (`sandcall_sandbox::helper`).
+//! sandcall's server: the HTTP face of the engine. Routes and extractors, the OpenAPI
+//! document, listening and each connection's timers, authentication and request rates,
+//! forwarding to other nodes, the MCP server mode, and the wiring that starts it all. It
+//! alone turns errors into HTTP answers (`error`).
 
 // Request paths answer errors, they do not panic (tests may unwrap).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
-pub mod admission;
 pub mod auth;
 pub mod cluster;
-pub mod config;
-pub mod doctor;
 pub mod error;
-pub mod exec;
 pub mod files;
-pub mod host;
 pub mod http;
-pub mod ids;
-pub mod json;
-pub mod launcher;
 pub mod listen;
 pub mod mcp;
-pub mod npm_runtime;
 pub mod openapi;
-pub mod pool;
-pub mod programmatic;
-pub mod python_runtime;
 pub mod rate_limit;
-pub mod runner;
-pub mod runtime;
-pub mod store;
 pub mod telemetry;
 
-use admission::Admission;
+// The engine's modules, under the names the routes use.
+use sandcall_config as config;
+use sandcall_engine::{doctor, exec, host, npm_runtime, programmatic, python_runtime, runtime};
+use sandcall_engine::{pool, runner, Engine};
+use sandcall_store as store;
+
 use config::Config;
-use error::ApiError;
-use runner::{RunError, RunSpec, Runner, RunnerSettings};
-use sandcall_api::{error_type, ExecResponse};
+use runner::{Runner, RunnerSettings};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Shared by every handler.
+/// Shared by every handler: the engine, and what only HTTP requests need (credentials,
+/// request rates, forwarding to other nodes). Derefs to the engine.
 #[derive(Clone)]
 pub struct AppState {
-    pub config: Arc<Config>,
-    pub runner: Runner,
-    pub admission: Admission,
-    pub sessions: programmatic::session::Sessions,
-    pub auth: auth::Auth,
-    pub pool: pool::Pool,
-    /// A health check's trial run is under way.
-    pub probing: Arc<std::sync::atomic::AtomicBool>,
-    pub files: Arc<dyn files::FileStore>,
-    /// Where helpers put a run's output files before the store takes them.
-    pub outbox_dir: std::path::PathBuf,
+    pub engine: Engine,
+    pub auth: sandcall_auth::Auth,
     /// Per-principal request rates (`rate_limit_*`).
     pub rate_limits: rate_limit::RateLimits,
     /// Many nodes: forwards a request about a session to the node that holds it live.
@@ -60,154 +41,11 @@ pub struct AppState {
     pub cluster: Option<Arc<cluster::Forwarder>>,
 }
 
-impl AppState {
-    /// Whether sandboxes can be built: after a failure, a trial run (outside admission
-    /// control, so a full queue cannot hide a recovery) decides. Returns the reason when not.
-    pub async fn sandbox_unavailable(&self) -> Option<String> {
-        let failing = self.runner.failing()?;
-        // One trial at a time, however many health checks arrive meanwhile.
-        if self.probing.swap(true, std::sync::atomic::Ordering::SeqCst) {
-            return Some(failing);
-        }
-        let still = self.probe().await;
-        self.probing.store(false, std::sync::atomic::Ordering::SeqCst);
-        still
-    }
+impl std::ops::Deref for AppState {
+    type Target = Engine;
 
-    async fn probe(&self) -> Option<String> {
-        let launch = runtime::launch(sandcall_api::Language::Bash, &self.config.bash, &[]);
-        let limits = exec::resolve_limits(&self.config, None).ok()?;
-        let spec = RunSpec::new(ids::new_id(), "exit 0".into(), launch, 10_000, limits);
-        let _ = self.runner.run(spec, ()).await;
-        self.runner.failing()
-    }
-
-    /// Runs a validated exec command: stages its files, waits for a slot, runs, stores
-    /// its output files, maps the outcome.
-    /// Also says whether the run had a warm sandbox.
-    pub async fn execute(
-        &self,
-        principal: &auth::Principal,
-        cmd: exec::ExecCommand,
-    ) -> Result<(ExecResponse, bool), ApiError> {
-        // A run in a workspace holds it until its outputs are stored (files::workspace).
-        let mut cmd = cmd;
-        let workspace = match cmd.workspace.clone() {
-            Some(name) => {
-                let hold_ms = cmd.timeout_ms + self.config.queue_timeout_ms + WORKSPACE_HOLD_MARGIN_MS;
-                let (lease, inputs) = files::workspace::take(
-                    self.files.clone(),
-                    &principal.0,
-                    &name,
-                    hold_ms,
-                    self.config.file_ttl_s * 1000,
-                    &cmd.files,
-                )
-                .await?;
-                cmd.files.extend(inputs);
-                Some(lease)
-            }
-            None => None,
-        };
-        let inputs =
-            files::ops::resolve_inputs(&*self.files, &principal.0, &cmd.files, cmd.limits.workspace_bytes).await?;
-        let queued = std::time::Instant::now();
-        let slot = self.admission.admit(&principal.0).await?;
-        telemetry::elapsed(telemetry::QUEUE_SECONDS, queued);
-        // A warm sandbox serves requests that keep the default limits (with `zygote`, one
-        // forked now when the pool is empty).
-        let warm = if cmd.custom_limits {
-            None
-        } else {
-            self.pool.take_or_fork(cmd.language, &cmd.code).await
-        };
-        let session_id = warm.as_ref().map_or_else(ids::new_id, |h| h.run_id().to_owned());
-        tracing::Span::current().record("session_id", session_id.as_str());
-        let language = cmd.language;
-        let launch = exec::launch_for(&cmd, &self.config);
-        let outbox = self.outbox_dir.join(&session_id);
-        // Whatever happens to this request (a client that goes away drops it mid-way),
-        // the run's outbox does not outlive it.
-        let _outbox = OutboxGuard(outbox.clone());
-        let stderr_cap = cmd.limits.max_output_bytes;
-        let mut spec = RunSpec::new(session_id.clone(), cmd.code, launch, cmd.timeout_ms, cmd.limits);
-        spec.stdin = cmd.stdin;
-        spec.inputs = inputs;
-        spec.collect = Some(self.collect_into(&outbox, spec.limits.workspace_bytes));
-        // The slot travels with the run, which finishes even if the client goes away.
-        let started = std::time::Instant::now();
-        let was_warm = warm.is_some();
-        let outcome = match warm {
-            Some(helper) => {
-                let (go, files) = runtime::warm_go(cmd.language, &cmd.args, None);
-                spec.go = Some(go);
-                spec.support_files.extend(files);
-                self.runner.run_warm(helper, spec, slot).await
-            }
-            None => self.runner.run(spec, slot).await,
-        };
-        tracing::debug!(
-            warm = was_warm,
-            elapsed_us = started.elapsed().as_micros() as u64,
-            "run finished"
-        );
-        let mut result = match outcome {
-            Ok(result) => result,
-            Err(e @ (RunError::Spawn(_) | RunError::Protocol(_) | RunError::Sandbox(_))) => {
-                let _ = tokio::fs::remove_dir_all(&outbox).await;
-                return Err(ApiError::internal(error_type::SANDBOX_FAILURE, &e.to_string()));
-            }
-        };
-        let (files, skipped, skipped_total) = files::ops::ingest_outputs(
-            &*self.files,
-            &principal.0,
-            &session_id,
-            &self.config,
-            &outbox,
-            &mut result,
-        )
-        .await;
-        let wall_ms = result.wall_time_ms;
-        let mut response = exec::to_response(session_id, result, stderr_cap);
-        telemetry::run_ended(
-            "exec",
-            runtime::languages::name(language, &self.config),
-            response.status.label(),
-            wall_ms,
-        );
-        response.files = files;
-        response.files_skipped = skipped;
-        response.files_skipped_total = skipped_total;
-        if let Some(lease) = workspace {
-            lease.save(&response.files).await;
-        }
-        Ok((response, was_warm))
-    }
-
-    /// Collection settings for a run whose outputs go to `outbox`. A run stores at most
-    /// its working directory's size (`workspace_bytes`) of outputs.
-    pub fn collect_into(&self, outbox: &std::path::Path, workspace_bytes: u64) -> sandcall_sandbox::protocol::Collect {
-        sandcall_sandbox::protocol::Collect {
-            outbox: outbox.to_path_buf(),
-            max_files: self.config.max_output_files,
-            max_file_bytes: self.config.max_file_bytes,
-            max_total_bytes: workspace_bytes,
-        }
-    }
-}
-
-/// How long a workspace's lease outlasts the run's own time and its wait for a slot:
-/// collecting and storing the outputs.
-const WORKSPACE_HOLD_MARGIN_MS: u64 = 120_000;
-
-/// Removes a run's outbox directory when dropped.
-struct OutboxGuard(std::path::PathBuf);
-
-impl Drop for OutboxGuard {
-    fn drop(&mut self) {
-        if self.0.exists() {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
+    fn deref(&self) -> &Engine {
+        &self.engine
     }
 }
 
@@ -242,9 +80,9 @@ enum Frontend {
 
 async fn run(config: Config, frontend: Frontend) -> Result<(), ServeError> {
     // Credentials are loaded once, here: a JWT key source that cannot be parsed stops the start.
-    let auth = auth::Auth::new(&config).map_err(|e| ServeError::Preflight(e.to_string()))?;
-    auth::check_listen(&config, &auth).map_err(ServeError::Preflight)?;
-    if auth::exposed_without_credentials(&config) {
+    let auth = sandcall_auth::Auth::new(&config).map_err(|e| ServeError::Preflight(e.to_string()))?;
+    sandcall_auth::check_listen(&config, &auth).map_err(|e| ServeError::Preflight(e.to_string()))?;
+    if sandcall_auth::exposed_without_credentials(&config) {
         let warning = format!(
             "warning: allow_unauthenticated: listening on {} with no credentials: every host that can \
              reach it can run code here; use this only on a private network",
@@ -273,7 +111,7 @@ async fn run(config: Config, frontend: Frontend) -> Result<(), ServeError> {
                 .cloned()
                 .chain(runtime::languages::runtime_paths(&config))
                 .collect(),
-            node_modules: crate::npm_runtime::for_config(&config).map(|n| n.node_modules()),
+            node_modules: npm_runtime::for_config(&config).map(|n| n.node_modules()),
             host_uid: host.host_uid,
             host_gid: host.host_gid,
             max_code_bytes: config.max_code_bytes,
@@ -281,7 +119,7 @@ async fn run(config: Config, frontend: Frontend) -> Result<(), ServeError> {
         shutdown_rx.clone(),
     );
     runner.start_launcher().await;
-    let admission = Admission::new(
+    let admission = sandcall_engine::admission::Admission::new(
         config.max_concurrent_runs,
         config.queue_length(),
         Duration::from_millis(config.queue_timeout_ms),
@@ -293,25 +131,16 @@ async fn run(config: Config, frontend: Frontend) -> Result<(), ServeError> {
     let store = store::open_file_store(&config, &host.data_dir)
         .await
         .map_err(|e| ServeError::Preflight(e.to_string()))?;
-    let session_store: Arc<dyn store::SessionStore> = match config.session_store.as_deref() {
-        Some(url) if url.starts_with("redis://") => {
-            // A session's keys outlive its last write by as long as it can wait or run
-            // before its next one: a session no node ends does not stay in Redis forever.
-            let ttl_ms = config
-                .session_expiry_s
-                .saturating_mul(1000)
-                .max(config.tool_call_timeout_ms)
-                .saturating_add(config.max_run_timeout_ms)
-                .saturating_add(60_000);
-            Arc::new(
-                store::redis::RedisSessionStore::open(url, ttl_ms).map_err(|e| ServeError::Preflight(e.to_string()))?,
-            )
-        }
-        _ => Arc::new(
-            store::embedded::EmbeddedSessionStore::open(&host.data_dir)
-                .map_err(|e| ServeError::Preflight(e.to_string()))?,
-        ),
-    };
+    // A session's keys outlive its last write by as long as it can wait or run before
+    // its next one: a session no node ends does not stay in Redis forever.
+    let ttl_ms = config
+        .session_expiry_s
+        .saturating_mul(1000)
+        .max(config.tool_call_timeout_ms)
+        .saturating_add(config.max_run_timeout_ms)
+        .saturating_add(60_000);
+    let session_store =
+        store::open_session_store(&config, &host.data_dir, ttl_ms).map_err(|e| ServeError::Preflight(e.to_string()))?;
     let cluster = config
         .node_url
         .clone()
@@ -349,15 +178,17 @@ async fn run(config: Config, frontend: Frontend) -> Result<(), ServeError> {
     tokio::spawn(sessions.clone().renew_leases());
     let sessions_at_exit = sessions.clone();
     let state = AppState {
-        config: shared_config,
-        runner: runner.clone(),
-        pool,
-        probing: Default::default(),
-        admission,
-        sessions,
+        engine: Engine {
+            config: shared_config,
+            runner: runner.clone(),
+            pool,
+            probing: Default::default(),
+            admission,
+            sessions,
+            files: store.clone(),
+            outbox_dir,
+        },
         auth,
-        files: store.clone(),
-        outbox_dir,
         rate_limits: rate_limit::RateLimits::new(&config),
         cluster,
     };
@@ -375,7 +206,7 @@ async fn run(config: Config, frontend: Frontend) -> Result<(), ServeError> {
     if frontend == Frontend::McpStdio {
         // stdout is the protocol's: nothing else may be written there.
         tracing::info!(cgroup = host.cgroups.version(), data_dir = %host.data_dir.display(), "sandcall serving MCP on stdio");
-        let principal = auth::Principal(auth::LOCAL.into());
+        let principal = sandcall_auth::Principal(sandcall_auth::LOCAL.into());
         tokio::select! {
             served = mcp::serve_stdio(state, principal, shutdown_rx.clone()) => served?,
             _ = wait_for_signal() => {}

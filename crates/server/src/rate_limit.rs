@@ -6,7 +6,6 @@
 //! Each rate `N/period` allows a burst of N requests, then one more every period / N
 //! (GCRA, the `governor` crate): a client that keeps to the rate is never refused.
 
-use crate::auth::Principal;
 use crate::error::ApiError;
 use axum::extract::{Request, State};
 use axum::http::{Method, StatusCode};
@@ -15,87 +14,35 @@ use axum::response::{IntoResponse, Response};
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultKeyedRateLimiter, Quota};
 use sandcall_api::error_type;
-use std::num::NonZeroU32;
+use sandcall_auth::Principal;
+pub use sandcall_config::rate::{Group, Rate};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The groups of routes that each have their own rate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Group {
-    /// Starting programs: `POST /v1/exec` and a programmatic start.
-    Exec,
-    /// Driving programmatic sessions: resumes, `GET` of a session, cancels.
-    Sessions,
-    /// The file routes: uploads, downloads, lists, deletes.
-    Files,
-}
-
-impl Group {
-    const ALL: [Group; 3] = [Group::Exec, Group::Sessions, Group::Files];
-
-    fn index(self) -> usize {
-        self as usize
-    }
-
-    /// The config key that sets the group's rate.
-    pub fn config_key(self) -> &'static str {
-        match self {
-            Group::Exec => "rate_limit_exec",
-            Group::Sessions => "rate_limit_sessions",
-            Group::Files => "rate_limit_files",
-        }
-    }
-
-    /// The group of a request, by its method and path; `None` for the routes that are
-    /// never limited (health, the OpenAPI document, the runtimes) and for
-    /// `POST /v1/exec/programmatic`, whose group depends on its body (a start or a
-    /// resume) and which its handler checks.
-    fn of(method: &Method, path: &str) -> Option<Group> {
-        if path == "/v1/exec" {
-            Some(Group::Exec)
-        } else if path == "/v1/exec/programmatic" && method == Method::POST {
-            None
-        } else if path.starts_with("/v1/exec/programmatic/") {
-            Some(Group::Sessions)
-        } else if ["/v1/upload", "/v1/download/", "/v1/files/", "/v1/sessions/"]
-            .iter()
-            .any(|p| path.starts_with(p))
-        {
-            Some(Group::Files)
-        } else {
-            None
-        }
+/// The group of a request, by its method and path; `None` for the routes that are never
+/// limited (health, the OpenAPI document, the runtimes) and for
+/// `POST /v1/exec/programmatic`, whose group depends on its body (a start or a resume)
+/// and which its handler checks.
+fn group_of(method: &Method, path: &str) -> Option<Group> {
+    if path == "/v1/exec" {
+        Some(Group::Exec)
+    } else if path == "/v1/exec/programmatic" && method == Method::POST {
+        None
+    } else if path.starts_with("/v1/exec/programmatic/") {
+        Some(Group::Sessions)
+    } else if ["/v1/upload", "/v1/download/", "/v1/files/", "/v1/sessions/"]
+        .iter()
+        .any(|p| path.starts_with(p))
+    {
+        Some(Group::Files)
+    } else {
+        None
     }
 }
 
-/// A rate as the config writes it: `N/s`, `N/min` or `N/h` (N ≥ 1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Rate {
-    pub requests: NonZeroU32,
-    pub per: Duration,
-}
-
-impl std::str::FromStr for Rate {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Rate, String> {
-        let bad = || format!("{s:?} is not a rate: write N/s, N/min or N/h with N at least 1 (e.g. \"60/min\")");
-        let (n, unit) = s.trim().split_once('/').ok_or_else(bad)?;
-        let requests = n.trim().parse::<NonZeroU32>().map_err(|_| bad())?;
-        let per = match unit.trim() {
-            "s" | "sec" | "second" => Duration::from_secs(1),
-            "min" | "minute" => Duration::from_secs(60),
-            "h" | "hour" => Duration::from_secs(3600),
-            _ => return Err(bad()),
-        };
-        Ok(Rate { requests, per })
-    }
-}
-
-impl Rate {
-    fn quota(self) -> Option<Quota> {
-        Quota::with_period(self.per / self.requests.get()).map(|q| q.allow_burst(self.requests))
-    }
+/// The limiter's quota of a rate: a burst of N, then one more every period / N.
+fn quota(rate: Rate) -> Option<Quota> {
+    Quota::with_period(rate.per / rate.requests.get()).map(|q| q.allow_burst(rate.requests))
 }
 
 /// The limiters of every group that has a rate, keyed by principal.
@@ -106,10 +53,10 @@ pub struct RateLimits {
 
 impl RateLimits {
     /// The limiters of `config`'s rates (checked when the config was loaded).
-    pub fn new(config: &crate::config::Config) -> RateLimits {
+    pub fn new(config: &sandcall_config::Config) -> RateLimits {
         let limiter = |g: Group| {
             let rate = config.rate_limit(g)?;
-            Some(governor::RateLimiter::keyed(rate.quota()?))
+            Some(governor::RateLimiter::keyed(quota(rate)?))
         };
         RateLimits {
             groups: Arc::new(Group::ALL.map(limiter)),
@@ -152,7 +99,7 @@ impl RateLimits {
 
 /// The middleware: checks the rate of the request's group, after authentication.
 pub async fn limit(State(state): State<crate::AppState>, req: Request, next: Next) -> Response {
-    let group = Group::of(req.method(), req.uri().path());
+    let group = group_of(req.method(), req.uri().path());
     if let (Some(group), Some(principal)) = (group, req.extensions().get::<Principal>()) {
         if let Err(e) = state.rate_limits.check(group, principal) {
             return e.into_response();
@@ -189,20 +136,20 @@ mod tests {
     fn routes_fall_in_their_groups() {
         let get = Method::GET;
         let post = Method::POST;
-        assert_eq!(Group::of(&post, "/v1/exec"), Some(Group::Exec));
-        assert_eq!(Group::of(&post, "/v1/exec/programmatic"), None);
-        assert_eq!(Group::of(&get, "/v1/exec/programmatic/abc"), Some(Group::Sessions));
-        assert_eq!(Group::of(&post, "/v1/exec/programmatic/cancel"), Some(Group::Sessions));
-        assert_eq!(Group::of(&post, "/v1/upload/batch"), Some(Group::Files));
-        assert_eq!(Group::of(&get, "/v1/download/s/f"), Some(Group::Files));
-        assert_eq!(Group::of(&get, "/v1/sessions/s/objects/f"), Some(Group::Files));
-        assert_eq!(Group::of(&get, "/v1/health"), None);
-        assert_eq!(Group::of(&get, "/openapi.json"), None);
+        assert_eq!(group_of(&post, "/v1/exec"), Some(Group::Exec));
+        assert_eq!(group_of(&post, "/v1/exec/programmatic"), None);
+        assert_eq!(group_of(&get, "/v1/exec/programmatic/abc"), Some(Group::Sessions));
+        assert_eq!(group_of(&post, "/v1/exec/programmatic/cancel"), Some(Group::Sessions));
+        assert_eq!(group_of(&post, "/v1/upload/batch"), Some(Group::Files));
+        assert_eq!(group_of(&get, "/v1/download/s/f"), Some(Group::Files));
+        assert_eq!(group_of(&get, "/v1/sessions/s/objects/f"), Some(Group::Files));
+        assert_eq!(group_of(&get, "/v1/health"), None);
+        assert_eq!(group_of(&get, "/openapi.json"), None);
     }
 
     #[test]
     fn a_burst_over_the_rate_is_refused_with_the_wait_and_others_pass() {
-        let config = crate::config::Config {
+        let config = sandcall_config::Config {
             rate_limit_exec: Some("3/min".into()),
             ..Default::default()
         };

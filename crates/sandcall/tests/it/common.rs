@@ -348,7 +348,7 @@ impl Server {
     }
 
     pub fn instance(&self) -> String {
-        sandcall_server::host::instance_name(&self.data_dir)
+        sandcall_engine::host::instance_name(&self.data_dir)
     }
 }
 

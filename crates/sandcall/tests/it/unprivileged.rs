@@ -45,7 +45,7 @@ fn an_ordinary_user_runs_sandboxes_with_a_delegated_cgroup() {
     let dir = Server::new_dir();
     chown_tree(&dir, NOBODY);
     let data_dir = std::fs::canonicalize(dir.join("data")).unwrap();
-    let instance = sandcall_server::host::instance_name(&data_dir);
+    let instance = sandcall_engine::host::instance_name(&data_dir);
 
     // Without a delegated cgroup, doctor says what is missing and how to fix it.
     let exe = dir.join("sandcall-doctor");

@@ -3,11 +3,9 @@
 
 use super::ops::{file_not_found, storage_error};
 use super::{guess_type, now_ms, object_name, rfc3339, upload_name, FileMeta, FileStore, Quota, QuotaExceeded, Usage};
-use crate::auth::Principal;
 use crate::config::Config;
 use crate::error::ApiError;
 use crate::http::ApiPath;
-use crate::ids;
 use crate::AppState;
 use axum::body::Body;
 use axum::extract::multipart::{Multipart, MultipartRejection};
@@ -15,10 +13,12 @@ use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
+use sandcall_api::ids;
 use sandcall_api::{
     BatchFileResult, BatchUploadResponse, DeleteFileResponse, ErrorBody, FileFull, FileNormalized, FileObjectMetadata,
     FileSummary, ObjectInfo, UploadResponse, UploadedFile,
 };
+use sandcall_auth::Principal;
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 
@@ -344,7 +344,7 @@ pub async fn upload(
             for meta in &stored {
                 let _ = state.files.delete(&meta.principal, &meta.session_id, &meta.id).await;
             }
-            return Err(storage_error(e));
+            return Err(storage_error(e).into());
         }
         crate::telemetry::stored(1, meta.size);
         stored.push(meta);
@@ -440,7 +440,11 @@ pub async fn upload_batch(
                 let meta = r.meta(&principal, &session_id, &fields, &state.config, created);
                 let temp = state.files.incoming_dir().join(&r.id);
                 let size = meta.size;
-                let outcome = state.files.insert(meta, &temp, quota).await.map_err(storage_error);
+                let outcome = state
+                    .files
+                    .insert(meta, &temp, quota)
+                    .await
+                    .map_err(|e| storage_error(e).into());
                 if outcome.is_ok() {
                     crate::telemetry::stored(1, size);
                 }
@@ -592,14 +596,14 @@ async fn find(state: &AppState, principal: &Principal, file: &FilePath) -> Resul
     // have no `.`.
     let file_id = file.file_id.split_once('.').map_or(file.file_id.as_str(), |(id, _)| id);
     if !ids::is_id(&file.session_id) || !ids::is_id(file_id) {
-        return Err(file_not_found());
+        return Err(file_not_found().into());
     }
     state
         .files
         .get(&principal.0, &file.session_id, file_id)
         .await
         .map_err(storage_error)?
-        .ok_or_else(file_not_found)
+        .ok_or_else(|| file_not_found().into())
 }
 
 fn etag(meta: &FileMeta) -> String {
@@ -848,7 +852,7 @@ pub async fn remove(
         .map_err(storage_error)?
     {
         // Deleted by another request meanwhile.
-        return Err(file_not_found());
+        return Err(file_not_found().into());
     }
     Ok(Json(DeleteFileResponse {
         message: "File deleted successfully".into(),

@@ -13,20 +13,19 @@
 //!
 //! Must not: hold logic of its own about runs or files beyond mapping MCP to the API.
 
-pub mod client;
-
-use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::files::ops::{file_not_found, storage_error};
 use crate::files::{guess_type, now_ms, upload_name, FileMeta, Quota};
 use crate::rate_limit::Group;
-use crate::{exec, ids, AppState};
+use crate::{exec, AppState};
 use base64::Engine;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{CallToolResult, Implementation, ServerCapabilities, ServerConfig};
 use rmcp::service::RequestContext;
 use rmcp::{tool, tool_handler, tool_router, RoleServer, ServerHandler};
+use sandcall_api::ids;
+use sandcall_auth::Principal;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -127,7 +126,7 @@ pub struct SandcallMcp {
 
 /// An API error as a tool error: the API's error body as its text.
 fn tool_error(e: ApiError) -> CallToolResult {
-    crate::telemetry::refused(&e);
+    crate::telemetry::refused(e.error_type);
     let body = sandcall_api::ErrorBody {
         error: e.message,
         error_type: e.error_type.to_string(),
@@ -286,14 +285,14 @@ impl SandcallMcp {
     async fn find(&self, principal: &Principal, session_id: &str, id: &str) -> Result<FileMeta, ApiError> {
         let id = id.split_once('.').map_or(id, |(id, _)| id);
         if !ids::is_id(session_id) || !ids::is_id(id) {
-            return Err(file_not_found());
+            return Err(file_not_found().into());
         }
         self.state
             .files
             .get(&principal.0, session_id, id)
             .await
             .map_err(storage_error)?
-            .ok_or_else(file_not_found)
+            .ok_or_else(|| file_not_found().into())
     }
 
     async fn upload(&self, args: UploadFile, ctx: &RequestContext<RoleServer>) -> Result<serde_json::Value, ApiError> {
@@ -323,7 +322,7 @@ impl SandcallMcp {
         };
         if let Err(e) = write.await {
             let _ = tokio::fs::remove_file(&temp).await;
-            return Err(storage_error(e.into()));
+            return Err(storage_error(e.into()).into());
         }
         let created = now_ms();
         let meta = FileMeta {

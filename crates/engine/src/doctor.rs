@@ -1,0 +1,384 @@
+//! `sandcall doctor`: every check `serve` depends on, each with its fix.
+
+use crate::host;
+use crate::runner::{RunSpec, Runner, RunnerSettings};
+use crate::runtime;
+use sandcall_api::Language;
+use sandcall_config::Config;
+use std::fmt::Write as _;
+use std::fs;
+use std::path::Path;
+
+pub struct Check {
+    pub name: &'static str,
+    pub ok: bool,
+    pub detail: String,
+    pub fix: &'static str,
+}
+
+pub struct Report {
+    pub checks: Vec<Check>,
+}
+
+impl Report {
+    pub fn all_passed(&self) -> bool {
+        self.checks.iter().all(|c| c.ok)
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        for c in &self.checks {
+            let _ = writeln!(out, "[{}] {}: {}", if c.ok { "pass" } else { "FAIL" }, c.name, c.detail);
+            if !c.ok {
+                let _ = writeln!(out, "       fix: {}", c.fix);
+            }
+        }
+        out
+    }
+
+    pub fn failures(&self) -> String {
+        self.checks
+            .iter()
+            .filter(|c| !c.ok)
+            .map(|c| format!("{}: {} (fix: {})", c.name, c.detail, c.fix))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+}
+
+fn read_int(path: &str) -> Option<i64> {
+    fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+fn check_userns() -> Check {
+    let root = nix::unistd::geteuid().is_root();
+    let max = read_int("/proc/sys/user/max_user_namespaces");
+    let unpriv = read_int("/proc/sys/kernel/unprivileged_userns_clone");
+    let apparmor = read_int("/proc/sys/kernel/apparmor_restrict_unprivileged_userns");
+    let (ok, detail) = if max == Some(0) {
+        (false, "user.max_user_namespaces is 0".to_string())
+    } else if !root && unpriv == Some(0) {
+        (
+            false,
+            "kernel.unprivileged_userns_clone is 0 and sandcall is not root".to_string(),
+        )
+    } else if !root && apparmor == Some(1) {
+        (false, "AppArmor restricts unprivileged user namespaces".to_string())
+    } else {
+        (
+            true,
+            format!("available ({})", if root { "running as root" } else { "unprivileged" }),
+        )
+    };
+    Check {
+        name: "user namespaces",
+        ok,
+        detail,
+        fix: "sysctl -w user.max_user_namespaces=15000 kernel.unprivileged_userns_clone=1 (and on Ubuntu kernel.apparmor_restrict_unprivileged_userns=0), or run sandcall as root",
+    }
+}
+
+fn check_seccomp() -> Check {
+    let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let policy = sandcall_sandbox::seccomp::Policy::compile();
+    let (ok, detail) = match (status.contains("Seccomp:"), policy) {
+        (false, _) => (false, "the kernel has no seccomp support".to_string()),
+        (true, Err(e)) => (false, e.to_string()),
+        (true, Ok(_)) => (true, "filter compiles and the kernel supports seccomp".to_string()),
+    };
+    Check {
+        name: "seccomp",
+        ok,
+        detail,
+        fix: "use a kernel built with CONFIG_SECCOMP_FILTER=y",
+    }
+}
+
+fn check_interpreter(name: &'static str, path: &Path) -> Check {
+    use std::os::unix::fs::PermissionsExt;
+    let ok = fs::metadata(path)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false);
+    Check {
+        name,
+        ok,
+        detail: if ok {
+            format!("{}", path.display())
+        } else {
+            format!("{} is missing or not executable", path.display())
+        },
+        fix: "install it (apt-get install python3 bash) or set `python` / `bash` in the config to its absolute path",
+    }
+}
+
+/// JavaScript and TypeScript need Node (and TypeScript its transpiler); without them the
+/// server still serves, and those languages answer `unsupported_capability`. Reported,
+/// never failed.
+fn check_optional_languages(config: &Config) -> Check {
+    let detail = [Language::JavaScript, Language::TypeScript]
+        .into_iter()
+        .map(|l| match runtime::languages::missing(l, config) {
+            None => format!("{} available", l.names()[0]),
+            Some(why) => format!("{} unavailable: {why}", l.names()[0]),
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    Check {
+        name: "javascript and typescript",
+        ok: true,
+        detail,
+        fix: "install Node.js 20 (apt-get install nodejs) and set `node`; for TypeScript run `npm ci` in runtimes/node and set `typescript_transpiler`",
+    }
+}
+
+/// The compiled languages' toolchains and the operator's languages: each found (where)
+/// or not (why). Optional like Node: reported, never failed.
+fn check_toolchains(config: &Config) -> Check {
+    let built_in = runtime::languages::LANGUAGES
+        .iter()
+        .filter(|d| d.build.is_some())
+        .map(|d| d.language);
+    let declared = (0..config.languages.len()).filter_map(|i| u16::try_from(i).ok().map(Language::Declared));
+    let detail = built_in
+        .chain(declared)
+        .map(|l| {
+            let name = runtime::languages::name(l, config);
+            match runtime::languages::missing(l, config) {
+                None => {
+                    let found: Vec<String> = runtime::languages::tools(l, config)
+                        .into_iter()
+                        .filter_map(|t| runtime::languages::find_tool(t, config))
+                        .map(|p| p.display().to_string())
+                        .collect();
+                    format!("{name} available ({})", found.join(", "))
+                }
+                Some(why) => format!("{name} unavailable: {why}"),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    Check {
+        name: "compiled and declared languages",
+        ok: true,
+        detail,
+        fix: "install the toolchains (apt-get install gcc g++ golang-go default-jdk-headless php-cli rustc r-base-core gfortran gdc) or set `toolchain_path`",
+    }
+}
+
+/// Which credentials are configured; a JWT key source that cannot be read or parsed
+/// fails, with the message `serve` refuses to start with.
+fn check_credentials(config: &Config) -> Check {
+    let (ok, detail) = match sandcall_auth::Auth::new(config) {
+        Ok(auth) => (true, auth.describe()),
+        Err(e) => (false, e.to_string()),
+    };
+    Check {
+        name: "credentials",
+        ok,
+        detail,
+        fix: "correct or remove the JWT key source named above ([jwt] in the config, or the CODEAPI_JWT_* variables; see docs/configuration.md)",
+    }
+}
+
+/// The managed Python runtime in use and its packages. Never a failure: without one,
+/// Python runs on the bare interpreter.
+fn check_python_runtime(config: &Config) -> Check {
+    let dir = crate::python_runtime::runtime_dir(config);
+    let detail = match crate::python_runtime::in_use(config) {
+        Some(r) => {
+            let list: Vec<String> = r.packages.iter().map(|p| format!("{} {}", p.name, p.version)).collect();
+            format!(
+                "{} in {}, {} packages: {}",
+                r.id,
+                r.dir.display(),
+                r.packages.len(),
+                list.join(", ")
+            )
+        }
+        None => format!(
+            "none in {}: Python runs on the bare {} (`sandcall runtime install` adds numpy, pandas, matplotlib, ...)",
+            dir.display(),
+            config.python.display()
+        ),
+    };
+    Check {
+        name: "python runtime",
+        ok: true,
+        detail,
+        fix: "run `sandcall runtime install`",
+    }
+}
+
+/// The npm packages for programs and their versions. Never a failure: without them,
+/// JavaScript and TypeScript run with Node's own modules only.
+fn check_npm_packages(config: &Config) -> Check {
+    let detail = match crate::npm_runtime::for_config(config) {
+        Some(n) => {
+            let list: Vec<String> = n.packages.iter().map(|p| format!("{} {}", p.name, p.version)).collect();
+            format!(
+                "{} in {}, bound at {}, {} packages: {}",
+                n.id,
+                n.dir.display(),
+                crate::npm_runtime::SANDBOX_PATH,
+                n.packages.len(),
+                list.join(", ")
+            )
+        }
+        None => format!(
+            "none in {}: JavaScript and TypeScript run without npm packages (`sandcall runtime install` adds lodash, dayjs, exceljs, ...)",
+            crate::python_runtime::runtime_dir(config).display()
+        ),
+    };
+    Check {
+        name: "npm packages",
+        ok: true,
+        detail,
+        fix: "run `sandcall runtime install` (it needs npm)",
+    }
+}
+
+/// Runs every check, ending with a real sandboxed program in each language.
+pub async fn run(config: &Config) -> Report {
+    let mut checks = vec![check_credentials(config), check_userns(), check_seccomp()];
+    checks.push(check_interpreter("python interpreter", &config.python));
+    checks.push(check_interpreter("bash interpreter", &config.bash));
+    checks.push(check_optional_languages(config));
+    checks.push(check_toolchains(config));
+    checks.push(check_python_runtime(config));
+    checks.push(check_npm_packages(config));
+    let data_dir = host::data_dir(config);
+    checks.push(Check {
+        name: "data directory",
+        ok: data_dir.is_ok(),
+        detail: match &data_dir {
+            Ok(d) => d.display().to_string(),
+            Err(e) => e.clone(),
+        },
+        fix: "make `data_dir` point to a directory sandcall can create and write",
+    });
+    let cgroups = data_dir
+        .as_ref()
+        .map_err(Clone::clone)
+        .and_then(|d| host::cgroups(config, d));
+    checks.push(Check {
+        name: "cgroups",
+        ok: cgroups.is_ok(),
+        detail: match &cgroups {
+            Ok(c) => format!("{} at {}", c.version(), c.bases().first().map(|p| p.display().to_string()).unwrap_or_default()),
+            Err(e) => e.clone(),
+        },
+        fix: "run as root with cgroup v1 memory+pids or cgroup v2 mounted, or delegate a cgroup v2 subtree to this user (systemd: Delegate=yes) and set `cgroup_root` to it",
+    });
+    if checks.iter().all(|c| c.ok) {
+        checks.push(trial_run(config).await);
+    }
+    Report { checks }
+}
+
+/// Builds a real sandbox and runs a program in each language.
+async fn trial_run(config: &Config) -> Check {
+    let fix = "run `sandcall doctor` as the same user as the server and read the detail above; SANDCALL_LOG=debug shows the helper's errors";
+    let host = match host::prepare(config) {
+        Ok(h) => h,
+        Err(e) => {
+            return Check {
+                name: "sandbox trial run",
+                ok: false,
+                detail: e,
+                fix,
+            }
+        }
+    };
+    let (_tx, rx) = tokio::sync::watch::channel(false);
+    let runner = match std::env::current_exe() {
+        Ok(exe) => Runner::new(
+            RunnerSettings {
+                helper_exe: exe,
+                runs_dir: host.runs_dir,
+                cgroups: host.cgroups,
+                extra_runtime_paths: config
+                    .extra_runtime_paths
+                    .iter()
+                    .cloned()
+                    .chain(runtime::languages::runtime_paths(config))
+                    .collect(),
+                node_modules: crate::npm_runtime::for_config(config).map(|n| n.node_modules()),
+                host_uid: host.host_uid,
+                host_gid: host.host_gid,
+                max_code_bytes: config.max_code_bytes,
+            },
+            rx,
+        ),
+        Err(e) => {
+            return Check {
+                name: "sandbox trial run",
+                ok: false,
+                detail: format!("current_exe: {e}"),
+                fix,
+            }
+        }
+    };
+    let mut ran = Vec::new();
+    for (language, code, expected) in [
+        (Language::Bash, "echo sandcall-ok", "sandcall-ok\n"),
+        (Language::Python, "print(6 * 7)", "42\n"),
+        (Language::JavaScript, "console.log(6 * 7)", "42\n"),
+        (Language::TypeScript, "const n: number = 6 * 7;\nconsole.log(n)", "42\n"),
+    ] {
+        // JavaScript and TypeScript are optional: the languages check says when they
+        // are missing.
+        if runtime::languages::missing(language, config).is_some() {
+            continue;
+        }
+        ran.push(language.names()[0]);
+        let interpreter = runtime::languages::interpreter(language, config);
+        let mut launch = runtime::launch(language, interpreter, &[]);
+        launch.env.extend(runtime::languages::config_env(language, config));
+        let limits = match crate::exec::resolve_limits(config, None) {
+            Ok(l) => l,
+            Err(e) => {
+                return Check {
+                    name: "sandbox trial run",
+                    ok: false,
+                    detail: e.message,
+                    fix,
+                }
+            }
+        };
+        let spec = RunSpec::new(sandcall_api::ids::new_id(), code.into(), launch, 20_000, limits);
+        match runner.run(spec, ()).await {
+            Ok(r) if r.stdout == expected && r.exit_code == Some(0) => {}
+            Ok(r) => {
+                return Check {
+                    name: "sandbox trial run",
+                    ok: false,
+                    detail: format!(
+                        "{language:?} printed {:?}, stderr {:?}, exit {:?}, signal {:?}",
+                        r.stdout, r.stderr, r.exit_code, r.signal
+                    ),
+                    fix,
+                }
+            }
+            Err(e) => {
+                return Check {
+                    name: "sandbox trial run",
+                    ok: false,
+                    detail: e.to_string(),
+                    fix,
+                }
+            }
+        }
+    }
+    // Helpers answer before they finish tearing down; let them finish, so that nothing
+    // of the trial is mistaken for a leftover by the sweep that `serve` does next.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while runner.active() > 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    Check {
+        name: "sandbox trial run",
+        ok: true,
+        detail: format!("{} ran in a sandbox", ran.join(", ")),
+        fix,
+    }
+}

@@ -1,0 +1,217 @@
+//! Files as runs use them: resolving a request's input files, and storing what a run
+//! produced as output files.
+
+use super::{check_input_name, guess_type, now_ms, FileMeta, FileStore, Quota, StoreError};
+use crate::error::EngineError;
+use crate::error::ErrorKind;
+use sandcall_api::{error_type, FileOrigin, FileRef, OutputFile, SkippedFile};
+use sandcall_config::Config;
+use sandcall_sandbox::protocol::{InputFile, RunResult};
+use std::collections::HashSet;
+use std::path::Path;
+
+pub fn file_not_found() -> EngineError {
+    EngineError::new(ErrorKind::NotFound, error_type::FILE_NOT_FOUND, "no such file")
+}
+
+pub fn storage_error(e: StoreError) -> EngineError {
+    match e {
+        StoreError::Full => EngineError::new(
+            ErrorKind::InsufficientStorage,
+            error_type::INSUFFICIENT_STORAGE,
+            "the server's storage is full",
+        ),
+        StoreError::Quota(q) => EngineError::quota_exceeded(q.to_string()),
+        StoreError::Io(detail) => EngineError::internal(error_type::INTERNAL, &detail),
+        StoreError::Unavailable(detail) => EngineError::file_store_unavailable(&detail),
+    }
+}
+
+/// The request's input files, checked (name, owner) and located. The total size must
+/// fit the workspace.
+pub async fn resolve_inputs(
+    store: &dyn FileStore,
+    principal: &str,
+    refs: &[FileRef],
+    workspace_bytes: u64,
+) -> Result<Vec<InputFile>, EngineError> {
+    let mut inputs = Vec::with_capacity(refs.len());
+    let mut names = HashSet::new();
+    let mut total = 0u64;
+    for r in refs {
+        check_input_name(&r.name).map_err(EngineError::bad_request)?;
+        if !names.insert(r.name.as_str()) {
+            return Err(EngineError::bad_request(format!(
+                "two input files are named {:?}",
+                r.name
+            )));
+        }
+        // A file cannot also be a folder of another input.
+        if let Some(other) = names
+            .iter()
+            .find(|n| n.starts_with(&format!("{}/", r.name)) || r.name.starts_with(&format!("{n}/")))
+        {
+            return Err(EngineError::bad_request(format!(
+                "input files {other:?} and {:?} clash: one would be a folder of the other",
+                r.name
+            )));
+        }
+        let session = r
+            .session()
+            .ok_or_else(|| EngineError::bad_request(format!("input file {:?} needs its storage_session_id", r.name)))?;
+        if !sandcall_api::ids::is_id(session) || !sandcall_api::ids::is_id(&r.id) {
+            return Err(file_not_found());
+        }
+        let meta = store
+            .get(principal, session, &r.id)
+            .await
+            .map_err(storage_error)?
+            .ok_or_else(file_not_found)?;
+        // tmpfs counts whole pages.
+        total += meta.size.div_ceil(4096) * 4096 + 4096;
+        let source = store.local_path(&meta).await.map_err(storage_error)?;
+        let tag = InputTag {
+            id: meta.id.clone(),
+            storage_session_id: meta.session_id.clone(),
+            name: r.name.clone(),
+            size: meta.size,
+            entity_id: r.entity_id.clone(),
+        };
+        inputs.push(InputFile {
+            source,
+            name: r.name.clone(),
+            read_only: meta.read_only,
+            tag: serde_json::to_string(&tag).unwrap_or_default(),
+        });
+    }
+    if total > workspace_bytes {
+        return Err(EngineError::too_large(format!(
+            "the input files ({total} bytes) do not fit the working directory ({workspace_bytes} bytes)"
+        )));
+    }
+    Ok(inputs)
+}
+
+/// What the server tells itself about an input, through the helper (`InputFile.tag`,
+/// echoed back untouched): enough to list it as inherited, or to name it as the origin
+/// of a changed copy.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct InputTag {
+    id: String,
+    storage_session_id: String,
+    /// The name it was staged under.
+    name: String,
+    size: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    entity_id: Option<String>,
+}
+
+fn read_tag(tag: &str) -> Option<InputTag> {
+    serde_json::from_str(tag).ok()
+}
+
+/// Moves what the helper collected into the store under the run's session, and lists
+/// it for the response. A file the principal's quota has no room for is skipped as
+/// `quota_exceeded`. The outbox is removed afterwards, whatever happened.
+pub async fn ingest_outputs(
+    store: &dyn FileStore,
+    principal: &str,
+    session_id: &str,
+    config: &Config,
+    outbox: &Path,
+    result: &mut RunResult,
+) -> (Vec<OutputFile>, Vec<SkippedFile>, usize) {
+    let mut files = Vec::with_capacity(result.outputs.len());
+    let mut skipped: Vec<SkippedFile> = result
+        .skipped
+        .drain(..)
+        .map(|s| SkippedFile {
+            name: s.name,
+            reason: s.reason,
+        })
+        .collect();
+    let mut skipped_total = result.skipped_total;
+    let created = now_ms();
+    let quota = Quota::of(config);
+    // The inputs the run left as they were (and the read-only ones) come back under
+    // their own id and storage session: nothing new is stored for them.
+    for tag in result.inherited.drain(..) {
+        if let Some(t) = read_tag(&tag) {
+            files.push(OutputFile {
+                id: t.id,
+                name: t.name,
+                storage_session_id: t.storage_session_id,
+                size: t.size,
+                inherited: Some(true),
+                entity_id: t.entity_id,
+                modified_from: None,
+            });
+        }
+    }
+    for out in result.outputs.drain(..) {
+        let meta = FileMeta {
+            principal: principal.to_owned(),
+            session_id: session_id.to_owned(),
+            id: sandcall_api::ids::new_id(),
+            content_type: guess_type(&out.name),
+            name: out.name,
+            size: out.size,
+            sha256: out.sha256,
+            created_ms: created,
+            expires_ms: created + config.file_ttl_s * 1000,
+            kind: None,
+            entity_id: None,
+            version: None,
+            read_only: false,
+        };
+        let entry = OutputFile {
+            id: meta.id.clone(),
+            name: meta.name.clone(),
+            storage_session_id: session_id.to_owned(),
+            size: meta.size,
+            inherited: None,
+            entity_id: None,
+            // A changed input is a new file that names the one it was staged from.
+            modified_from: out.input.as_deref().and_then(read_tag).map(|t| FileOrigin {
+                id: t.id,
+                storage_session_id: t.storage_session_id,
+            }),
+        };
+        let name = meta.name.clone();
+        let size = meta.size;
+        match store.insert(meta, &out.path, quota).await {
+            Ok(()) => {
+                crate::telemetry::stored(1, size);
+                files.push(entry)
+            }
+            Err(e) => {
+                let reason = match e {
+                    StoreError::Full => "storage_full",
+                    StoreError::Quota(_) => "quota_exceeded",
+                    StoreError::Io(detail) => {
+                        tracing::error!(%detail, "storing an output file");
+                        "storage_error"
+                    }
+                    StoreError::Unavailable(detail) => {
+                        tracing::error!(%detail, "storing an output file");
+                        "storage_unavailable"
+                    }
+                };
+                skipped_total += 1;
+                if skipped.len() < 100 {
+                    skipped.push(SkippedFile {
+                        name,
+                        reason: reason.into(),
+                    });
+                }
+            }
+        }
+    }
+    // Made by the helper for the first file it saw, even one it then dropped. Most runs
+    // have none: a look-up of a local directory entry is cheaper than a trip to a
+    // blocking thread.
+    if outbox.symlink_metadata().is_ok() {
+        let _ = tokio::fs::remove_dir_all(outbox).await;
+    }
+    (files, skipped, skipped_total)
+}

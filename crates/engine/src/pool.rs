@@ -1,0 +1,516 @@
+//! Warm sandboxes: built, with their interpreter already started and waiting, before a
+//! request arrives. Each is used once and replaced in the background, so no state of
+//! one run can reach another; a request that finds the pool empty (a burst) or asks for
+//! limits other than the defaults takes the cold path instead.
+
+use crate::runner::{Helper, Runner, Template};
+use crate::runtime;
+use sandcall_api::ids;
+use sandcall_api::Language;
+use sandcall_config::Config;
+use sandcall_sandbox::protocol::{Launch, Limits, ToolChannel};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{watch, Notify};
+
+#[derive(Clone)]
+pub struct Pool {
+    inner: Arc<Inner>,
+}
+
+/// One warm set: a language's sandboxes, and for Python on the managed runtime a second
+/// set whose interpreters have imported `warm_preload`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Set {
+    language: Language,
+    preloaded: bool,
+}
+
+struct Inner {
+    ready: Mutex<HashMap<Set, Vec<Helper>>>,
+    wake: Notify,
+    /// The top-level packages of `warm_preload` when a preloaded set is kept: a run
+    /// whose code imports one of them is given a preloaded sandbox.
+    preloaded_packages: Vec<String>,
+    /// The sets forked from a template (`zygote`), and what a fork of each needs.
+    forks: Mutex<HashMap<Set, ForkFrom>>,
+}
+
+/// What it takes to fork one more sandbox of a set on demand (`Pool::take_or_fork`).
+#[derive(Clone)]
+struct ForkFrom {
+    zygote: Arc<Zygote>,
+    runner: Runner,
+    limits: Limits,
+    tools: ToolChannel,
+}
+
+impl Pool {
+    /// Starts one refill task per warm set: `warm_pool_size` sandboxes for each
+    /// language, and `warm_preload_pool_size` preloaded Python ones.
+    pub fn start(
+        runner: Runner,
+        config: Arc<Config>,
+        limits: Limits,
+        tools: ToolChannel,
+        shutdown: watch::Receiver<bool>,
+    ) -> Pool {
+        let preload = config.warm_pool_size > 0
+            && config.warm_preload_pool_size > 0
+            && !config.warm_preload.is_empty()
+            && crate::python_runtime::in_use(&config).is_some();
+        let mut preloaded_packages: Vec<String> = Vec::new();
+        if preload {
+            for module in &config.warm_preload {
+                let package = module.split('.').next().unwrap_or(module).to_owned();
+                if !preloaded_packages.contains(&package) {
+                    preloaded_packages.push(package);
+                }
+            }
+        }
+        let pool = Pool {
+            inner: Arc::new(Inner {
+                ready: Mutex::new(HashMap::new()),
+                wake: Notify::new(),
+                preloaded_packages,
+                forks: Mutex::new(HashMap::new()),
+            }),
+        };
+        if config.warm_pool_size == 0 {
+            return pool;
+        }
+        // One warm set per declared language that has a warm launcher and whose
+        // toolchain is installed.
+        let wanted: Vec<Language> = config
+            .warm_languages
+            .iter()
+            .filter_map(|n| Language::parse(n))
+            .collect();
+        for decl in runtime::languages::LANGUAGES.iter().filter(|d| d.warm.is_some()) {
+            let language = decl.language;
+            if !wanted.contains(&language) {
+                continue;
+            }
+            if let Some(why) = runtime::languages::missing(language, &config) {
+                tracing::info!(?language, "no warm sandboxes: {why}");
+                continue;
+            }
+            let interpreter = runtime::languages::interpreter(language, &config);
+            let (argv, mut env) = runtime::warm_launch(language, interpreter);
+            env.extend(runtime::languages::config_env(language, &config));
+            let mut sets = vec![(false, config.warm_pool_size, env.clone())];
+            if language == Language::Python && preload {
+                // These import the heavy modules while they wait (runner.py), so a
+                // run's `import pandas` costs nothing.
+                env.push(("SANDCALL_PRELOAD".into(), config.warm_preload.join(",")));
+                sets.push((true, config.warm_preload_pool_size, env));
+            }
+            for (preloaded, size, env) in sets {
+                // Python's sets fork from a template of their own when `zygote` is on.
+                // Without root, a run's helper could not reach its non-dumpable init
+                // through /proc, so the sets are built the usual way.
+                let zygote_on = config.zygote && language == Language::Python;
+                if zygote_on && !nix::unistd::geteuid().is_root() {
+                    // A note, not a warning: `zygote` is on by default, and a server
+                    // that is not root is a supported way to run.
+                    tracing::info!(
+                        "zygote needs the server to run as root; warm Python sandboxes are built the usual way"
+                    );
+                }
+                let zygote = (zygote_on && nix::unistd::geteuid().is_root()).then(|| {
+                    let zygote = Arc::new(Zygote::default());
+                    let (argv, mut env) = runtime::template_launch(interpreter);
+                    env.extend(runtime::languages::config_env(language, &config));
+                    if preloaded {
+                        env.push(("SANDCALL_PRELOAD".into(), config.warm_preload.join(",")));
+                    }
+                    let keeper = Keeper {
+                        zygote: zygote.clone(),
+                        pool: pool.clone(),
+                        runner: runner.clone(),
+                        launch: Launch {
+                            argv,
+                            env,
+                            wait_ready: true,
+                        },
+                        limits: template_limits(&limits, &config),
+                    };
+                    tokio::spawn(keeper.run(shutdown.clone()));
+                    let fork = ForkFrom {
+                        zygote: zygote.clone(),
+                        runner: runner.clone(),
+                        limits: limits.clone(),
+                        tools: tools.clone(),
+                    };
+                    pool.inner
+                        .forks
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(Set { language, preloaded }, fork);
+                    zygote
+                });
+                let fill = Refill {
+                    zygote,
+                    pool: pool.clone(),
+                    runner: runner.clone(),
+                    set: Set { language, preloaded },
+                    size,
+                    // A preloaded sandbox is handed out only once its imports are done
+                    // (runner.py says `ready`).
+                    launch: Launch {
+                        argv: argv.clone(),
+                        env,
+                        wait_ready: preloaded,
+                    },
+                    limits: limits.clone(),
+                    tools: tools.clone(),
+                };
+                tokio::spawn(fill.run(shutdown.clone()));
+            }
+        }
+        pool
+    }
+
+    fn ready(&self) -> std::sync::MutexGuard<'_, HashMap<Set, Vec<Helper>>> {
+        self.inner.ready.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A warm sandbox for a run of `code` in `language`, if one is ready. It is the
+    /// caller's now. Python code that imports a preloaded package gets a preloaded
+    /// sandbox; any other code a plain one, so that a stream of short runs never uses
+    /// up the preloaded sandboxes, which are slow to rebuild. Either way the run's
+    /// results are the same: only its import time differs.
+    pub fn take(&self, language: Language, code: &str) -> Option<Helper> {
+        let helper = self.ready().get_mut(&self.set_for(language, code)).and_then(Vec::pop);
+        self.inner.wake.notify_waiters();
+        helper
+    }
+
+    /// Like `take`, and when the set is empty but forks from a ready template, a
+    /// sandbox forked for this run now (a fork, a cgroup and a few mounts; no
+    /// interpreter to start). None when neither is to be had: the run takes the cold
+    /// path.
+    pub async fn take_or_fork(&self, language: Language, code: &str) -> Option<Helper> {
+        if let Some(helper) = self.take(language, code) {
+            return Some(helper);
+        }
+        let set = self.set_for(language, code);
+        let fork = self
+            .inner
+            .forks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&set)
+            .cloned()?;
+        let template = fork.zygote.get()?;
+        match fork
+            .runner
+            .prepare_forked(ids::new_id(), fork.limits, fork.tools, &template, false)
+            .await
+        {
+            Ok(mut helper) => {
+                helper.set_hash_seed(template.seed);
+                Some(helper)
+            }
+            Err(e) => {
+                tracing::warn!(?set, error = %e, "could not fork a sandbox on demand");
+                None
+            }
+        }
+    }
+
+    /// The set a run of `code` in `language` takes its sandbox from.
+    fn set_for(&self, language: Language, code: &str) -> Set {
+        let preloaded = language == Language::Python
+            && !self.inner.preloaded_packages.is_empty()
+            && imports_any(code, &self.inner.preloaded_packages);
+        Set { language, preloaded }
+    }
+
+    /// Warm sandboxes ready now, by set: language, preloaded, how many (empty sets too).
+    pub fn idle_by_set(&self) -> Vec<(Language, bool, usize)> {
+        self.ready()
+            .iter()
+            .map(|(set, ready)| (set.language, set.preloaded, ready.len()))
+            .collect()
+    }
+
+    /// Warm sandboxes ready now, all sets together.
+    pub fn idle(&self) -> usize {
+        self.ready().values().map(Vec::len).sum()
+    }
+}
+
+/// Whether Python `code` has an `import` or `from` statement, at any indentation, that
+/// names one of `packages` (or a module inside one). A routing hint, not a parser: code
+/// that imports another way (`__import__`, `importlib`) takes a plain sandbox and pays
+/// for its import, as a cold run would.
+fn imports_any(code: &str, packages: &[String]) -> bool {
+    let names_one = |module: &str| {
+        let package = module.trim().split(['.', ' ']).next().unwrap_or_default();
+        packages.iter().any(|p| p == package)
+    };
+    code.lines().flat_map(|line| line.split(';')).any(|statement| {
+        let statement = statement.trim_start();
+        if let Some(rest) = statement.strip_prefix("import ") {
+            rest.split(',').any(names_one)
+        } else if let Some(rest) = statement.strip_prefix("from ") {
+            names_one(rest)
+        } else {
+            false
+        }
+    })
+}
+
+/// A set's template ("zygote"), while it is ready to fork.
+#[derive(Default)]
+struct Zygote {
+    /// The template, while it is ready; None while it is being (re)built.
+    ready: Mutex<Option<Template>>,
+}
+
+impl Zygote {
+    fn get(&self) -> Option<Template> {
+        self.ready.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn set(&self, ready: Option<Template>) {
+        *self.ready.lock().unwrap_or_else(|p| p.into_inner()) = ready;
+    }
+}
+
+/// What each run forked from a template may leave charged to the template's cgroup:
+/// pages the template (and on cgroup v1 the run's first process, before the run's
+/// helper has moved it into the run's cgroup) write after a fork are copied, and the run
+/// keeps the originals, which stay charged to the template for the run's life. Measured: about
+/// 0.4 MiB per paused session (docs/benchmarks.md, the zygote notes).
+const TEMPLATE_MEMORY_PER_RUN: u64 = 1 << 20;
+
+/// A template's limits: a run's, with room in its memory limit for what every run that
+/// can be alive at once leaves charged to it (`TEMPLATE_MEMORY_PER_RUN`): paused
+/// sessions, runs under way, and the warm sandboxes. Without it, the template's cgroup
+/// filled up with a few hundred paused sessions and the template was killed.
+fn template_limits(limits: &Limits, config: &Config) -> Limits {
+    let live = config.max_sessions + config.max_concurrent_runs + config.warm_pool_size + config.warm_preload_pool_size;
+    let mut limits = limits.clone();
+    limits.memory_bytes = limits
+        .memory_bytes
+        .saturating_add(TEMPLATE_MEMORY_PER_RUN.saturating_mul(live as u64));
+    limits
+}
+
+/// Keeps a set's template running: builds it, and builds a new one whenever it exits.
+/// Runs already forked from a template that exits live on (its helper waits for them).
+struct Keeper {
+    zygote: Arc<Zygote>,
+    pool: Pool,
+    runner: Runner,
+    launch: Launch,
+    limits: Limits,
+}
+
+impl Keeper {
+    async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        while !*shutdown.borrow() {
+            let id = ids::new_id();
+            let socket = self.runner.settings().runs_dir.join(format!("zygote-{id}.sock"));
+            // One hash seed per template, shared by the runs it forks (the threat
+            // model says why that is safe), and journaled by programmatic sessions.
+            let seed = rand::random::<u32>();
+            let mut launch = self.launch.clone();
+            launch.env.push(("PYTHONHASHSEED".into(), seed.to_string()));
+            let started = self
+                .runner
+                .prepare_template(id.clone(), self.limits.clone(), launch, socket.clone())
+                .await;
+            let mut helper = match started {
+                Ok(helper) => helper,
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not start a Python template");
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        _ = shutdown.changed() => {}
+                    }
+                    continue;
+                }
+            };
+            self.zygote.set(Some(Template { id, socket, seed }));
+            self.pool.inner.wake.notify_waiters();
+            tokio::select! {
+                event = helper.next_event() => {
+                    // The template exited: its helper stays until the runs it forked
+                    // have ended, and is reaped in the background.
+                    self.zygote.set(None);
+                    tracing::warn!(?event, "the Python template exited; building a new one");
+                    tokio::spawn(helper.linger());
+                }
+                _ = shutdown.changed() => {
+                    self.zygote.set(None);
+                    helper.abort();
+                    helper.wait().await;
+                }
+            }
+        }
+        self.zygote.set(None);
+    }
+}
+
+/// How long a set with a template waits for it at start before it builds sandboxes
+/// the usual way.
+const TEMPLATE_START_WAIT: Duration = Duration::from_secs(10);
+
+struct Refill {
+    /// The set's template, when it forks its sandboxes.
+    zygote: Option<Arc<Zygote>>,
+    pool: Pool,
+    runner: Runner,
+    set: Set,
+    size: usize,
+    launch: Launch,
+    limits: Limits,
+    tools: ToolChannel,
+}
+
+impl Refill {
+    async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        // At start, the set waits a little for its template (about an interpreter's
+        // start), rather than filling itself with sandboxes built the usual way.
+        if let Some(zygote) = &self.zygote {
+            let until = tokio::time::Instant::now() + TEMPLATE_START_WAIT;
+            while zygote.get().is_none() && tokio::time::Instant::now() < until && !*shutdown.borrow() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        loop {
+            if *shutdown.borrow() {
+                break;
+            }
+            let have = self.pool.ready().get(&self.set).map_or(0, Vec::len);
+            if have >= self.size {
+                let woken = self.pool.inner.wake.notified();
+                tokio::select! {
+                    _ = woken => {}
+                    _ = shutdown.changed() => {}
+                    // Notifications can be missed between the check and the wait.
+                    _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                }
+                continue;
+            }
+            // A sandbox forked from the set's template, while it is ready; else one
+            // built the usual way (also when the fork fails: the template may have
+            // just exited).
+            if let Some(template) = self.zygote.as_ref().and_then(|z| z.get()) {
+                let forked = self
+                    .runner
+                    .prepare_forked(ids::new_id(), self.limits.clone(), self.tools.clone(), &template, true)
+                    .await;
+                match forked {
+                    Ok(mut helper) => {
+                        helper.set_hash_seed(template.seed);
+                        self.pool.ready().entry(self.set).or_default().push(helper);
+                        continue;
+                    }
+                    Err(e) => tracing::warn!(set = ?self.set, error = %e, "could not fork a warm sandbox"),
+                }
+            }
+            // Each warm Python program gets a hash seed of its own, as random as
+            // Python's own, but known: a programmatic session's replay uses it again.
+            let mut launch = self.launch.clone();
+            let hash_seed = (self.set.language == Language::Python).then(rand::random::<u32>);
+            if let Some(seed) = hash_seed {
+                launch.env.push(("PYTHONHASHSEED".into(), seed.to_string()));
+            }
+            let prepared = self
+                .runner
+                .prepare_warm(ids::new_id(), self.limits.clone(), launch, self.tools.clone())
+                .await;
+            match prepared {
+                Ok(mut helper) => {
+                    if let Some(seed) = hash_seed {
+                        helper.set_hash_seed(seed);
+                    }
+                    self.pool.ready().entry(self.set).or_default().push(helper)
+                }
+                Err(e) => {
+                    tracing::warn!(set = ?self.set, error = %e, "could not prepare a warm sandbox");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
+        // Shutting down: every idle sandbox is reclaimed.
+        let idle: Vec<Helper> = self.pool.ready().remove(&self.set).unwrap_or_default();
+        for mut helper in idle {
+            helper.abort();
+            helper.wait().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{imports_any, template_limits, TEMPLATE_MEMORY_PER_RUN};
+    use sandcall_config::Config;
+    use sandcall_sandbox::protocol::Limits;
+
+    #[test]
+    fn a_template_has_room_for_what_its_live_runs_leave_charged_to_it() {
+        let config = Config {
+            max_sessions: 100,
+            max_concurrent_runs: 8,
+            warm_pool_size: 2,
+            warm_preload_pool_size: 1,
+            ..Config::default()
+        };
+        let limits = Limits {
+            memory_bytes: 512 << 20,
+            max_processes: 128,
+            max_open_files: 1024,
+            file_size_bytes: 1 << 20,
+            workspace_bytes: 1 << 20,
+            tmp_bytes: 1 << 20,
+            cpu_time_ms: 1000,
+            cpus: 1.0,
+            max_output_bytes: 1024,
+        };
+        let template = template_limits(&limits, &config);
+        assert_eq!(template.memory_bytes, (512 << 20) + 111 * TEMPLATE_MEMORY_PER_RUN);
+        // Nothing else changes.
+        assert_eq!(
+            Limits {
+                memory_bytes: limits.memory_bytes,
+                ..template
+            },
+            limits
+        );
+    }
+
+    #[test]
+    fn imports_of_the_preloaded_packages_are_found() {
+        let packages = ["numpy".to_owned(), "pandas".to_owned(), "matplotlib".to_owned()];
+        for code in [
+            "import pandas as pd",
+            "import os, numpy as np",
+            "import matplotlib.pyplot as plt",
+            "from matplotlib import pyplot",
+            "from pandas.api import types",
+            "x = 1; import numpy",
+            "def f():\n    import numpy\n    return numpy.pi",
+            "import sys\nprint('pandas' in sys.modules)\nimport pandas",
+        ] {
+            assert!(imports_any(code, &packages), "{code:?}");
+        }
+        for code in [
+            "print(1)",
+            "import os, sys",
+            "import numpyx",
+            "from numbers import Number",
+            "# import pandas",
+            "s = 'import pandas'",
+            "__import__('pandas')",
+            "import",
+        ] {
+            assert!(!imports_any(code, &packages), "{code:?}");
+        }
+    }
+}

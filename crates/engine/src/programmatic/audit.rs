@@ -1,0 +1,259 @@
+//! The audit trail of a session's tool calls: every call the program made, as it was
+//! requested (name, the SHA-256 and size of its arguments, when), refused by the server
+//! (why), or handed out and then answered (result size, `is_error`, latency) or timed
+//! out. Kept with the session in memory, served by
+//! `GET /v1/exec/programmatic/{session_id}/calls`, and written to the log (target
+//! `sandcall::audit`) as each step happens: the log is the record that outlives the
+//! session.
+//!
+//! A record is found by the helper's call key while its run lives, and by the call id
+//! once the call is handed out: a replayed run (new keys) meets its journalled calls by
+//! id and adds no second record for a call already listed.
+
+use sandcall_api::{AuditCall, AuditOutcome};
+use sandcall_sandbox::protocol::ToolReply;
+use sha2::{Digest, Sha256};
+use std::time::{Instant, SystemTime};
+
+/// Records kept per session at most; past it the oldest answered or refused ones give
+/// way (counted in `dropped`), so a program that makes calls for hours holds bounded
+/// memory.
+const MAX_RECORDS: usize = 10_000;
+
+struct Record {
+    /// The helper's key of the call in the current run (none once its run has ended).
+    key: Option<u64>,
+    handed_out: Option<Instant>,
+    call: AuditCall,
+}
+
+#[derive(Default)]
+pub struct Audit {
+    records: Vec<Record>,
+    dropped: u64,
+}
+
+/// Milliseconds since the epoch, as RFC 3339.
+fn now_rfc3339() -> String {
+    humantime::format_rfc3339_millis(SystemTime::now()).to_string()
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A refusal's class, for the metric's `reason` label: `budget` (max_tool_calls and the
+/// byte budgets), `unknown_tool`, `check_time` (the check was busy or ran over its
+/// budget), or `invalid_arguments`.
+fn refusal_kind(reason: &str) -> &'static str {
+    const BUDGETS: [&str; 4] = [
+        "(max_tool_calls)",
+        "(max_tool_call_bytes)",
+        "(max_pause_bytes)",
+        "(max_session_tool_bytes)",
+    ];
+    if BUDGETS.iter().any(|b| reason.contains(b)) {
+        "budget"
+    } else if reason.starts_with("unknown tool") {
+        "unknown_tool"
+    } else if reason.contains("retry later")
+        || reason.contains("took longer than")
+        || reason.contains("could not be checked")
+    {
+        "check_time"
+    } else {
+        "invalid_arguments"
+    }
+}
+
+impl Audit {
+    fn push(&mut self, record: Record) {
+        if self.records.len() >= MAX_RECORDS {
+            let settled = self.records.iter().position(|r| r.call.outcome.is_settled());
+            self.records.remove(settled.unwrap_or(0));
+            self.dropped += 1;
+        }
+        self.records.push(record);
+    }
+
+    fn by_key(&mut self, key: u64) -> Option<&mut Record> {
+        self.records.iter_mut().rev().find(|r| r.key == Some(key))
+    }
+
+    /// A call the program made that passed the server's checks.
+    pub fn requested(&mut self, session: &str, key: u64, name: &str, arguments: &str) {
+        let call = AuditCall {
+            call_id: None,
+            name: name.to_owned(),
+            arguments_sha256: Some(sha256_hex(arguments.as_bytes())),
+            arguments_bytes: Some(arguments.len() as u64),
+            requested_at: now_rfc3339(),
+            mcp_server: None,
+            replayed: false,
+            outcome: AuditOutcome::Pending,
+        };
+        tracing::info!(target: "sandcall::audit", session, name, arguments_sha256 = call.arguments_sha256.as_deref().unwrap_or(""), arguments_bytes = arguments.len(), "tool call requested");
+        self.push(Record {
+            key: Some(key),
+            handed_out: None,
+            call,
+        });
+    }
+
+    /// A call the server refused (unknown tool, arguments off the schema, a budget).
+    pub fn refused(&mut self, session: &str, name: &str, reason: &str) {
+        let call = AuditCall {
+            call_id: None,
+            name: name.to_owned(),
+            arguments_sha256: None,
+            arguments_bytes: None,
+            requested_at: now_rfc3339(),
+            mcp_server: None,
+            replayed: false,
+            outcome: AuditOutcome::Refused {
+                reason: reason.to_owned(),
+            },
+        };
+        let kind = refusal_kind(reason);
+        tracing::info!(target: "sandcall::audit", session, name, kind, reason, "tool call refused");
+        metrics::counter!(crate::telemetry::TOOL_CALLS_REFUSED, "reason" => kind).increment(1);
+        self.push(Record {
+            key: None,
+            handed_out: None,
+            call,
+        });
+    }
+
+    /// The call of `key` goes to MCP server `server` (not to the caller) under `call_id`.
+    pub fn sent_to_mcp(&mut self, session: &str, key: u64, call_id: &str, server: &str) {
+        if let Some(r) = self.by_key(key) {
+            r.call.call_id = Some(call_id.to_owned());
+            r.call.mcp_server = Some(server.to_owned());
+            r.handed_out = Some(Instant::now());
+            tracing::info!(target: "sandcall::audit", session, call_id, name = %r.call.name, mcp_server = server, "tool call sent to its MCP server");
+            metrics::counter!(crate::telemetry::TOOL_CALLS).increment(1);
+        }
+    }
+
+    /// The call of `key` is handed out to the caller under `call_id`.
+    pub fn handed_out(&mut self, session: &str, key: u64, call_id: &str) {
+        if let Some(r) = self.by_key(key) {
+            r.call.call_id = Some(call_id.to_owned());
+            r.handed_out = Some(Instant::now());
+            tracing::info!(target: "sandcall::audit", session, call_id, name = %r.call.name, "tool call handed out");
+            metrics::counter!(crate::telemetry::TOOL_CALLS).increment(1);
+        }
+    }
+
+    /// A replayed run met journalled call `call_id` (now key `key`): listed once, under
+    /// its id; a call not listed yet (its record went with an earlier server) is added,
+    /// marked `replayed`.
+    pub fn replayed(&mut self, key: u64, call_id: &str, name: &str, arguments: &str) {
+        if let Some(r) = self
+            .records
+            .iter_mut()
+            .find(|r| r.call.call_id.as_deref() == Some(call_id))
+        {
+            r.key = Some(key);
+            return;
+        }
+        self.push(Record {
+            key: Some(key),
+            handed_out: Some(Instant::now()),
+            call: AuditCall {
+                call_id: Some(call_id.to_owned()),
+                name: name.to_owned(),
+                arguments_sha256: Some(sha256_hex(arguments.as_bytes())),
+                arguments_bytes: Some(arguments.len() as u64),
+                requested_at: now_rfc3339(),
+                mcp_server: None,
+                replayed: true,
+                outcome: AuditOutcome::Pending,
+            },
+        });
+    }
+
+    /// The program received `reply` for the call of `key`: the caller's result, or
+    /// the server's timeout.
+    pub fn answered(&mut self, session: &str, key: u64, reply: &ToolReply) {
+        let Some(r) = self.by_key(key) else { return };
+        if r.call.outcome.is_settled() {
+            // A replay handing the journalled answer back again.
+            return;
+        }
+        let latency_ms = r.handed_out.map_or(0, |t| t.elapsed().as_millis() as u64);
+        let answered_at = now_rfc3339();
+        r.call.outcome = if reply.kind.as_deref() == Some("timeout") {
+            AuditOutcome::TimedOut {
+                answered_at,
+                latency_ms,
+            }
+        } else {
+            let result_bytes = match (&reply.result, &reply.error) {
+                (Some(result), _) => result.get().len(),
+                (None, Some(error)) => error.len(),
+                (None, None) => 0,
+            } as u64;
+            AuditOutcome::Answered {
+                is_error: !reply.ok,
+                result_bytes,
+                answered_at,
+                latency_ms,
+            }
+        };
+        let outcome = match &r.call.outcome {
+            AuditOutcome::TimedOut { .. } => "timed_out",
+            AuditOutcome::Answered { is_error: true, .. } => "error",
+            _ => "ok",
+        };
+        tracing::info!(target: "sandcall::audit", session, call_id = r.call.call_id.as_deref().unwrap_or(""), name = %r.call.name, outcome, latency_ms, "tool call answered");
+        metrics::counter!(crate::telemetry::TOOL_RESULTS, "outcome" => outcome).increment(1);
+    }
+
+    /// The run ended: keys are not reused by its replay.
+    pub fn run_ended(&mut self) {
+        for r in &mut self.records {
+            r.key = None;
+        }
+    }
+
+    /// The trail as a dormant session keeps it in the store (`SessionStore::sleep`).
+    pub fn snapshot(&self) -> sandcall_store::DormantAudit {
+        let (calls, dropped) = self.list();
+        sandcall_store::DormantAudit { calls, dropped }
+    }
+
+    /// The trail of a session brought back from the store: what it listed when it went
+    /// dormant. A call still waiting for its answer measures its latency from when it
+    /// was requested.
+    pub fn restore(kept: sandcall_store::DormantAudit) -> Audit {
+        let now = SystemTime::now();
+        let records = kept
+            .calls
+            .into_iter()
+            .map(|call| {
+                let handed_out = call.call_id.as_ref().map(|_| {
+                    let ago = humantime::parse_rfc3339(&call.requested_at)
+                        .ok()
+                        .and_then(|at| now.duration_since(at).ok())
+                        .unwrap_or_default();
+                    Instant::now().checked_sub(ago).unwrap_or_else(Instant::now)
+                });
+                Record {
+                    key: None,
+                    handed_out,
+                    call,
+                }
+            })
+            .collect();
+        Audit {
+            records,
+            dropped: kept.dropped,
+        }
+    }
+
+    /// The records, oldest first, and how many gave way to newer ones.
+    pub fn list(&self) -> (Vec<AuditCall>, u64) {
+        (self.records.iter().map(|r| r.call.clone()).collect(), self.dropped)
+    }
+}
