@@ -3,7 +3,7 @@
 //! pair (`tenant_id`, `sub`). Each LibreChat user sees only their own files and sessions;
 //! API keys keep working beside JWTs; a token that breaks a rule is 401; a key source
 //! that cannot be parsed stops `serve` and fails `doctor`. (Each rule on its own is a
-//! unit test in crates/server/src/auth/jwt.rs.)
+//! unit test in crates/auth/src/jwt.rs.)
 
 use crate::common::Server;
 use crate::files::{assert_error, file_part, output, output_names, stored_count, Client, NO_SUCH_ID};

@@ -161,7 +161,7 @@ fn json_logs_carry_the_requests_span_with_its_session_id() {
         .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
         .arg(dir.join("data"))
         .env("SANDCALL_LOG_FORMAT", "json")
-        .env("SANDCALL_LOG", "sandcall_server=debug,info")
+        .env("SANDCALL_LOG", "sandcall_engine=debug,info")
         .env("SANDCALL_RUNTIME_DIR", crate::common::runtime_dir())
         .env("SANDCALL_INSTALL_RUNTIME", "false")
         .env("SANDCALL_WARM_POOL_SIZE", "0")
