@@ -7,14 +7,14 @@ import inspect
 import os
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Type, Union
 
 import httpx
 
 from . import _core
 from ._errors import APIError, TransportError
 from ._tools import Tool, ToolsArg, normalize_tools
-from ._types import AsyncFile, ExecResult, RunResult, ToolCall, _StoredFile
+from ._types import AsyncFile, ExecResult, RunResult, ToolCall, _AsyncFileClient, _StoredFile
 
 
 class AsyncSandcall:
@@ -279,6 +279,12 @@ class AsyncSandcall:
             stored = iter(await self.upload([(p.name, p.content) for p in pending]))
             return [next(stored).ref(p.name) if isinstance(p, _core.PendingUpload) else p for p in plan]
         return [p for p in plan if isinstance(p, dict)]
+
+
+if TYPE_CHECKING:
+    # mypy checks that AsyncSandcall is the client an AsyncFile needs (_types._AsyncFileClient,
+    # a Protocol, since _types may not import this module).
+    _client_check: Type[_AsyncFileClient] = AsyncSandcall
 
 
 async def _run_call(call: ToolCall, tools: Mapping[str, Tool]) -> None:

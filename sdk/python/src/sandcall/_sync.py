@@ -8,14 +8,14 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Type, Union
 
 import httpx
 
 from . import _core
 from ._errors import APIError, TransportError
 from ._tools import Tool, ToolsArg, normalize_tools
-from ._types import ExecResult, File, RunResult, ToolCall, _StoredFile
+from ._types import ExecResult, File, RunResult, ToolCall, _FileClient, _StoredFile
 
 
 class Sandcall:
@@ -308,6 +308,12 @@ class Sandcall:
             stored = iter(self.upload([(p.name, p.content) for p in pending]))
             return [next(stored).ref(p.name) if isinstance(p, _core.PendingUpload) else p for p in plan]
         return [p for p in plan if isinstance(p, dict)]
+
+
+if TYPE_CHECKING:
+    # mypy checks that Sandcall is the client a File needs (_types._FileClient, a Protocol,
+    # since _types may not import this module).
+    _client_check: Type[_FileClient] = Sandcall
 
 
 def _run_call(call: ToolCall, tools: Mapping[str, Tool]) -> None:

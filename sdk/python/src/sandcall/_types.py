@@ -5,11 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Generic, List, Optional, TypeVar, Union
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ._async import AsyncSandcall
-    from ._sync import Sandcall
+from typing import Any, Dict, Generic, List, Optional, Protocol, TypeVar, Union
 
 
 @dataclass
@@ -44,11 +40,28 @@ class _StoredFile:
         return target / base if target.is_dir() else target
 
 
+class _FileClient(Protocol):
+    """What a :class:`File` needs of its client (:class:`Sandcall` is one): described here
+    rather than imported, since the clients import this module."""
+
+    def download(self, file: _StoredFile) -> bytes: ...
+
+    def download_to(self, file: _StoredFile, path: Path) -> Path: ...
+
+
+class _AsyncFileClient(Protocol):
+    """What an :class:`AsyncFile` needs of its client (:class:`AsyncSandcall` is one)."""
+
+    async def download(self, file: _StoredFile) -> bytes: ...
+
+    async def download_to(self, file: _StoredFile, path: Path) -> Path: ...
+
+
 @dataclass
 class File(_StoredFile):
     """A stored file, from :class:`Sandcall`: ``download()`` gives its bytes."""
 
-    _client: Optional["Sandcall"] = field(default=None, repr=False, compare=False)
+    _client: Optional[_FileClient] = field(default=None, repr=False, compare=False)
 
     def download(self) -> bytes:
         """The file's bytes."""
@@ -68,7 +81,7 @@ class File(_StoredFile):
 class AsyncFile(_StoredFile):
     """A stored file, from :class:`AsyncSandcall`: ``await download()`` gives its bytes."""
 
-    _client: Optional["AsyncSandcall"] = field(default=None, repr=False, compare=False)
+    _client: Optional[_AsyncFileClient] = field(default=None, repr=False, compare=False)
 
     async def download(self) -> bytes:
         """The file's bytes."""
