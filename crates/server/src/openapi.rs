@@ -2,7 +2,6 @@
 //! the wire types of `sandcall-api`. Served at GET /openapi.json and checked in as
 //! docs/openapi.json (a test fails when the two differ).
 
-use crate::files::routes as file_routes;
 use crate::http;
 use sandcall_api::{
     BatchUploadResponse, DeleteFileResponse, ErrorBody, ExecRequest, ExecResponse, FileFull, FileNormalized,
@@ -21,23 +20,6 @@ use utoipa::{Modify, OpenApi, ToSchema};
         description = "Runs untrusted Python and Bash programs in a Linux sandbox, with \
             programmatic tool calling. docs/api.md is the full reference.",
         license(name = "Apache-2.0", identifier = "Apache-2.0"),
-    ),
-    paths(
-        http::health,
-        http::exec_route,
-        http::programmatic_route,
-        http::cancel_route,
-        http::session_route,
-        http::calls_route,
-        file_routes::upload,
-        file_routes::upload_batch,
-        file_routes::download,
-        file_routes::list,
-        file_routes::object,
-        file_routes::remove,
-        http::openapi_route,
-        http::runtimes_route,
-        crate::telemetry::scrape,
     ),
     components(schemas(
         ErrorBody,
@@ -61,8 +43,7 @@ use utoipa::{Modify, OpenApi, ToSchema};
         sandcall_api::RuntimesResponse,
         sandcall_api::RuntimeInfo,
         sandcall_api::RuntimePackage,
-    )),
-    modifiers(&Common),
+    ))
 )]
 struct ApiDoc;
 
@@ -283,6 +264,9 @@ fn add_alternatives(doc: &mut Value) {
 /// The document, as served and checked in: pretty JSON with a final newline.
 pub fn document() -> String {
     let mut doc = ApiDoc::openapi();
+    // The paths (and the schemas they name) of the routes the router serves.
+    doc.merge(http::routes(&Default::default()).into_openapi());
+    Common.modify(&mut doc);
     doc.info.version = env!("CARGO_PKG_VERSION").to_owned();
     let mut value = serde_json::to_value(&doc).unwrap_or_default();
     add_links(&mut value);
