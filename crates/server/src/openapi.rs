@@ -293,31 +293,23 @@ mod tests {
         );
     }
 
+    /// `Common` adds the shared answers to the methods it knows: an operation of another
+    /// method (a `head` or `options` route added to `http::routes`) would lack them.
     #[test]
-    fn every_route_is_described() {
+    fn every_operation_has_the_shared_answers() {
         let doc: serde_json::Value = serde_json::from_str(&document()).unwrap();
         let paths = doc["paths"].as_object().unwrap();
-        for (path, method) in [
-            ("/v1/health", "get"),
-            ("/v1/exec", "post"),
-            ("/v1/exec/programmatic", "post"),
-            ("/v1/exec/programmatic/cancel", "post"),
-            ("/v1/exec/programmatic/{session_id}", "get"),
-            ("/v1/upload", "post"),
-            ("/v1/upload/batch", "post"),
-            ("/v1/download/{session_id}/{file_id}", "get"),
-            ("/v1/files/{session_id}", "get"),
-            ("/v1/files/{session_id}/{file_id}", "delete"),
-            ("/v1/sessions/{session_id}/objects/{file_id}", "get"),
-            ("/openapi.json", "get"),
-            ("/v1/runtimes", "get"),
-            ("/metrics", "get"),
-            ("/v1/exec/programmatic/{session_id}/calls", "get"),
-        ] {
-            let op = &paths[path][method];
-            assert!(op.is_object(), "{method} {path} is missing");
-            assert!(op["responses"]["401"].is_object(), "{method} {path} lacks 401");
+        assert!(!paths.is_empty());
+        for (path, item) in paths {
+            let methods = ["get", "put", "post", "delete", "options", "head", "patch", "trace"];
+            for (method, op) in item.as_object().unwrap() {
+                if !methods.contains(&method.as_str()) {
+                    continue;
+                }
+                for status in ["401", "403", "421", "500"] {
+                    assert!(op["responses"][status].is_object(), "{method} {path} lacks {status}");
+                }
+            }
         }
-        assert_eq!(paths.len(), 15, "a route in the document that the test does not know");
     }
 }
