@@ -12,7 +12,7 @@ use axum::http::request::Parts;
 use axum::http::{header, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::get;
 use axum::Extension;
 use axum::{Json, Router};
 use hyper::body::{Frame, SizeHint};
@@ -25,6 +25,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
+use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouterExt};
+use utoipa_axum::routes;
 
 /// A JSON body whose every failure (content type, size, syntax, types) is an ApiError.
 pub struct JsonBody<T>(pub T);
@@ -226,48 +228,51 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath
     }
 }
 
+/// Every route the OpenAPI document describes, each built from its handler's
+/// `#[utoipa::path]` (`routes!`): the one list from which both the router (`router`) and
+/// the document's paths (`openapi::document`, with `Config::default()`, whose limits the
+/// document does not show) are made. A route added here is served and described.
+pub(crate) fn routes(config: &crate::config::Config) -> OpenApiRouter<AppState> {
+    OpenApiRouter::default()
+        .routes(routes!(health))
+        .routes(routes!(crate::telemetry::scrape))
+        .routes(routes!(openapi_route))
+        .routes(routes!(runtimes_route))
+        .routes(routes!(exec_route))
+        .routes(routes!(programmatic_route).layer(axum::extract::DefaultBodyLimit::max(
+            config.max_programmatic_body_bytes(),
+        )))
+        .routes(routes!(cancel_route))
+        .routes(routes!(session_route))
+        .routes(routes!(calls_route))
+        .routes(
+            routes!(files::routes::upload).layer(axum::extract::DefaultBodyLimit::max(files::routes::upload_limit(
+                config,
+            ))),
+        )
+        .routes(
+            routes!(files::routes::upload_batch).layer(axum::extract::DefaultBodyLimit::max(
+                files::routes::batch_upload_limit(config),
+            )),
+        )
+        .routes(routes!(files::routes::download))
+        .routes(routes!(files::routes::list))
+        .routes(routes!(files::routes::remove))
+        .routes(routes!(files::routes::object))
+}
+
 pub fn router(state: AppState) -> Router {
     let body_limit = state.config.max_body_bytes();
     let mut router = Router::new();
     if state.config.fault_injection {
         router = router.route("/v1/_fault/panic", get(injected_panic));
     }
+    let (described, _) = routes(&state.config).split_for_parts();
     router
-        .route("/v1/health", get(health))
-        .route("/metrics", get(crate::telemetry::scrape))
-        .route("/openapi.json", get(openapi_route))
-        .route("/v1/runtimes", get(runtimes_route))
-        .route("/v1/exec", post(exec_route))
-        .route(
-            "/v1/exec/programmatic",
-            post(programmatic_route).layer(axum::extract::DefaultBodyLimit::max(
-                state.config.max_programmatic_body_bytes(),
-            )),
-        )
-        .route("/v1/exec/programmatic/cancel", post(cancel_route))
-        .route("/v1/exec/programmatic/{session_id}", get(session_route))
-        .route("/v1/exec/programmatic/{session_id}/calls", get(calls_route))
-        // MCP over streamable HTTP (docs/mcp.md), behind `authenticate` like every route.
+        .merge(described)
+        // MCP over streamable HTTP (docs/mcp.md, not the OpenAPI document), behind
+        // `authenticate` like every route.
         .route_service("/mcp", crate::mcp::http_service(state.clone()))
-        .route(
-            "/v1/upload",
-            post(files::routes::upload).layer(axum::extract::DefaultBodyLimit::max(files::routes::upload_limit(
-                &state.config,
-            ))),
-        )
-        .route(
-            "/v1/upload/batch",
-            post(files::routes::upload_batch).layer(axum::extract::DefaultBodyLimit::max(
-                files::routes::batch_upload_limit(&state.config),
-            )),
-        )
-        .route("/v1/download/{session_id}/{file_id}", get(files::routes::download))
-        .route("/v1/files/{session_id}", get(files::routes::list))
-        .route("/v1/files/{session_id}/{file_id}", delete(files::routes::remove))
-        .route(
-            "/v1/sessions/{session_id}/objects/{file_id}",
-            get(files::routes::object),
-        )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         // Inside authentication: the rate is the principal's.
