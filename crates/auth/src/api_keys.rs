@@ -15,6 +15,7 @@ impl ApiKeys {
     pub fn new(config: &Config) -> Self {
         ApiKeys {
             by_hash: config
+                .auth
                 .api_keys
                 .iter()
                 .map(|k| (k.sha256.to_ascii_lowercase(), k.principal.clone()))

@@ -78,7 +78,7 @@ impl Auth {
     pub fn new(config: &Config) -> Result<Self, jwt::JwtConfigError> {
         Ok(Auth {
             api_keys: api_keys::ApiKeys::new(config),
-            jwt: jwt::JwtVerifier::load(&config.jwt)?.map(Arc::new),
+            jwt: jwt::JwtVerifier::load(&config.auth.jwt)?.map(Arc::new),
             loopback_hosts_only: !exposed_without_credentials(config),
         })
     }
@@ -158,11 +158,15 @@ impl Auth {
 
 /// Local mode only on loopback: otherwise anyone who can reach the port runs code.
 pub fn check_listen(config: &Config, auth: &Auth) -> Result<(), ListenError> {
-    let addr: SocketAddr = config.listen.parse().map_err(|source| ListenError::Unparsable {
-        listen: config.listen.clone(),
-        source,
-    })?;
-    if auth.local_mode() && !addr.ip().is_loopback() && !config.allow_unauthenticated {
+    let addr: SocketAddr = config
+        .listen
+        .address
+        .parse()
+        .map_err(|source| ListenError::Unparsable {
+            listen: config.listen.address.clone(),
+            source,
+        })?;
+    if auth.local_mode() && !addr.ip().is_loopback() && !config.auth.allow_unauthenticated {
         return Err(ListenError::OpenWithoutCredentials(addr));
     }
     Ok(())
@@ -170,8 +174,12 @@ pub fn check_listen(config: &Config, auth: &Auth) -> Result<(), ListenError> {
 
 /// No credentials, and a listening address others can reach: `allow_unauthenticated`.
 pub fn exposed_without_credentials(config: &Config) -> bool {
-    let loopback = config.listen.parse::<SocketAddr>().is_ok_and(|a| a.ip().is_loopback());
-    !config.has_credentials() && config.allow_unauthenticated && !loopback
+    let loopback = config
+        .listen
+        .address
+        .parse::<SocketAddr>()
+        .is_ok_and(|a| a.ip().is_loopback());
+    !config.has_credentials() && config.auth.allow_unauthenticated && !loopback
 }
 
 #[cfg(test)]
@@ -181,10 +189,13 @@ mod tests {
 
     fn auth() -> Auth {
         let c = Config {
-            api_keys: vec![ApiKey {
-                principal: "alice".into(),
-                sha256: key_hash("alice-key-1234567890"),
-            }],
+            auth: sandcall_config::AuthConfig {
+                api_keys: vec![ApiKey {
+                    principal: "alice".into(),
+                    sha256: key_hash("alice-key-1234567890"),
+                }],
+                ..Default::default()
+            },
             ..Config::default()
         };
         Auth::new(&c).unwrap()
@@ -214,17 +225,20 @@ mod tests {
     /// A server with one API key (alice's) and an HS256 secret, HS256 allowed.
     fn both(api_key: bool) -> Auth {
         let c = Config {
-            api_keys: if api_key {
-                vec![ApiKey {
-                    principal: "alice".into(),
-                    sha256: key_hash("alice-key-1234567890"),
-                }]
-            } else {
-                Vec::new()
-            },
-            jwt: sandcall_config::JwtConfig {
-                hs256_secret: Some("dev-secret-dev-secret".into()),
-                allowed_algs: vec!["HS256".into()],
+            auth: sandcall_config::AuthConfig {
+                api_keys: if api_key {
+                    vec![ApiKey {
+                        principal: "alice".into(),
+                        sha256: key_hash("alice-key-1234567890"),
+                    }]
+                } else {
+                    Vec::new()
+                },
+                jwt: sandcall_config::JwtConfig {
+                    hs256_secret: Some("dev-secret-dev-secret".into()),
+                    allowed_algs: vec!["HS256".into()],
+                    ..Default::default()
+                },
                 ..Default::default()
             },
             ..Config::default()
@@ -310,16 +324,25 @@ mod tests {
             .unwrap_err();
         assert!(refused.to_string().contains("not a JWT"), "{}", refused.to_string());
         let c = Config {
-            listen: "0.0.0.0:3112".into(),
-            jwt: sandcall_config::JwtConfig {
-                hs256_secret: Some("dev-secret-dev-secret".into()),
+            listen: sandcall_config::ListenConfig {
+                address: "0.0.0.0:3112".into(),
+                ..Default::default()
+            },
+            auth: sandcall_config::AuthConfig {
+                jwt: sandcall_config::JwtConfig {
+                    hs256_secret: Some("dev-secret-dev-secret".into()),
+                    ..Default::default()
+                },
                 ..Default::default()
             },
             ..Config::default()
         };
         assert!(check_listen(&c, &Auth::new(&c).unwrap()).is_ok());
         assert!(!exposed_without_credentials(&Config {
-            allow_unauthenticated: true,
+            auth: sandcall_config::AuthConfig {
+                allow_unauthenticated: true,
+                ..c.auth.clone()
+            },
             ..c.clone()
         }));
         // Without JWT keys a JWT is just a key that is not valid.
@@ -333,18 +356,18 @@ mod tests {
     fn local_mode_only_on_loopback() {
         let mut c = Config::default();
         assert!(check_listen(&c, &Auth::new(&c).unwrap()).is_ok());
-        c.listen = "0.0.0.0:3112".into();
+        c.listen.address = "0.0.0.0:3112".into();
         let refusal = check_listen(&c, &Auth::new(&c).unwrap()).unwrap_err().to_string();
         assert!(refusal.contains("api_keys") && refusal.contains("allow_unauthenticated"));
-        c.allow_unauthenticated = true;
+        c.auth.allow_unauthenticated = true;
         assert!(check_listen(&c, &Auth::new(&c).unwrap()).is_ok());
         assert!(exposed_without_credentials(&c));
         assert!(!Auth::new(&c).unwrap().loopback_hosts_only);
-        c.listen = "127.0.0.1:3112".into();
+        c.listen.address = "127.0.0.1:3112".into();
         assert!(!exposed_without_credentials(&c), "on loopback it stays local mode");
-        c.listen = "0.0.0.0:3112".into();
-        c.allow_unauthenticated = false;
-        c.api_keys = vec![ApiKey {
+        c.listen.address = "0.0.0.0:3112".into();
+        c.auth.allow_unauthenticated = false;
+        c.auth.api_keys = vec![ApiKey {
             principal: "a".into(),
             sha256: key_hash("k"),
         }];

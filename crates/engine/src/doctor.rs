@@ -138,7 +138,7 @@ fn check_toolchains(config: &Config) -> Check {
         .iter()
         .filter(|d| d.build.is_some())
         .map(|d| d.language);
-    let declared = (0..config.languages.len()).filter_map(|i| u16::try_from(i).ok().map(Language::Declared));
+    let declared = (0..config.languages.declared.len()).filter_map(|i| u16::try_from(i).ok().map(Language::Declared));
     let detail = built_in
         .chain(declared)
         .map(|l| {
@@ -198,7 +198,7 @@ fn check_python_runtime(config: &Config) -> Check {
         None => format!(
             "none in {}: Python runs on the bare {} (`sandcall runtime install` adds numpy, pandas, matplotlib, ...)",
             dir.display(),
-            config.python.display()
+            config.languages.python.display()
         ),
     };
     Check {
@@ -240,8 +240,8 @@ fn check_npm_packages(config: &Config) -> Check {
 /// Runs every check, ending with a real sandboxed program in each language.
 pub async fn run(config: &Config) -> Report {
     let mut checks = vec![check_credentials(config), check_userns(), check_seccomp()];
-    checks.push(check_interpreter("python interpreter", &config.python));
-    checks.push(check_interpreter("bash interpreter", &config.bash));
+    checks.push(check_interpreter("python interpreter", &config.languages.python));
+    checks.push(check_interpreter("bash interpreter", &config.languages.bash));
     checks.push(check_optional_languages(config));
     checks.push(check_toolchains(config));
     checks.push(check_python_runtime(config));
@@ -297,6 +297,7 @@ async fn trial_run(config: &Config) -> Check {
                 runs_dir: host.runs_dir,
                 cgroups: host.cgroups,
                 extra_runtime_paths: config
+                    .languages
                     .extra_runtime_paths
                     .iter()
                     .cloned()
@@ -305,7 +306,7 @@ async fn trial_run(config: &Config) -> Check {
                 node_modules: crate::npm_runtime::for_config(config).map(|n| n.node_modules()),
                 host_uid: host.host_uid,
                 host_gid: host.host_gid,
-                max_code_bytes: config.max_code_bytes,
+                max_code_bytes: config.limits.max_code_bytes,
             },
             rx,
         ),

@@ -52,6 +52,7 @@ fn parse_language_name(language: Option<&str>, lang: Option<&str>, config: &Conf
             // The operator's own languages, when there are any, are named too.
             let declared: Vec<&str> = config
                 .languages
+                .declared
                 .iter()
                 .filter_map(|l| l.names.first().map(String::as_str))
                 .collect();
@@ -92,10 +93,10 @@ pub fn check_code_and_args(
     if code.contains('\0') {
         return Err(EngineError::bad_request("`code` may not contain NUL bytes"));
     }
-    if code.len() as u64 > config.max_code_bytes {
+    if code.len() as u64 > config.limits.max_code_bytes {
         return Err(EngineError::too_large(format!(
             "`code` is larger than {} bytes",
-            config.max_code_bytes
+            config.limits.max_code_bytes
         )));
     }
     let args = args.unwrap_or_default();
@@ -109,10 +110,10 @@ pub fn parse_exec(req: ExecRequest, config: &Config) -> Result<ExecCommand, Engi
     let language = parse_language(req.language.as_deref(), req.lang.as_deref(), config)?;
     let (code, args) = check_code_and_args(req.code, req.args, config, "`code` is required")?;
     let stdin = req.stdin.unwrap_or_default();
-    if stdin.len() as u64 > config.max_stdin_bytes {
+    if stdin.len() as u64 > config.limits.max_stdin_bytes {
         return Err(EngineError::too_large(format!(
             "`stdin` is larger than {} bytes",
-            config.max_stdin_bytes
+            config.limits.max_stdin_bytes
         )));
     }
     let timeout_ms = timeout(req.run_timeout, req.timeout, config)?;
@@ -139,7 +140,7 @@ pub fn parse_workspace(
     hint: Option<serde_json::Value>,
     config: &Config,
 ) -> Result<Option<String>, EngineError> {
-    if !config.workspaces {
+    if !config.files.workspaces {
         return match id {
             Some(_) => Err(EngineError::bad_request(
                 "`workspace_id`: workspaces are off on this server (`workspaces = false`)",
@@ -174,7 +175,7 @@ pub fn timeout(first: Option<u64>, second: Option<u64>, config: &Config) -> Resu
         return Err(EngineError::bad_request("`timeout` must be at least 1 ms"));
     }
     Ok(match first.or(second) {
-        Some(ms) => ms.min(config.max_run_timeout_ms),
+        Some(ms) => ms.min(config.limits.max_run_timeout_ms),
         None => config.default_run_timeout_ms(),
     })
 }
@@ -183,7 +184,7 @@ pub fn timeout(first: Option<u64>, second: Option<u64>, config: &Config) -> Resu
 pub fn resolve_limits(config: &Config, req: Option<&RequestLimits>) -> Result<Limits, EngineError> {
     let empty = RequestLimits::default();
     let r = req.unwrap_or(&empty);
-    let c = &config.ceilings;
+    let c = &config.limits.ceilings;
     let pick = |name: &str, asked: Option<u64>, default: u64, ceiling: Option<u64>| -> Result<u64, EngineError> {
         match asked {
             Some(0) => Err(EngineError::bad_request(format!("limits.{name} must be above 0"))),
@@ -195,40 +196,45 @@ pub fn resolve_limits(config: &Config, req: Option<&RequestLimits>) -> Result<Li
         memory_bytes: pick(
             "memory_limit_mb",
             r.memory_limit_mb,
-            config.memory_limit_mb,
+            config.limits.memory_limit_mb,
             c.memory_limit_mb,
         )? * MIB,
-        max_processes: pick("max_processes", r.max_processes, config.max_processes, c.max_processes)?,
+        max_processes: pick(
+            "max_processes",
+            r.max_processes,
+            config.limits.max_processes,
+            c.max_processes,
+        )?,
         max_open_files: pick(
             "max_open_files",
             r.max_open_files,
-            config.max_open_files,
+            config.limits.max_open_files,
             c.max_open_files,
         )?,
         file_size_bytes: pick(
             "file_size_limit_mb",
             r.file_size_limit_mb,
-            config.file_size_limit_mb,
+            config.limits.file_size_limit_mb,
             c.file_size_limit_mb,
         )? * MIB,
         workspace_bytes: pick(
             "workspace_limit_mb",
             r.workspace_limit_mb,
-            config.workspace_limit_mb,
+            config.limits.workspace_limit_mb,
             c.workspace_limit_mb,
         )? * MIB,
-        tmp_bytes: config.tmp_limit_mb * MIB,
+        tmp_bytes: config.limits.tmp_limit_mb * MIB,
         cpu_time_ms: pick(
             "cpu_time_limit_ms",
             r.cpu_time_limit_ms,
-            config.cpu_time_limit_ms,
+            config.limits.cpu_time_limit_ms,
             c.cpu_time_limit_ms,
         )?,
-        cpus: config.cpus,
+        cpus: config.limits.cpus,
         max_output_bytes: pick(
             "max_output_bytes",
             r.max_output_bytes,
-            config.max_output_bytes,
+            config.limits.max_output_bytes,
             c.max_output_bytes,
         )?,
     })
@@ -239,7 +245,7 @@ pub fn launch_for(cmd: &ExecCommand, config: &Config) -> runtime::Launch {
         return runtime::launch_build(
             cmd.language,
             &build,
-            &config.bash,
+            &config.languages.bash,
             &runtime::languages::sandbox_path(config),
             cmd.limits.memory_bytes >> 20,
             &cmd.args,
@@ -379,7 +385,7 @@ mod tests {
     #[test]
     fn limits_are_clamped_to_ceilings() {
         let mut c = Config::default();
-        c.ceilings.memory_limit_mb = Some(1024);
+        c.limits.ceilings.memory_limit_mb = Some(1024);
         let l = resolve_limits(
             &c,
             Some(&RequestLimits {
@@ -400,7 +406,7 @@ mod tests {
             }),
         )
         .unwrap();
-        assert_eq!(l.max_open_files, c.max_open_files);
+        assert_eq!(l.max_open_files, c.limits.max_open_files);
         assert!(resolve_limits(
             &c,
             Some(&RequestLimits {
@@ -414,7 +420,10 @@ mod tests {
     #[test]
     fn timeout_is_clamped_and_zero_refused() {
         let c = Config::default();
-        assert_eq!(timeout(Some(10_000_000), None, &c).unwrap(), c.max_run_timeout_ms);
+        assert_eq!(
+            timeout(Some(10_000_000), None, &c).unwrap(),
+            c.limits.max_run_timeout_ms
+        );
         assert_eq!(timeout(Some(1500), Some(9), &c).unwrap(), 1500);
         assert_eq!(timeout(None, Some(9), &c).unwrap(), 9);
         assert!(timeout(Some(0), None, &c).is_err());
@@ -533,7 +542,10 @@ mod tests {
     #[test]
     fn a_declared_language_without_its_toolchain_is_unsupported() {
         let config = Config {
-            node: std::path::PathBuf::from("/nonexistent/node"),
+            languages: sandcall_config::LanguagesConfig {
+                node: std::path::PathBuf::from("/nonexistent/node"),
+                ..Default::default()
+            },
             ..Config::default()
         };
         for name in ["js", "ts"] {

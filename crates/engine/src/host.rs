@@ -51,14 +51,16 @@ pub fn instance_name(data_dir: &Path) -> String {
 }
 
 pub fn data_dir(config: &Config) -> Result<PathBuf, String> {
-    fs::create_dir_all(&config.data_dir).map_err(|e| format!("create data dir {}: {e}", config.data_dir.display()))?;
-    let dir = fs::canonicalize(&config.data_dir).map_err(|e| format!("data dir {}: {e}", config.data_dir.display()))?;
+    fs::create_dir_all(&config.host.data_dir)
+        .map_err(|e| format!("create data dir {}: {e}", config.host.data_dir.display()))?;
+    let dir = fs::canonicalize(&config.host.data_dir)
+        .map_err(|e| format!("data dir {}: {e}", config.host.data_dir.display()))?;
     fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).map_err(|e| format!("chmod data dir: {e}"))?;
     Ok(dir)
 }
 
 pub fn cgroups(config: &Config, data_dir: &Path) -> Result<CgroupRoot, String> {
-    let root = match &config.cgroup_root {
+    let root = match &config.host.cgroup_root {
         Some(dir) => CgroupRoot::v2_at(dir.join(instance_name(data_dir))),
         None => CgroupRoot::detect(&instance_name(data_dir)).map_err(|e| e.to_string())?,
     };
@@ -69,9 +71,11 @@ pub fn cgroups(config: &Config, data_dir: &Path) -> Result<CgroupRoot, String> {
 pub fn ids(config: &Config) -> (u32, u32) {
     let root = nix::unistd::geteuid().is_root();
     let uid = config
+        .host
         .sandbox_uid
         .unwrap_or(if root { 65534 } else { nix::unistd::geteuid().as_raw() });
     let gid = config
+        .host
         .sandbox_gid
         .unwrap_or(if root { 65534 } else { nix::unistd::getegid().as_raw() });
     (uid, gid)

@@ -64,7 +64,7 @@ impl Engine {
     }
 
     async fn probe(&self) -> Option<String> {
-        let launch = runtime::launch(sandcall_api::Language::Bash, &self.config.bash, &[]);
+        let launch = runtime::launch(sandcall_api::Language::Bash, &self.config.languages.bash, &[]);
         let limits = exec::resolve_limits(&self.config, None).ok()?;
         let spec = RunSpec::new(sandcall_api::ids::new_id(), "exit 0".into(), launch, 10_000, limits);
         let _ = self.runner.run(spec, ()).await;
@@ -83,13 +83,13 @@ impl Engine {
         let mut cmd = cmd;
         let workspace = match cmd.workspace.clone() {
             Some(name) => {
-                let hold_ms = cmd.timeout_ms + self.config.queue_timeout_ms + WORKSPACE_HOLD_MARGIN_MS;
+                let hold_ms = cmd.timeout_ms + self.config.limits.queue_timeout_ms + WORKSPACE_HOLD_MARGIN_MS;
                 let (lease, inputs) = files::workspace::take(
                     self.files.clone(),
                     &principal.0,
                     &name,
                     hold_ms,
-                    self.config.file_ttl_s * 1000,
+                    self.config.files.file_ttl_s * 1000,
                     &cmd.files,
                 )
                 .await?;
@@ -180,8 +180,8 @@ impl Engine {
     pub fn collect_into(&self, outbox: &std::path::Path, workspace_bytes: u64) -> sandcall_sandbox::protocol::Collect {
         sandcall_sandbox::protocol::Collect {
             outbox: outbox.to_path_buf(),
-            max_files: self.config.max_output_files,
-            max_file_bytes: self.config.max_file_bytes,
+            max_files: self.config.files.max_output_files,
+            max_file_bytes: self.config.files.max_file_bytes,
             max_total_bytes: workspace_bytes,
         }
     }

@@ -253,11 +253,11 @@ pub fn prepare_for_serve(config: &Config) {
         tracing::info!(npm = %found.dir.display(), packages = found.packages.len(), "npm packages for programs");
         return;
     }
-    if !config.node.exists() {
+    if !config.languages.node.exists() {
         // JavaScript is unavailable anyway, and doctor says why.
         return;
     }
-    if !config.install_runtime {
+    if !config.languages.install_runtime {
         tracing::warn!(
             runtime_dir = %dir.display(),
             "the npm packages for programs are not installed and install_runtime is off: JavaScript and \
@@ -269,7 +269,7 @@ pub fn prepare_for_serve(config: &Config) {
         "sandcall: first start: installing the npm packages for programs (lodash, dayjs, exceljs, sharp, ...) into {}.",
         dir.display()
     );
-    match install(&dir, &config.node, &mut |line| eprintln!("sandcall: {line}")) {
+    match install(&dir, &config.languages.node, &mut |line| eprintln!("sandcall: {line}")) {
         Ok(installed) => eprintln!("sandcall: the npm packages are ready in {}", installed.dir.display()),
         Err(e) => tracing::warn!(
             "could not install the npm packages for programs ({e}); JavaScript and TypeScript run without them \

@@ -56,13 +56,13 @@ impl Pool {
         tools: ToolChannel,
         shutdown: watch::Receiver<bool>,
     ) -> Pool {
-        let preload = config.warm_pool_size > 0
-            && config.warm_preload_pool_size > 0
-            && !config.warm_preload.is_empty()
+        let preload = config.languages.warm_pool_size > 0
+            && config.languages.warm_preload_pool_size > 0
+            && !config.languages.warm_preload.is_empty()
             && crate::python_runtime::in_use(&config).is_some();
         let mut preloaded_packages: Vec<String> = Vec::new();
         if preload {
-            for module in &config.warm_preload {
+            for module in &config.languages.warm_preload {
                 let package = module.split('.').next().unwrap_or(module).to_owned();
                 if !preloaded_packages.contains(&package) {
                     preloaded_packages.push(package);
@@ -77,12 +77,13 @@ impl Pool {
                 forks: Mutex::new(HashMap::new()),
             }),
         };
-        if config.warm_pool_size == 0 {
+        if config.languages.warm_pool_size == 0 {
             return pool;
         }
         // One warm set per declared language that has a warm launcher and whose
         // toolchain is installed.
         let wanted: Vec<Language> = config
+            .languages
             .warm_languages
             .iter()
             .filter_map(|n| Language::parse(n))
@@ -99,18 +100,18 @@ impl Pool {
             let interpreter = runtime::languages::interpreter(language, &config);
             let (argv, mut env) = runtime::warm_launch(language, interpreter);
             env.extend(runtime::languages::config_env(language, &config));
-            let mut sets = vec![(false, config.warm_pool_size, env.clone())];
+            let mut sets = vec![(false, config.languages.warm_pool_size, env.clone())];
             if language == Language::Python && preload {
                 // These import the heavy modules while they wait (runner.py), so a
                 // run's `import pandas` costs nothing.
-                env.push(("SANDCALL_PRELOAD".into(), config.warm_preload.join(",")));
-                sets.push((true, config.warm_preload_pool_size, env));
+                env.push(("SANDCALL_PRELOAD".into(), config.languages.warm_preload.join(",")));
+                sets.push((true, config.languages.warm_preload_pool_size, env));
             }
             for (preloaded, size, env) in sets {
                 // Python's sets fork from a template of their own when `zygote` is on.
                 // Without root, a run's helper could not reach its non-dumpable init
                 // through /proc, so the sets are built the usual way.
-                let zygote_on = config.zygote && language == Language::Python;
+                let zygote_on = config.languages.zygote && language == Language::Python;
                 if zygote_on && !nix::unistd::geteuid().is_root() {
                     // A note, not a warning: `zygote` is on by default, and a server
                     // that is not root is a supported way to run.
@@ -123,7 +124,7 @@ impl Pool {
                     let (argv, mut env) = runtime::template_launch(interpreter);
                     env.extend(runtime::languages::config_env(language, &config));
                     if preloaded {
-                        env.push(("SANDCALL_PRELOAD".into(), config.warm_preload.join(",")));
+                        env.push(("SANDCALL_PRELOAD".into(), config.languages.warm_preload.join(",")));
                     }
                     let keeper = Keeper {
                         zygote: zygote.clone(),
@@ -292,7 +293,10 @@ const TEMPLATE_MEMORY_PER_RUN: u64 = 1 << 20;
 /// sessions, runs under way, and the warm sandboxes. Without it, the template's cgroup
 /// filled up with a few hundred paused sessions and the template was killed.
 fn template_limits(limits: &Limits, config: &Config) -> Limits {
-    let live = config.max_sessions + config.max_concurrent_runs + config.warm_pool_size + config.warm_preload_pool_size;
+    let live = config.sessions.max_sessions
+        + config.limits.max_concurrent_runs
+        + config.languages.warm_pool_size
+        + config.languages.warm_preload_pool_size;
     let mut limits = limits.clone();
     limits.memory_bytes = limits
         .memory_bytes
@@ -456,10 +460,19 @@ mod tests {
     #[test]
     fn a_template_has_room_for_what_its_live_runs_leave_charged_to_it() {
         let config = Config {
-            max_sessions: 100,
-            max_concurrent_runs: 8,
-            warm_pool_size: 2,
-            warm_preload_pool_size: 1,
+            sessions: sandcall_config::SessionsConfig {
+                max_sessions: 100,
+                ..Default::default()
+            },
+            limits: sandcall_config::LimitsConfig {
+                max_concurrent_runs: 8,
+                ..Default::default()
+            },
+            languages: sandcall_config::LanguagesConfig {
+                warm_pool_size: 2,
+                warm_preload_pool_size: 1,
+                ..Default::default()
+            },
             ..Config::default()
         };
         let limits = Limits {

@@ -128,9 +128,10 @@ pub fn runtime_id(lock: &str, python: &Path) -> String {
 /// `runtime_dir`, or its default `<data_dir>/runtimes`.
 pub fn runtime_dir(config: &Config) -> PathBuf {
     config
+        .languages
         .runtime_dir
         .clone()
-        .unwrap_or_else(|| config.data_dir.join("runtimes"))
+        .unwrap_or_else(|| config.host.data_dir.join("runtimes"))
 }
 
 /// The runtime of this build's lock for interpreter `python` in `runtime_dir`, if
@@ -162,18 +163,18 @@ fn open(dir: &Path) -> Option<Installed> {
 /// Makes the config run Python on an installed runtime: its interpreter, its directory
 /// and the host's font configuration bound read-only.
 pub fn apply(config: &mut Config, installed: &Installed) {
-    config.python = installed.python.clone();
-    config.extra_runtime_paths.push(installed.dir.clone());
+    config.languages.python = installed.python.clone();
+    config.languages.extra_runtime_paths.push(installed.dir.clone());
     if Path::new(FONTS_CONFIG).is_dir() {
-        config.extra_runtime_paths.push(PathBuf::from(FONTS_CONFIG));
+        config.languages.extra_runtime_paths.push(PathBuf::from(FONTS_CONFIG));
     }
 }
 
 /// The runtime in use by a config (its `python` is an installed runtime's), if any.
 pub fn in_use(config: &Config) -> Option<Installed> {
-    let dir = config.python.parent()?.parent()?.parent()?;
+    let dir = config.languages.python.parent()?.parent()?.parent()?;
     let runtimes = std::fs::canonicalize(runtime_dir(config)).ok()?;
-    open(dir).filter(|r| r.python == config.python && dir.starts_with(&runtimes))
+    open(dir).filter(|r| r.python == config.languages.python && dir.starts_with(&runtimes))
 }
 
 /// What `GET /v1/runtimes` says: the runtime in use, if any, without host paths.
@@ -398,21 +399,21 @@ fn run(step: &str, command: &mut Command, line: &mut dyn FnMut(&str)) -> Result<
 /// off, run on the bare interpreter with a warning.
 pub fn prepare_for_serve(config: &mut Config) {
     let dir = runtime_dir(config);
-    if let Some(found) = find(&dir, &config.python) {
+    if let Some(found) = find(&dir, &config.languages.python) {
         tracing::info!(runtime = %found.dir.display(), packages = found.packages.len(), "Python runtime");
         apply(config, &found);
         return;
     }
-    if !config.python.exists() {
+    if !config.languages.python.exists() {
         // The server refuses to start with a missing interpreter, and says so.
         return;
     }
-    if !config.install_runtime {
+    if !config.languages.install_runtime {
         tracing::warn!(
             runtime_dir = %dir.display(),
             "no Python runtime installed and install_runtime is off: Python runs on the bare {} \
              (run `sandcall runtime install` to add numpy, pandas, matplotlib, ...)",
-            config.python.display()
+            config.languages.python.display()
         );
         return;
     }
@@ -423,7 +424,9 @@ pub fn prepare_for_serve(config: &mut Config) {
         dir.display()
     );
     let started = std::time::Instant::now();
-    match install(&dir, &config.python, &mut |line| eprintln!("sandcall: {line}")) {
+    match install(&dir, &config.languages.python, &mut |line| {
+        eprintln!("sandcall: {line}")
+    }) {
         Ok(installed) => {
             eprintln!(
                 "sandcall: the Python runtime is ready in {} ({:.0} s)",
@@ -435,7 +438,7 @@ pub fn prepare_for_serve(config: &mut Config) {
         Err(e) => tracing::warn!(
             "could not install the Python runtime ({e}); Python runs on the bare {} without numpy, pandas, \
              matplotlib... (`sandcall runtime install` retries)",
-            config.python.display()
+            config.languages.python.display()
         ),
     }
 }
@@ -559,11 +562,11 @@ mod tests {
         assert_eq!(found.packages.len(), 1);
         let mut config = Config::default();
         apply(&mut config, &found);
-        assert_eq!(config.python, found.python);
-        assert!(config.extra_runtime_paths.contains(&found.dir));
+        assert_eq!(config.languages.python, found.python);
+        assert!(config.languages.extra_runtime_paths.contains(&found.dir));
         // Only a runtime under `runtime_dir` is the one in use.
         assert!(in_use(&config).is_none());
-        config.runtime_dir = Some(dir.clone());
+        config.languages.runtime_dir = Some(dir.clone());
         assert_eq!(in_use(&config), Some(found));
         std::fs::remove_dir_all(&dir).unwrap();
     }

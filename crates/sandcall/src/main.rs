@@ -155,7 +155,9 @@ fn runtime_install(args: &ServeArgs) -> ExitCode {
     };
     let dir = sandcall_engine::python_runtime::runtime_dir(&config);
     eprintln!("sandcall: installing the Python runtime into {}", dir.display());
-    match sandcall_engine::python_runtime::install(&dir, &config.python, &mut |line| eprintln!("sandcall: {line}")) {
+    match sandcall_engine::python_runtime::install(&dir, &config.languages.python, &mut |line| {
+        eprintln!("sandcall: {line}")
+    }) {
         Ok(installed) => {
             println!("{}", installed.dir.display());
             eprintln!(
@@ -173,7 +175,8 @@ fn runtime_install(args: &ServeArgs) -> ExitCode {
         "sandcall: installing the npm packages for programs into {}",
         dir.display()
     );
-    match sandcall_engine::npm_runtime::install(&dir, &config.node, &mut |line| eprintln!("sandcall: {line}")) {
+    match sandcall_engine::npm_runtime::install(&dir, &config.languages.node, &mut |line| eprintln!("sandcall: {line}"))
+    {
         Ok(installed) => {
             println!("{}", installed.dir.display());
             eprintln!(
@@ -229,7 +232,7 @@ async fn mcp(args: ServeArgs) -> anyhow::Result<ExitCode> {
 async fn doctor(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let mut config = load(&args)?;
     let dir = sandcall_engine::python_runtime::runtime_dir(&config);
-    if let Some(found) = sandcall_engine::python_runtime::find(&dir, &config.python) {
+    if let Some(found) = sandcall_engine::python_runtime::find(&dir, &config.languages.python) {
         sandcall_engine::python_runtime::apply(&mut config, &found);
     }
     let report = sandcall_engine::doctor::run(&config).await;

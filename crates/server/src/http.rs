@@ -153,7 +153,7 @@ pub async fn body_deadline(State(state): State<AppState>, req: Request, next: Ne
     } else {
         Body::new(DeadlineBody {
             body,
-            deadline: tokio::time::Instant::now() + Duration::from_millis(state.config.body_read_timeout_ms),
+            deadline: tokio::time::Instant::now() + Duration::from_millis(state.config.listen.body_read_timeout_ms),
             timer: None,
         })
     };
@@ -264,7 +264,7 @@ pub(crate) fn routes(config: &crate::config::Config) -> OpenApiRouter<AppState> 
 pub fn router(state: AppState) -> Router {
     let body_limit = state.config.max_body_bytes();
     let mut router = Router::new();
-    if state.config.fault_injection {
+    if state.config.host.fault_injection {
         router = router.route("/v1/_fault/panic", get(injected_panic));
     }
     let (described, _) = routes(&state.config).split_for_parts();
@@ -338,7 +338,7 @@ pub(crate) async fn health(State(state): State<AppState>, principal: Option<Exte
         body.sessions = Some(sessions);
         body.paused_sessions = Some(paused);
         body.dormant_sessions = state.sessions.dormant_count().await;
-        body.max_sessions = Some(state.config.max_sessions);
+        body.max_sessions = Some(state.config.sessions.max_sessions);
     }
     (code, Json(body)).into_response()
 }

@@ -86,7 +86,7 @@ async fn run(config: Config, frontend: Frontend) -> Result<(), ServeError> {
         let warning = format!(
             "warning: allow_unauthenticated: listening on {} with no credentials: every host that can \
              reach it can run code here; use this only on a private network",
-            config.listen
+            config.listen.address
         );
         eprintln!("{warning}");
         tracing::warn!("{warning}");
@@ -106,6 +106,7 @@ async fn run(config: Config, frontend: Frontend) -> Result<(), ServeError> {
             runs_dir: host.runs_dir.clone(),
             cgroups: host.cgroups.clone(),
             extra_runtime_paths: config
+                .languages
                 .extra_runtime_paths
                 .iter()
                 .cloned()
@@ -114,18 +115,18 @@ async fn run(config: Config, frontend: Frontend) -> Result<(), ServeError> {
             node_modules: npm_runtime::for_config(&config).map(|n| n.node_modules()),
             host_uid: host.host_uid,
             host_gid: host.host_gid,
-            max_code_bytes: config.max_code_bytes,
+            max_code_bytes: config.limits.max_code_bytes,
         },
         shutdown_rx.clone(),
     );
     runner.start_launcher().await;
     let admission = sandcall_engine::admission::Admission::new(
-        config.max_concurrent_runs,
+        config.limits.max_concurrent_runs,
         config.queue_length(),
-        Duration::from_millis(config.queue_timeout_ms),
+        Duration::from_millis(config.limits.queue_timeout_ms),
         config.runs_per_principal(),
     );
-    let key = programmatic::token::TokenKey::load(config.token_secret.as_deref(), &host.data_dir)
+    let key = programmatic::token::TokenKey::load(config.sessions.token_secret.as_deref(), &host.data_dir)
         .map_err(ServeError::Preflight)?;
     let shared_config = Arc::new(config.clone());
     let store = store::open_file_store(&config, &host.data_dir)
@@ -134,14 +135,16 @@ async fn run(config: Config, frontend: Frontend) -> Result<(), ServeError> {
     // A session's keys outlive its last write by as long as it can wait or run before
     // its next one: a session no node ends does not stay in Redis forever.
     let ttl_ms = config
+        .sessions
         .session_expiry_s
         .saturating_mul(1000)
-        .max(config.tool_call_timeout_ms)
-        .saturating_add(config.max_run_timeout_ms)
+        .max(config.sessions.tool_call_timeout_ms)
+        .saturating_add(config.limits.max_run_timeout_ms)
         .saturating_add(60_000);
     let session_store =
         store::open_session_store(&config, &host.data_dir, ttl_ms).map_err(|e| ServeError::Preflight(e.to_string()))?;
     let cluster = config
+        .cluster
         .node_url
         .clone()
         .filter(|_| session_store.shared())
@@ -196,10 +199,10 @@ async fn run(config: Config, frontend: Frontend) -> Result<(), ServeError> {
         state.rate_limits.clone(),
         Duration::from_secs(60),
     ));
-    let stale_outbox = Duration::from_millis(config.max_run_timeout_ms) + Duration::from_secs(600);
+    let stale_outbox = Duration::from_millis(config.limits.max_run_timeout_ms) + Duration::from_secs(600);
     tokio::spawn(sweep_files(
         store,
-        Duration::from_secs(config.file_sweep_interval_s),
+        Duration::from_secs(config.files.file_sweep_interval_s),
         state.outbox_dir.clone(),
         stale_outbox,
     ));
@@ -220,10 +223,10 @@ async fn run(config: Config, frontend: Frontend) -> Result<(), ServeError> {
         return Ok(());
     }
     let cap = listen::connection_cap(&config);
-    let listener = tokio::net::TcpListener::bind(&config.listen)
+    let listener = tokio::net::TcpListener::bind(&config.listen.address)
         .await
         .map_err(|source| ServeError::Bind {
-            addr: config.listen.clone(),
+            addr: config.listen.address.clone(),
             source,
         })?;
     let addr = listener.local_addr()?;
@@ -267,12 +270,13 @@ fn warn_if_sandboxes_outgrow_memory(config: &Config) {
             .ok()?;
         Some(kib >> 10)
     });
-    let sandboxes = config.max_sessions + config.max_concurrent_runs + 2 * config.warm_pool_size;
-    let worst_mib = (sandboxes as u64).saturating_mul(config.memory_limit_mb);
+    let sandboxes =
+        config.sessions.max_sessions + config.limits.max_concurrent_runs + 2 * config.languages.warm_pool_size;
+    let worst_mib = (sandboxes as u64).saturating_mul(config.limits.memory_limit_mb);
     if let Some(total_mib) = total_mib.filter(|&t| worst_mib > t) {
         tracing::info!(
             sandboxes,
-            memory_limit_mb = config.memory_limit_mb,
+            memory_limit_mb = config.limits.memory_limit_mb,
             worst_mib,
             total_mib,
             "max_sessions + max_concurrent_runs + the warm pool, each at memory_limit_mb, could hold more memory \

@@ -39,8 +39,8 @@ pub struct Timeouts {
 impl Timeouts {
     pub fn new(config: &Config) -> Self {
         Timeouts {
-            header_read: Duration::from_millis(config.header_read_timeout_ms),
-            keep_alive: Duration::from_millis(config.keep_alive_timeout_ms),
+            header_read: Duration::from_millis(config.listen.header_read_timeout_ms),
+            keep_alive: Duration::from_millis(config.listen.keep_alive_timeout_ms),
         }
     }
 }
@@ -65,14 +65,14 @@ pub fn connection_cap(config: &Config) -> usize {
         Ok(limit) => limit,
         Err(e) => {
             tracing::warn!(error = %e, "cannot read or raise the open-files limit; keeping max_connections");
-            return config.max_connections.min(MAX_PERMITS);
+            return config.listen.max_connections.min(MAX_PERMITS);
         }
     };
     let cap = fitting_connections(open_files, config);
-    if cap < config.max_connections {
+    if cap < config.listen.max_connections {
         tracing::warn!(
             open_files,
-            max_connections = config.max_connections,
+            max_connections = config.listen.max_connections,
             connections = cap,
             "the open-files limit cannot hold max_connections beside the runs: accepting fewer connections \
              (raise the hard limit, e.g. LimitNOFILE= or ulimit -Hn, to accept more)"
@@ -108,11 +108,16 @@ fn raise_open_files_limit() -> nix::Result<u64> {
 
 /// How many connections `open_files` descriptors hold beside the runs' helpers.
 fn fitting_connections(open_files: u64, config: &Config) -> usize {
-    let helpers = (config.max_concurrent_runs + config.max_sessions + 2 * config.warm_pool_size) as u64;
+    let helpers =
+        (config.limits.max_concurrent_runs + config.sessions.max_sessions + 2 * config.languages.warm_pool_size) as u64;
     let reserve = BASE_FDS + FDS_PER_HELPER * helpers;
     let fit = open_files.saturating_sub(reserve) / FDS_PER_CONNECTION;
     let fit = usize::try_from(fit).unwrap_or(usize::MAX);
-    config.max_connections.min(fit.max(MIN_CONNECTIONS)).min(MAX_PERMITS)
+    config
+        .listen
+        .max_connections
+        .min(fit.max(MIN_CONNECTIONS))
+        .min(MAX_PERMITS)
 }
 
 /// Accepts connections until `shutdown` resolves, at most `cap` open at once, and serves
@@ -414,10 +419,22 @@ mod tests {
     #[test]
     fn the_cap_leaves_room_for_the_runs() {
         let config = Config {
-            max_connections: 2048,
-            max_concurrent_runs: 8,
-            max_sessions: 64,
-            warm_pool_size: 4,
+            listen: sandcall_config::ListenConfig {
+                max_connections: 2048,
+                ..Default::default()
+            },
+            limits: sandcall_config::LimitsConfig {
+                max_concurrent_runs: 8,
+                ..Default::default()
+            },
+            sessions: sandcall_config::SessionsConfig {
+                max_sessions: 64,
+                ..Default::default()
+            },
+            languages: sandcall_config::LanguagesConfig {
+                warm_pool_size: 4,
+                ..Default::default()
+            },
             ..Config::default()
         };
         // 64 + 4 × (8 + 64 + 8) = 384 reserved, 2 per connection.

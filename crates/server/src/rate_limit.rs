@@ -150,7 +150,10 @@ mod tests {
     #[test]
     fn a_burst_over_the_rate_is_refused_with_the_wait_and_others_pass() {
         let config = sandcall_config::Config {
-            rate_limit_exec: Some("3/min".into()),
+            limits: sandcall_config::LimitsConfig {
+                rate_limit_exec: Some("3/min".into()),
+                ..Default::default()
+            },
             ..Default::default()
         };
         let limits = RateLimits::new(&config);

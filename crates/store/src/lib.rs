@@ -55,14 +55,14 @@ pub async fn open_file_store(
     config: &sandcall_config::Config,
     data_dir: &Path,
 ) -> Result<std::sync::Arc<dyn FileStore>, StoreError> {
-    match StoreUrl::parse(config.file_store.as_deref()) {
+    match StoreUrl::parse(config.files.file_store.as_deref()) {
         StoreUrl::S3(url) => {
             let store = s3::S3Store::open(
                 data_dir,
                 &url,
-                config.s3_endpoint.as_deref(),
-                config.file_cache_mb,
-                std::time::Duration::from_millis(config.s3_timeout_ms),
+                config.files.s3_endpoint.as_deref(),
+                config.files.file_cache_mb,
+                std::time::Duration::from_millis(config.files.s3_timeout_ms),
             )?;
             store.check().await?;
             Ok(std::sync::Arc::new(store))
@@ -79,7 +79,7 @@ pub fn open_session_store(
     data_dir: &Path,
     ttl_ms: u64,
 ) -> Result<std::sync::Arc<dyn SessionStore>, StoreError> {
-    Ok(match StoreUrl::parse(config.session_store.as_deref()) {
+    Ok(match StoreUrl::parse(config.sessions.session_store.as_deref()) {
         StoreUrl::Redis(url) => std::sync::Arc::new(redis::RedisSessionStore::open(&url, ttl_ms)?),
         StoreUrl::Embedded | StoreUrl::S3(_) => std::sync::Arc::new(embedded::EmbeddedSessionStore::open(data_dir)?),
     })
@@ -133,8 +133,8 @@ impl Quota {
     /// `max_stored_files_per_principal`).
     pub fn of(config: &sandcall_config::Config) -> Quota {
         Quota {
-            max_bytes: config.max_stored_bytes_per_principal,
-            max_files: config.max_stored_files_per_principal,
+            max_bytes: config.files.max_stored_bytes_per_principal,
+            max_files: config.files.max_stored_files_per_principal,
         }
     }
 }

@@ -158,7 +158,7 @@ pub async fn ingest_outputs(
             size: out.size,
             sha256: out.sha256,
             created_ms: created,
-            expires_ms: created + config.file_ttl_s * 1000,
+            expires_ms: created + config.files.file_ttl_s * 1000,
             kind: None,
             entity_id: None,
             version: None,

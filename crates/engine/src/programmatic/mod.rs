@@ -55,7 +55,7 @@ pub fn parse_start(req: ProgrammaticRequest, config: &Config) -> Result<StartCom
     if let Some(unknown) = tools
         .mcp_servers()
         .into_iter()
-        .find(|s| !config.mcp_servers.iter().any(|m| m.name == *s))
+        .find(|s| !config.sessions.mcp_servers.iter().any(|m| m.name == *s))
     {
         return Err(crate::mcp_client::unknown_server(unknown));
     }
@@ -65,15 +65,15 @@ pub fn parse_start(req: ProgrammaticRequest, config: &Config) -> Result<StartCom
     }
     // The helper's clock (`timeout_ms`) stops while the program waits for its caller;
     // the loop's bound, when there is one, is the driver's own timer.
-    let loop_timeout_ms = match config.programmatic_timeout_scope {
+    let loop_timeout_ms = match config.sessions.programmatic_timeout_scope {
         TimeoutScope::Run => req.loop_timeout,
         TimeoutScope::Loop => Some(req.loop_timeout.map_or(timeout_ms, |l| l.min(timeout_ms))),
     };
     let limits = exec::resolve_limits(config, req.limits.as_ref())?;
     let max_tool_calls = req
         .max_tool_calls
-        .unwrap_or(config.max_tool_calls)
-        .min(config.max_tool_calls);
+        .unwrap_or(config.sessions.max_tool_calls)
+        .min(config.sessions.max_tool_calls);
     let interpreter = runtime::languages::interpreter(language, config);
     let mut launch = runtime::launch_with_tools(language, interpreter, &args, &tools.names());
     launch.env.extend(runtime::languages::config_env(language, config));
@@ -143,7 +143,7 @@ pub fn request_id(value: Option<&[u8]>) -> Result<Option<String>, EngineError> {
 pub fn tool_channel(config: &Config) -> ToolChannel {
     // A call's whole message may be somewhat over max_tool_call_bytes (names,
     // quoting); much larger than that and the connection is cut unread.
-    let max_message_bytes = config.max_tool_call_bytes.saturating_mul(2) + (64 << 10);
+    let max_message_bytes = config.sessions.max_tool_call_bytes.saturating_mul(2) + (64 << 10);
     ToolChannel {
         max_message_bytes,
         max_connections: MAX_TOOL_CONNECTIONS,
@@ -156,6 +156,6 @@ pub fn tool_channel(config: &Config) -> ToolChannel {
         max_queued_reply_bytes: (config.max_programmatic_body_bytes() as u64)
             .saturating_mul(2)
             .max(16 << 20),
-        max_calls: config.max_tool_calls,
+        max_calls: config.sessions.max_tool_calls,
     }
 }

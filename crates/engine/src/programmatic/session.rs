@@ -439,9 +439,9 @@ impl Sessions {
             node,
         } = backing;
         let node = node.filter(|_| store.shared());
-        let lease_ms = config.node_lease_ms;
-        let slots = Arc::new(Semaphore::new(config.max_sessions));
-        let config_mcp = config.mcp_servers.clone();
+        let lease_ms = config.cluster.node_lease_ms;
+        let slots = Arc::new(Semaphore::new(config.sessions.max_sessions));
+        let config_mcp = config.sessions.mcp_servers.clone();
         let per_principal = PerPrincipal::new(config.sessions_per_principal());
         Sessions {
             inner: Arc::new(Inner {
@@ -505,8 +505,8 @@ impl Sessions {
         let outbox = inner.outbox_dir.join(&spec.run_id);
         spec.collect = Some(Collect {
             outbox: outbox.clone(),
-            max_files: inner.config.max_output_files,
-            max_file_bytes: inner.config.max_file_bytes,
+            max_files: inner.config.files.max_output_files,
+            max_file_bytes: inner.config.files.max_file_bytes,
             max_total_bytes: spec.limits.workspace_bytes,
         });
         let id = spec.run_id.clone();
@@ -650,7 +650,7 @@ impl Sessions {
     /// Sessions holding a sandbox now, and how many of them are paused.
     pub fn counts(&self) -> (usize, usize) {
         let inner = &self.inner;
-        let alive = inner.config.max_sessions - inner.slots.available_permits();
+        let alive = inner.config.sessions.max_sessions - inner.slots.available_permits();
         (alive, inner.paused.load(std::sync::atomic::Ordering::SeqCst))
     }
 
@@ -710,11 +710,11 @@ impl Sessions {
     /// timer's deadline, its audit trail and its latest request id.
     fn dormancy(&self, session: &Session, paused_ms: u64) -> Result<sandcall_store::Dormancy, String> {
         let config = &self.inner.config;
-        let expiry_ms = config.session_expiry_s.saturating_mul(1000);
+        let expiry_ms = config.sessions.session_expiry_s.saturating_mul(1000);
         let audit = serde_json::to_string(&session.audit().snapshot()).map_err(|e| e.to_string())?;
         Ok(sandcall_store::Dormancy {
             principal: session.principal.clone(),
-            due_ms: paused_ms.saturating_add(expiry_ms.min(config.tool_call_timeout_ms)),
+            due_ms: paused_ms.saturating_add(expiry_ms.min(config.sessions.tool_call_timeout_ms)),
             audit,
             request_id: session.request_id(),
         })
@@ -807,7 +807,7 @@ impl Sessions {
         if let Some(request_id) = request_id {
             self.name_request(&session, request_id).await;
         }
-        check_result_sizes(&results, self.inner.config.max_tool_result_bytes)?;
+        check_result_sizes(&results, self.inner.config.sessions.max_tool_result_bytes)?;
         // Hashing megabytes of results takes milliseconds: off the async workers.
         let (digest, results) = tokio::task::spawn_blocking(move || (results_digest(&results), results))
             .await
@@ -1398,7 +1398,7 @@ impl Sessions {
             }
         };
         let mut recovered = 0usize;
-        let expiry_ms = inner.config.session_expiry_s.saturating_mul(1000);
+        let expiry_ms = inner.config.sessions.session_expiry_s.saturating_mul(1000);
         for (id, principal, state) in listed {
             if state.open && state.pause > 0 {
                 if now_ms().saturating_sub(state.paused_ms) > expiry_ms {
@@ -1451,7 +1451,7 @@ impl Sessions {
     /// paused, so nobody holds a token of it, or its pause expired).
     async fn bring_back(&self, id: String, principal: String, state: SessionState) -> bool {
         let inner = &self.inner;
-        let expiry_ms = inner.config.session_expiry_s.saturating_mul(1000);
+        let expiry_ms = inner.config.sessions.session_expiry_s.saturating_mul(1000);
         let expired = state.open && now_ms().saturating_sub(state.paused_ms) > expiry_ms;
         if state.pause == 0 || expired {
             let _ = inner.store.remove(&id).await;
@@ -1546,8 +1546,8 @@ impl Sessions {
     async fn act_on_due(&self, id: &str) {
         let inner = &self.inner;
         let store = &inner.store;
-        let expiry_ms = inner.config.session_expiry_s.saturating_mul(1000);
-        let tool_timeout_ms = inner.config.tool_call_timeout_ms;
+        let expiry_ms = inner.config.sessions.session_expiry_s.saturating_mul(1000);
+        let tool_timeout_ms = inner.config.sessions.tool_call_timeout_ms;
         let here = self.map().get(id).cloned();
         if here.as_ref().is_some_and(|s| s.lock().dormant.is_none()) {
             // Held live here: the wake that should have taken it out of the index did
@@ -1634,7 +1634,7 @@ impl Sessions {
         };
         let message = format!(
             "no result within tool_call_timeout ({} ms)",
-            inner.config.tool_call_timeout_ms
+            inner.config.sessions.tool_call_timeout_ms
         );
         let (commands, rx) = mpsc::unbounded_channel();
         let resumed = {
@@ -1809,7 +1809,7 @@ impl Sessions {
         // was most of a replayed resume's time (docs/scaling.md). A warm Python sandbox
         // built the usual way has a hash seed of its own, which a replay's never is: only
         // forks of a template (`zygote`) share one, so only they are worth a try.
-        let hashes = cmd.language != sandcall_api::Language::Python || inner.config.zygote;
+        let hashes = cmd.language != sandcall_api::Language::Python || inner.config.languages.zygote;
         let warm = if cmd.custom_limits || !hashes {
             None
         } else {
@@ -1832,8 +1832,8 @@ impl Sessions {
         let outbox = inner.outbox_dir.join(&spec.run_id);
         spec.collect = Some(Collect {
             outbox: outbox.clone(),
-            max_files: inner.config.max_output_files,
-            max_file_bytes: inner.config.max_file_bytes,
+            max_files: inner.config.files.max_output_files,
+            max_file_bytes: inner.config.files.max_file_bytes,
             max_total_bytes: spec.limits.workspace_bytes,
         });
         let started = match warm {
@@ -2279,8 +2279,8 @@ impl Driver {
         let admission = self.sessions.inner.admission.clone();
         let paused_count = Paused::new(&self.sessions.inner.paused);
         let config = self.sessions.inner.config.clone();
-        let tool_timeout = Duration::from_millis(config.tool_call_timeout_ms);
-        let expiry = Duration::from_secs(config.session_expiry_s);
+        let tool_timeout = Duration::from_millis(config.sessions.tool_call_timeout_ms);
+        let expiry = Duration::from_secs(config.sessions.session_expiry_s);
         let mut shutdown = self.sessions.inner.shutdown.clone();
         let id = self.session.id.clone();
         // Calls checked and waiting to be handed out at the next pause.
@@ -2310,7 +2310,7 @@ impl Driver {
         // The journal's view of the session, written before each answer that depends on it.
         let mut state = std::mem::take(&mut self.state);
         let store = self.sessions.inner.store.clone();
-        let evict = Duration::from_secs(config.session_idle_evict_s);
+        let evict = Duration::from_secs(config.sessions.session_idle_evict_s);
         let mut accepted = 0u64;
         let mut delivered = state.calls_made;
         let mut pause = state.pause;
@@ -2334,10 +2334,10 @@ impl Driver {
                             Err(format!("over the budget of {} tool calls for this run (max_tool_calls)", self.max_tool_calls))
                         } else {
                             let budget = ByteBudget {
-                                max_call: config.max_tool_call_bytes,
-                                max_pause: config.max_pause_bytes,
+                                max_call: config.sessions.max_tool_call_bytes,
+                                max_pause: config.sessions.max_pause_bytes,
                                 pause_used: pending_bytes,
-                                max_session: config.max_session_tool_bytes,
+                                max_session: config.sessions.max_session_tool_bytes,
                                 session_used: session_bytes,
                             };
                             self.check(&mut overrun, &name, arguments, argv, budget).await
@@ -2411,7 +2411,7 @@ impl Driver {
                             partial_stdout = skip_sent(&partial_stdout, &mut replay.skip_stdout);
                             partial_stderr = skip_sent(&partial_stderr, &mut replay.skip_stderr);
                         }
-                        let cap = config.max_output_bytes as usize;
+                        let cap = config.limits.max_output_bytes as usize;
                         push_capped(&mut carry.0, &partial_stdout, cap);
                         push_capped(&mut carry.1, &partial_stderr, cap);
                         if (pending.is_empty() && outstanding.is_empty())
@@ -2602,7 +2602,7 @@ impl Driver {
                     // The program goes on without its caller, so it cannot wait in the queue.
                     run_slot = Some(admission.admit_now(&self.session.principal));
                     paused_count.set(false);
-                    let message = format!("no result within tool_call_timeout ({} ms)", config.tool_call_timeout_ms);
+                    let message = format!("no result within tool_call_timeout ({} ms)", config.sessions.tool_call_timeout_ms);
                     let entries: Vec<JournalEntry> = outstanding
                         .iter()
                         .map(|(call_id, ..)| JournalEntry::Reply {
@@ -2788,7 +2788,7 @@ impl Driver {
         let mut result = result;
         // A diverged replay was stopped by the server: no note about it on stderr.
         if ending != Ending::Diverged {
-            let notes = crate::exec::sandbox_notes(&result, self.sessions.inner.config.max_output_bytes);
+            let notes = crate::exec::sandbox_notes(&result, self.sessions.inner.config.limits.max_output_bytes);
             crate::exec::append_notes(&mut result.stderr, &notes);
         }
         let error = |error_type: &str, error: String| ProgrammaticResponse::Error {

@@ -361,6 +361,7 @@ pub fn parse(name: &str, config: &Config) -> Option<Language> {
     let name = name.trim().to_ascii_lowercase();
     let index = config
         .languages
+        .declared
         .iter()
         .position(|l| l.names.iter().any(|n| n.trim().eq_ignore_ascii_case(&name)))?;
     u16::try_from(index).ok().map(Language::Declared)
@@ -371,6 +372,7 @@ pub fn name(language: Language, config: &Config) -> &str {
     match language {
         Language::Declared(i) => config
             .languages
+            .declared
             .get(usize::from(i))
             .and_then(|l| l.names.first())
             .map_or("declared", |n| n.as_str()),
@@ -383,7 +385,7 @@ pub fn name(language: Language, config: &Config) -> &str {
 /// `runtime_paths`), not in the result.
 pub fn build(language: Language, config: &Config) -> Option<Build<'_>> {
     match language {
-        Language::Declared(i) => config.languages.get(usize::from(i)).map(|l| Build {
+        Language::Declared(i) => config.languages.declared.get(usize::from(i)).map(|l| Build {
             code_file: &l.code_file,
             compile: l.compile.as_deref(),
             run: &l.run,
@@ -398,9 +400,9 @@ pub fn build(language: Language, config: &Config) -> Option<Build<'_>> {
 /// The interpreter that runs `language`, as configured.
 pub fn interpreter(language: Language, config: &Config) -> &Path {
     match declaration(language).interpreter {
-        Interpreter::Python => &config.python,
-        Interpreter::Bash | Interpreter::Toolchain => &config.bash,
-        Interpreter::Node => &config.node,
+        Interpreter::Python => &config.languages.python,
+        Interpreter::Bash | Interpreter::Toolchain => &config.languages.bash,
+        Interpreter::Node => &config.languages.node,
     }
 }
 
@@ -416,7 +418,7 @@ pub fn interpreter_key(language: Language) -> &'static str {
 /// The sucrase package directory, if `language` needs it.
 pub fn transpiler(language: Language, config: &Config) -> Option<&Path> {
     if declaration(language).transpiler {
-        config.typescript_transpiler.as_deref()
+        config.languages.typescript_transpiler.as_deref()
     } else {
         None
     }
@@ -444,6 +446,7 @@ pub fn find_tool(tool: &str, config: &Config) -> Option<PathBuf> {
         return executable(&path).then_some(path);
     }
     config
+        .languages
         .toolchain_path
         .iter()
         .map(|dir| dir.join(tool))
@@ -455,6 +458,7 @@ pub fn tools(language: Language, config: &Config) -> Vec<&str> {
     match language {
         Language::Declared(i) => config
             .languages
+            .declared
             .get(usize::from(i))
             .map(|l| l.tools.iter().map(String::as_str).collect())
             .unwrap_or_default(),
@@ -469,7 +473,7 @@ pub fn tools(language: Language, config: &Config) -> Vec<&str> {
 /// missing), or None when it can. A few `stat`s.
 pub fn missing(language: Language, config: &Config) -> Option<String> {
     if let Language::Declared(i) = language {
-        if config.languages.get(usize::from(i)).is_none() {
+        if config.languages.declared.get(usize::from(i)).is_none() {
             return Some("it is not declared".into());
         }
     }
@@ -486,7 +490,12 @@ pub fn missing(language: Language, config: &Config) -> Option<String> {
         .filter(|t| find_tool(t, config).is_none())
         .collect();
     if !absent.is_empty() {
-        let dirs: Vec<String> = config.toolchain_path.iter().map(|d| d.display().to_string()).collect();
+        let dirs: Vec<String> = config
+            .languages
+            .toolchain_path
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect();
         let package = declaration(language)
             .build
             .map(|b| format!(" (Debian package {})", b.package))
@@ -499,6 +508,7 @@ pub fn missing(language: Language, config: &Config) -> Option<String> {
     }
     if declaration(language).transpiler {
         let ok = config
+            .languages
             .typescript_transpiler
             .as_ref()
             .is_some_and(|dir| dir.join("package.json").is_file());
@@ -543,6 +553,7 @@ const ALTERNATIVES: &str = "/etc/alternatives";
 /// Directories of `toolchain_path` outside /usr (which every sandbox already sees).
 fn toolchain_dirs(config: &Config) -> impl Iterator<Item = &PathBuf> {
     config
+        .languages
         .toolchain_path
         .iter()
         .filter(|d| !d.starts_with("/usr") && d.is_dir())
@@ -561,6 +572,7 @@ pub fn sandbox_path(config: &Config) -> String {
 /// directories outside /usr, and the operator's languages' `paths`.
 pub fn runtime_paths(config: &Config) -> Vec<PathBuf> {
     let mut paths: Vec<PathBuf> = config
+        .languages
         .typescript_transpiler
         .as_ref()
         .and_then(|dir| dir.parent())
@@ -574,7 +586,7 @@ pub fn runtime_paths(config: &Config) -> Vec<PathBuf> {
         paths.extend(build.paths.iter().flat_map(|p| expand(p)).filter(|p| p.exists()));
     }
     paths.extend(toolchain_dirs(config).cloned());
-    for l in &config.languages {
+    for l in &config.languages.declared {
         paths.extend(l.paths.iter().filter(|p| p.exists()).cloned());
     }
     // Each once, and a directory before what it holds.
@@ -598,14 +610,20 @@ mod tests {
     #[test]
     fn a_missing_interpreter_or_transpiler_is_named() {
         let config = Config {
-            node: PathBuf::from("/nonexistent/node"),
+            languages: sandcall_config::LanguagesConfig {
+                node: PathBuf::from("/nonexistent/node"),
+                ..Default::default()
+            },
             ..Config::default()
         };
         let why = missing(Language::JavaScript, &config).unwrap();
         assert!(why.contains("/nonexistent/node") && why.contains("`node`"), "{why}");
         let config = Config {
-            node: PathBuf::from("/usr/bin/bash"),
-            typescript_transpiler: None,
+            languages: sandcall_config::LanguagesConfig {
+                node: PathBuf::from("/usr/bin/bash"),
+                typescript_transpiler: None,
+                ..Default::default()
+            },
             ..Config::default()
         };
         assert!(missing(Language::JavaScript, &config).is_none());
@@ -617,7 +635,10 @@ mod tests {
     #[test]
     fn toolchains_are_looked_up_in_toolchain_path() {
         let config = Config {
-            toolchain_path: vec![PathBuf::from("/nonexistent")],
+            languages: sandcall_config::LanguagesConfig {
+                toolchain_path: vec![PathBuf::from("/nonexistent")],
+                ..Default::default()
+            },
             ..Config::default()
         };
         let why = missing(Language::C, &config).unwrap();
@@ -626,7 +647,10 @@ mod tests {
             "{why}"
         );
         let config = Config {
-            toolchain_path: vec![PathBuf::from("/nonexistent"), PathBuf::from("/usr/bin")],
+            languages: sandcall_config::LanguagesConfig {
+                toolchain_path: vec![PathBuf::from("/nonexistent"), PathBuf::from("/usr/bin")],
+                ..Default::default()
+            },
             ..Config::default()
         };
         assert_eq!(find_tool("bash", &config), Some(PathBuf::from("/usr/bin/bash")));
@@ -636,13 +660,16 @@ mod tests {
     #[test]
     fn declared_languages_parse_after_the_built_in_ones() {
         let config = Config {
-            languages: vec![sandcall_config::LanguageConfig {
-                names: vec!["Awk".into(), "gawk".into()],
-                code_file: "main.awk".into(),
-                run: "awk -f \"$CODE\"".into(),
-                tools: vec!["awk".into(), "/nonexistent/awk".into()],
+            languages: sandcall_config::LanguagesConfig {
+                declared: vec![sandcall_config::LanguageConfig {
+                    names: vec!["Awk".into(), "gawk".into()],
+                    code_file: "main.awk".into(),
+                    run: "awk -f \"$CODE\"".into(),
+                    tools: vec!["awk".into(), "/nonexistent/awk".into()],
+                    ..Default::default()
+                }],
                 ..Default::default()
-            }],
+            },
             ..Config::default()
         };
         assert_eq!(parse("AWK", &config), Some(Language::Declared(0)));
@@ -661,14 +688,17 @@ mod tests {
     #[test]
     fn runtime_paths_hold_the_toolchains_config_and_the_operators_paths() {
         let config = Config {
-            toolchain_path: vec![PathBuf::from("/usr/bin"), PathBuf::from("/tmp")],
-            languages: vec![sandcall_config::LanguageConfig {
-                names: vec!["x".into()],
-                code_file: "main.x".into(),
-                run: "x".into(),
-                paths: vec![PathBuf::from("/proc/self"), PathBuf::from("/nonexistent")],
+            languages: sandcall_config::LanguagesConfig {
+                toolchain_path: vec![PathBuf::from("/usr/bin"), PathBuf::from("/tmp")],
+                declared: vec![sandcall_config::LanguageConfig {
+                    names: vec!["x".into()],
+                    code_file: "main.x".into(),
+                    run: "x".into(),
+                    paths: vec![PathBuf::from("/proc/self"), PathBuf::from("/nonexistent")],
+                    ..Default::default()
+                }],
                 ..Default::default()
-            }],
+            },
             ..Config::default()
         };
         let paths = runtime_paths(&config);

@@ -32,14 +32,14 @@ const MAX_FIELD_BYTES: usize = 1024;
 /// The body limit of an upload: every part at its largest, and the multipart framing.
 /// Each part is capped on its own while it streams to disk.
 pub fn upload_limit(config: &Config) -> usize {
-    (config.max_file_bytes as usize)
+    (config.files.max_file_bytes as usize)
         .saturating_mul(MAX_PARTS)
         .saturating_add(1 << 20)
 }
 
 /// The body limit of a batch upload, as `upload_limit` for `MAX_BATCH_PARTS` parts.
 pub fn batch_upload_limit(config: &Config) -> usize {
-    (config.max_file_bytes as usize)
+    (config.files.max_file_bytes as usize)
         .saturating_mul(MAX_BATCH_PARTS)
         .saturating_add(1 << 20)
 }
@@ -185,7 +185,7 @@ async fn receive_part(
     if let Err(e) = room.check(&*state.files, 0).await {
         return refuse(field, name, e).await;
     }
-    let max = state.config.max_file_bytes;
+    let max = state.config.files.max_file_bytes;
     let id = ids::new_id();
     let temp = state.files.incoming_dir().join(&id);
     // A client that goes away mid-upload drops this future; the half-received file goes
@@ -259,7 +259,7 @@ impl Received {
             content_type: self.content_type.clone(),
             sha256: self.sha256.clone(),
             created_ms: created,
-            expires_ms: created + config.file_ttl_s * 1000,
+            expires_ms: created + config.files.file_ttl_s * 1000,
             kind: fields.kind.clone(),
             entity_id: fields.entity_id.clone(),
             version: fields.version.clone(),

@@ -306,7 +306,7 @@ impl SandcallMcp {
                 .map_err(|e| ApiError::bad_request(format!("`base64` is not valid base64: {e}")))?,
             _ => return Err(ApiError::bad_request("give exactly one of `text` or `base64`")),
         };
-        let max = self.state.config.max_file_bytes;
+        let max = self.state.config.files.max_file_bytes;
         if bytes.len() as u64 > max {
             return Err(ApiError::too_large(format!(
                 "{name} is larger than {max} bytes (max_file_bytes)"
@@ -334,7 +334,7 @@ impl SandcallMcp {
             content_type: guess_type(&name),
             sha256: Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect(),
             created_ms: created,
-            expires_ms: created + self.state.config.file_ttl_s * 1000,
+            expires_ms: created + self.state.config.files.file_ttl_s * 1000,
             kind: None,
             entity_id: None,
             version: None,
@@ -446,7 +446,7 @@ pub fn http_service(
 > {
     use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
     // A base64 upload of a file at max_file_bytes, and the JSON-RPC around it.
-    let body_limit = (state.config.max_file_bytes as usize / 3 * 4)
+    let body_limit = (state.config.files.max_file_bytes as usize / 3 * 4)
         .max(state.config.max_body_bytes())
         .saturating_add(64 << 10);
     let config = StreamableHttpServerConfig::default()
