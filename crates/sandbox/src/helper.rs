@@ -1621,8 +1621,11 @@ fn init_run(ctx: &InitContext, run: InitRun) -> InitReport {
     match unsafe { nix::unistd::fork() } {
         Ok(nix::unistd::ForkResult::Child) => {
             let message = exec_program(ctx, &run);
+            // SAFETY: fd 2 is the program's stderr (or init's), open for this process's
+            // life; it is borrowed only for this write.
+            let stderr = unsafe { std::os::fd::BorrowedFd::borrow_raw(2) };
             let _ = nix::unistd::write(
-                unsafe { std::os::fd::BorrowedFd::borrow_raw(2) },
+                stderr,
                 format!("sandcall: cannot start the program: {message}\n").as_bytes(),
             );
             // SAFETY: _exit never returns and runs no destructors of the forked copy.
