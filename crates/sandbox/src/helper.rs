@@ -141,7 +141,8 @@ pub fn run_helper() -> i32 {
     }
     let outcome = outcome.and_then(|mut result| {
         if let Some(opts) = run.collect.as_ref().filter(|_| !nothing_to_collect) {
-            let found = crate::workspace::collect(&sandbox.work_dir(), opts, &sandbox.staged)?;
+            let found =
+                crate::workspace::collect(&sandbox.work_dir(), opts, &sandbox.staged).map_err(|e| e.to_string())?;
             result.outputs = found.files;
             result.skipped = found.skipped;
             result.skipped_total = found.skipped_total;
@@ -873,7 +874,8 @@ impl Sandbox {
             self.owner.0,
             self.owner.1,
             self.forked.is_some(),
-        )?;
+        )
+        .map_err(|e| e.to_string())?;
         // A launched program says on fd 3 when it ends; that ends the run at once,
         // without waiting for the kernel to tear the process down.
         let mut status_fd: Option<Lines> = None;
