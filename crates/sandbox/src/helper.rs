@@ -36,6 +36,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+mod error;
+pub use error::{HelperError, MessageError};
+
 /// The uid and gid of the program inside its user namespace.
 const SANDBOX_ID: u32 = 1000;
 /// While tool calls wait unannounced, how often to look whether the program sleeps,
@@ -61,7 +64,7 @@ pub fn run_helper() -> i32 {
         Ok(None) => return 0,
         Err(e) => {
             emit(&Event::Failed {
-                message: format!("bad prepare message: {e}"),
+                message: HelperError::BadPrepare(e).to_string(),
             });
             return 1;
         }
@@ -86,14 +89,14 @@ pub fn run_helper() -> i32 {
         Err(failed) => {
             let (e, partial) = *failed;
             partial.teardown();
-            emit(&Event::Failed { message: e });
+            emit(&Event::Failed { message: e.to_string() });
             return 1;
         }
     };
     if let Some(launch) = prepare.launch.as_ref().filter(|_| prepare.fork_from.is_none()) {
-        if let Err(message) = sandbox.start_program(&InitRun::new(&launch.argv, &launch.env)) {
+        if let Err(e) = sandbox.start_program(&InitRun::new(&launch.argv, &launch.env)) {
             sandbox.teardown();
-            emit(&Event::Failed { message });
+            emit(&Event::Failed { message: e.to_string() });
             return 1;
         }
         if launch.wait_ready {
@@ -113,7 +116,7 @@ pub fn run_helper() -> i32 {
         Err(e) => {
             sandbox.teardown();
             emit(&Event::Failed {
-                message: format!("bad run message: {e}"),
+                message: HelperError::BadRun(e).to_string(),
             });
             return 1;
         }
@@ -141,8 +144,7 @@ pub fn run_helper() -> i32 {
     }
     let outcome = outcome.and_then(|mut result| {
         if let Some(opts) = run.collect.as_ref().filter(|_| !nothing_to_collect) {
-            let found =
-                crate::workspace::collect(&sandbox.work_dir(), opts, &sandbox.staged).map_err(|e| e.to_string())?;
+            let found = crate::workspace::collect(&sandbox.work_dir(), opts, &sandbox.staged)?;
             result.outputs = found.files;
             result.skipped = found.skipped;
             result.skipped_total = found.skipped_total;
@@ -165,8 +167,8 @@ pub fn run_helper() -> i32 {
             emit(&Event::Finished { result });
             0
         }
-        Err(message) => {
-            emit(&Event::Failed { message });
+        Err(e) => {
+            emit(&Event::Failed { message: e.to_string() });
             1
         }
     };
@@ -185,22 +187,22 @@ fn keep_template(prepare: &Prepare, control: &mut Lines) -> i32 {
         Err(failed) => {
             let (e, partial) = *failed;
             partial.teardown();
-            emit(&Event::Failed { message: e });
+            emit(&Event::Failed { message: e.to_string() });
             return 1;
         }
     };
     let started = match &prepare.launch {
         Some(launch) => sandbox.start_program(&InitRun::new(&launch.argv, &launch.env)),
-        None => Err("a template needs a launch".into()),
+        None => Err(HelperError::TemplateWithoutLaunch),
     };
-    if let Err(message) = started.and_then(|()| {
+    if let Err(e) = started.and_then(|()| {
         sandbox
             .wait_program_ready(READY_WAIT)
             .then_some(())
-            .ok_or_else(|| "the template did not get ready".to_string())
+            .ok_or(HelperError::TemplateNotReady)
     }) {
         sandbox.teardown();
-        emit(&Event::Failed { message });
+        emit(&Event::Failed { message: e.to_string() });
         return 1;
     }
     emit(&Event::Ready {
@@ -322,10 +324,10 @@ fn vm_data_bytes() -> Option<u64> {
         .map(|k| k << 10)
 }
 
-fn read_message<T: for<'de> Deserialize<'de>>(lines: &mut Lines) -> Result<Option<T>, String> {
-    match lines.read_line().map_err(|e| e.to_string())? {
+fn read_message<T: for<'de> Deserialize<'de>>(lines: &mut Lines) -> Result<Option<T>, MessageError> {
+    match lines.read_line().map_err(MessageError::Read)? {
         None => Ok(None),
-        Some(line) => serde_json::from_slice(&line).map(Some).map_err(|e| e.to_string()),
+        Some(line) => serde_json::from_slice(&line).map(Some).map_err(MessageError::Parse),
     }
 }
 
@@ -342,10 +344,6 @@ fn emit_line(line: &[u8]) {
     let _ = out.write_all(line);
     let _ = out.write_all(b"\n");
     let _ = out.flush();
-}
-
-fn errstr(what: &str) -> impl FnOnce(nix::Error) -> String + '_ {
-    move |e| format!("{what}: {e}")
 }
 
 /// What init sends back to the helper, one JSON line each.
@@ -497,7 +495,7 @@ impl Sandbox {
 
     /// The isolation sequence, in order. On failure, returns what was built so far so
     /// that it can be torn down.
-    fn build(prepare: &Prepare) -> Result<Self, Box<(String, Self)>> {
+    fn build(prepare: &Prepare) -> Result<Self, Box<(HelperError, Self)>> {
         let mut sb = Sandbox::empty(prepare);
         match sb.build_steps(prepare) {
             Ok(()) => Ok(sb),
@@ -505,33 +503,31 @@ impl Sandbox {
         }
     }
 
-    fn build_steps(&mut self, prepare: &Prepare) -> Result<(), String> {
+    fn build_steps(&mut self, prepare: &Prepare) -> Result<(), HelperError> {
         // 1. A mount namespace of our own, private: the staging tmpfs mounts below are
         //    invisible to the host and disappear with this process, whatever happens.
         //    Without root, a user namespace of our own (where we are root, mapped to our
         //    own uid) comes with it and gives the right to mount; the sandbox's user
         //    namespace is then nested in it.
         let (uid, gid) = if nix::unistd::geteuid().is_root() {
-            unshare(CloneFlags::CLONE_NEWNS).map_err(errstr("unshare mount namespace"))?;
+            unshare(CloneFlags::CLONE_NEWNS).map_err(HelperError::UnshareMountNamespace)?;
             (prepare.host_uid, prepare.host_gid)
         } else {
             let (euid, egid) = (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw());
             if (prepare.host_uid, prepare.host_gid) != (euid, egid) {
-                return Err("without root, the sandbox user can only map to the server's own uid and gid".into());
+                return Err(HelperError::ForeignIdsWithoutRoot);
             }
-            unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS)
-                .map_err(errstr("unshare user and mount namespaces"))?;
+            unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS).map_err(HelperError::UnshareUserNamespace)?;
             write_id_maps("self", 0, euid, egid)?;
             (0, 0)
         };
-        crate::mounts::make_root_private().map_err(errstr("make / private"))?;
+        crate::mounts::make_root_private().map_err(HelperError::MakeRootPrivate)?;
         self.owner = (uid, gid);
 
         // 2. Staging: a small tmpfs for the code, and a size-limited tmpfs that becomes the
         //    working directory. Owned by the host uid the sandbox user maps to.
-        fs::create_dir(&self.staging).map_err(|e| format!("create staging dir: {e}"))?;
-        fs::set_permissions(&self.staging, fs::Permissions::from_mode(0o700))
-            .map_err(|e| format!("chmod staging: {e}"))?;
+        fs::create_dir(&self.staging).map_err(HelperError::CreateStaging)?;
+        fs::set_permissions(&self.staging, fs::Permissions::from_mode(0o700)).map_err(HelperError::ChmodStaging)?;
         let code_size = prepare.max_code_bytes + (1 << 20);
         mount(
             Some("tmpfs"),
@@ -540,12 +536,15 @@ impl Sandbox {
             MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
             Some(format!("size={code_size},mode=0755").as_str()),
         )
-        .map_err(errstr("mount staging tmpfs"))?;
+        .map_err(HelperError::MountStaging)?;
         self.staging_mounted = true;
         let work = self.staging.join("work");
         let code = self.staging.join("code");
         for dir in [&work, &code, &self.staging.join("root")] {
-            fs::create_dir(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+            fs::create_dir(dir).map_err(|source| HelperError::CreateStagingDir {
+                path: dir.clone(),
+                source,
+            })?;
         }
         mount(
             Some("tmpfs"),
@@ -560,22 +559,20 @@ impl Sandbox {
                 .as_str(),
             ),
         )
-        .map_err(errstr("mount workspace tmpfs"))?;
+        .map_err(HelperError::MountWorkspace)?;
         self.work_mounted = true;
         if let Some(channel) = &prepare.tools {
             // The tool socket, and the mount point of the tool-call client.
-            fs::create_dir(code.join("bin")).map_err(|e| format!("create bin: {e}"))?;
-            fs::write(code.join("bin/sandcall"), b"").map_err(|e| format!("create client: {e}"))?;
-            self.tools = Some(
-                ToolHub::bind(&code.join("tools.sock"), channel.clone()).map_err(|e| format!("tool socket: {e}"))?,
-            );
+            fs::create_dir(code.join("bin")).map_err(HelperError::CreateToolBin)?;
+            fs::write(code.join("bin/sandcall"), b"").map_err(HelperError::CreateToolClient)?;
+            self.tools =
+                Some(ToolHub::bind(&code.join("tools.sock"), channel.clone()).map_err(HelperError::ToolSocket)?);
         }
         crate::mounts::prepare_skeleton(
             &self.staging.join("root"),
             &prepare.extra_runtime_paths,
             prepare.node_modules.is_some(),
-        )
-        .map_err(|e| e.to_string())?;
+        )?;
 
         // 3. The cgroup, with its limits set before any process joins it. A template's,
         //    on v2, in a directory of its own that its runs' cgroups share.
@@ -583,21 +580,21 @@ impl Sandbox {
             Some(_) => RunCgroup::create_template(&prepare.cgroup, &prepare.limits, (uid, gid)),
             None => RunCgroup::create(&prepare.cgroup, &prepare.limits),
         };
-        self.cgroup = Some(cgroup.map_err(|e| e.to_string())?);
+        self.cgroup = Some(cgroup?);
 
         // 4. Pipes and directory handles that init inherits. All are close-on-exec: the
         //    program gets only its three stdio pipes, which init dup2()s into place.
         let cloexec = OFlag::O_CLOEXEC;
-        let (to_init_r, to_init_w) = pipe2(cloexec).map_err(errstr("pipe"))?;
-        let (from_init_r, from_init_w) = pipe2(cloexec).map_err(errstr("pipe"))?;
-        let (stdin_r, stdin_w) = pipe2(cloexec).map_err(errstr("pipe"))?;
-        let (stdout_r, stdout_w) = pipe2(cloexec).map_err(errstr("pipe"))?;
-        let (stderr_r, stderr_w) = pipe2(cloexec).map_err(errstr("pipe"))?;
+        let (to_init_r, to_init_w) = pipe2(cloexec).map_err(HelperError::Pipe)?;
+        let (from_init_r, from_init_w) = pipe2(cloexec).map_err(HelperError::Pipe)?;
+        let (stdin_r, stdin_w) = pipe2(cloexec).map_err(HelperError::Pipe)?;
+        let (stdout_r, stdout_w) = pipe2(cloexec).map_err(HelperError::Pipe)?;
+        let (stderr_r, stderr_w) = pipe2(cloexec).map_err(HelperError::Pipe)?;
         // A launched program's fd 3: a socket, so that the go goes one way and the
         // program's own report of its end (`exit N`) comes back the other.
         let (go_r, go_w) = match prepare.launch {
             Some(_) => {
-                let (r, w) = std::os::unix::net::UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
+                let (r, w) = std::os::unix::net::UnixStream::pair().map_err(HelperError::SocketPair)?;
                 (Some(OwnedFd::from(r)), Some(OwnedFd::from(w)))
             }
             None => (None, None),
@@ -605,15 +602,15 @@ impl Sandbox {
 
         let tool_client = std::env::current_exe().ok();
         // 5. The seccomp policy is compiled here, where errors can still be reported.
-        let policy = Policy::compile().map_err(|e| e.to_string())?;
+        let policy = Policy::compile()?;
         // A template installs no filter itself: each run it forks installs this one,
         // and the template's listening socket becomes its fd 4. Created after every
         // other descriptor, so its number is above the program's 0 to 3.
         let listener = match &prepare.template {
             Some(path) => {
-                fs::write(code.join("seccomp.bpf"), policy.to_bytes()).map_err(|e| format!("seccomp.bpf: {e}"))?;
+                fs::write(code.join("seccomp.bpf"), policy.to_bytes()).map_err(HelperError::WriteSeccompFilter)?;
                 let _ = fs::remove_file(path);
-                let l = std::os::unix::net::UnixListener::bind(path).map_err(|e| format!("template socket: {e}"))?;
+                let l = std::os::unix::net::UnixListener::bind(path).map_err(HelperError::TemplateSocket)?;
                 self.template_socket = Some(path.clone());
                 Some(OwnedFd::from(l))
             }
@@ -649,7 +646,7 @@ impl Sandbox {
         // SAFETY: this process is single-threaded, so the child's copy of memory (heap
         // locks included) is consistent; the child runs init_main on its own stack.
         let pid = unsafe { clone(Box::new(|| init_main(&ctx)), &mut stack, flags, Some(libc::SIGCHLD)) }
-            .map_err(errstr("clone into new namespaces"))?;
+            .map_err(HelperError::CloneInit)?;
         self.init = Some(pid);
         // The template alone holds its listener: once it is gone, a connection is
         // refused at once instead of waiting in the backlog.
@@ -666,22 +663,22 @@ impl Sandbox {
 
         // 8. Into the cgroup before init starts anything: every later process inherits it.
         if let Some(cg) = &self.cgroup {
-            cg.add(pid.as_raw()).map_err(|e| e.to_string())?;
+            cg.add(pid.as_raw())?;
         }
 
         // 9. Let init go on, and wait until it reports the root built.
-        write_all(&to_init_w, b"go\n").map_err(|e| format!("start init: {e}"))?;
+        write_all(&to_init_w, b"go\n").map_err(HelperError::StartInit)?;
         self.to_init = Some(to_init_w);
         match self.read_init_report(SETUP_TIMEOUT)? {
             InitReport::Ready => Ok(()),
-            InitReport::SetupFailed { message } => Err(format!("sandbox setup: {message}")),
-            other => Err(format!("sandbox init: unexpected report {other:?}")),
+            InitReport::SetupFailed { message } => Err(HelperError::SetupFailed(message)),
+            other => Err(HelperError::UnexpectedInitReport(format!("{other:?}"))),
         }
     }
 
     /// A run forked from the template listening at `socket` (`Prepare::fork_from`).
     /// On failure, returns what was built so far so that it can be torn down.
-    fn fork(prepare: &Prepare, socket: &Path) -> Result<Self, Box<(String, Self)>> {
+    fn fork(prepare: &Prepare, socket: &Path) -> Result<Self, Box<(HelperError, Self)>> {
         let mut sb = Sandbox::empty(prepare);
         match sb.fork_steps(prepare, socket) {
             Ok(()) => Ok(sb),
@@ -691,14 +688,13 @@ impl Sandbox {
 
     /// The isolation sequence of a forked run, host side. The template's side is in
     /// `runtime/zygote.py`; ARCHITECTURE.md, "Forked runs", has both in order.
-    fn fork_steps(&mut self, prepare: &Prepare, socket: &Path) -> Result<(), String> {
+    fn fork_steps(&mut self, prepare: &Prepare, socket: &Path) -> Result<(), HelperError> {
         use nix::sys::socket::{sendmsg, setsockopt, sockopt, ControlMessage, MsgFlags};
         use std::os::unix::net::UnixStream;
         self.owner = (prepare.host_uid, prepare.host_gid);
         // 1. The cgroup, with its limits set before any process of the run joins it;
         //    on v2 beside the template's, and open for the template to clone into.
-        let cgroup =
-            RunCgroup::create_forked(&prepare.cgroup, &prepare.limits, self.owner).map_err(|e| e.to_string())?;
+        let cgroup = RunCgroup::create_forked(&prepare.cgroup, &prepare.limits, self.owner)?;
         let into = cgroup
             .v2_path()
             .map(|path| {
@@ -706,7 +702,7 @@ impl Sandbox {
                 nix::fcntl::open(path, flags, nix::sys::stat::Mode::empty())
             })
             .transpose()
-            .map_err(errstr("open the run's cgroup"))?
+            .map_err(HelperError::OpenRunCgroup)?
             // SAFETY: open returned a fresh descriptor, owned from here on.
             .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) });
         self.cgroup = Some(cgroup);
@@ -714,12 +710,12 @@ impl Sandbox {
         // 2. The run's channels, as for a built sandbox: stdio pipes, fd 3 (go and
         //    exit), and init's report socket, which also carries init's credentials.
         let cloexec = OFlag::O_CLOEXEC;
-        let (stdin_r, stdin_w) = pipe2(cloexec).map_err(errstr("pipe"))?;
-        let (stdout_r, stdout_w) = pipe2(cloexec).map_err(errstr("pipe"))?;
-        let (stderr_r, stderr_w) = pipe2(cloexec).map_err(errstr("pipe"))?;
-        let (go_r, go_w) = UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
-        let (report, report_init) = UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
-        setsockopt(&report, sockopt::PassCred, &true).map_err(errstr("SO_PASSCRED"))?;
+        let (stdin_r, stdin_w) = pipe2(cloexec).map_err(HelperError::Pipe)?;
+        let (stdout_r, stdout_w) = pipe2(cloexec).map_err(HelperError::Pipe)?;
+        let (stderr_r, stderr_w) = pipe2(cloexec).map_err(HelperError::Pipe)?;
+        let (go_r, go_w) = UnixStream::pair().map_err(HelperError::SocketPair)?;
+        let (report, report_init) = UnixStream::pair().map_err(HelperError::SocketPair)?;
+        setsockopt(&report, sockopt::PassCred, &true).map_err(HelperError::PassCredentials)?;
 
         // 3. Ask the template for a fork. Its child C, which makes the run's namespaces,
         //    says hello first with its credentials (the kernel translates its pid into
@@ -730,8 +726,8 @@ impl Sandbox {
         //    On v2 the template is given the run's cgroup with the request for a fork,
         //    and clones C straight into it (`clone3` with `CLONE_INTO_CGROUP`); where
         //    it cannot, it forks, and C is moved here, as on v1.
-        let conn = UnixStream::connect(socket).map_err(|e| format!("connect to the template: {e}"))?;
-        setsockopt(&conn, sockopt::PassCred, &true).map_err(errstr("SO_PASSCRED"))?;
+        let conn = UnixStream::connect(socket).map_err(HelperError::ConnectTemplate)?;
+        setsockopt(&conn, sockopt::PassCred, &true).map_err(HelperError::PassCredentials)?;
         let conn = OwnedFd::from(conn);
         let cgroup_fd = into.as_ref().map(|fd| [fd.as_raw_fd()]);
         let cmsgs: Vec<ControlMessage> = cgroup_fd.iter().map(|fd| ControlMessage::ScmRights(fd)).collect();
@@ -742,14 +738,14 @@ impl Sandbox {
             MsgFlags::empty(),
             None,
         )
-        .map_err(errstr("ask the template for a fork"))?;
+        .map_err(HelperError::AskForFork)?;
         drop(into);
         let child = read_hello(&conn, "the template did not fork in time")?;
         let mut cloned_into_cgroup = false;
         if let Some(cg) = &self.cgroup {
             cloned_into_cgroup = cg.v2_path().is_some() && cg.holds(child);
             if !cloned_into_cgroup {
-                cg.add(child).map_err(|e| e.to_string())?;
+                cg.add(child)?;
             }
         }
         // The template waits at nice 19 (its forks are mostly refills); a fork a request
@@ -763,7 +759,7 @@ impl Sandbox {
         // 4. Then the run's request: the limits its init needs for the mounts and its
         //    program for the rlimits, and the run's ends of the channels.
         let request = serde_json::json!({ "limits": &prepare.limits, "max_code_bytes": prepare.max_code_bytes });
-        let line = serde_json::to_vec(&request).map_err(|e| e.to_string())?;
+        let line = serde_json::to_vec(&request).map_err(HelperError::Encode)?;
         let fds = [
             report_init.as_raw_fd(),
             stdin_r.as_raw_fd(),
@@ -778,7 +774,7 @@ impl Sandbox {
             MsgFlags::empty(),
             None,
         )
-        .map_err(errstr("send the fork request"))?;
+        .map_err(HelperError::SendForkRequest)?;
         drop((conn, report_init, stdin_r, stdout_w, stderr_w, go_r));
         let report = OwnedFd::from(report);
 
@@ -787,7 +783,7 @@ impl Sandbox {
         // SAFETY: a plain system call; it returns a new descriptor or -1.
         let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0u32) };
         if pidfd < 0 {
-            return Err(format!("pidfd_open: {}", io::Error::last_os_error()));
+            return Err(HelperError::PidfdOpen(io::Error::last_os_error()));
         }
         // SAFETY: pidfd_open returned a fresh descriptor, owned from here on.
         let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as RawFd) };
@@ -799,7 +795,7 @@ impl Sandbox {
             work: None,
             cloned_into_cgroup,
         });
-        let writer = report.try_clone().map_err(|e| format!("dup: {e}"))?;
+        let writer = report.try_clone().map_err(HelperError::DupReport)?;
         self.from_init = Some(Lines::new(report, MAX_SHORT_LINE));
         self.to_init = Some(writer);
         self.go_w = Some(OwnedFd::from(go_w));
@@ -808,8 +804,8 @@ impl Sandbox {
         self.stderr_r = Some(stderr_r);
         match self.read_init_report(SETUP_TIMEOUT)? {
             InitReport::Ready => {}
-            InitReport::SetupFailed { message } => return Err(format!("sandbox setup: {message}")),
-            other => return Err(format!("sandbox init: unexpected report {other:?}")),
+            InitReport::SetupFailed { message } => return Err(HelperError::SetupFailed(message)),
+            other => return Err(HelperError::UnexpectedInitReport(format!("{other:?}"))),
         }
 
         // 6. Hold the run's working directory: collection reads it after init is gone.
@@ -818,7 +814,7 @@ impl Sandbox {
             OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
             nix::sys::stat::Mode::empty(),
         )
-        .map_err(errstr("open the run's working directory"))?;
+        .map_err(HelperError::OpenWorkDir)?;
         // SAFETY: open returned a fresh descriptor.
         let work = unsafe { OwnedFd::from_raw_fd(work) };
         if let Some(f) = self.forked.as_mut() {
@@ -828,45 +824,53 @@ impl Sandbox {
             let path = self.code_dir().join("tools.sock");
             let hub = self
                 .as_owner(|| ToolHub::bind(&path, channel.clone()))
-                .map_err(|e| format!("tool socket: {e}"))?;
+                .map_err(HelperError::ToolSocket)?;
             self.tools = Some(hub);
         }
         Ok(())
     }
 
-    fn read_init_report(&mut self, wait: Duration) -> Result<InitReport, String> {
-        let lines = self.from_init.as_mut().ok_or("init pipe closed")?;
+    fn read_init_report(&mut self, wait: Duration) -> Result<InitReport, HelperError> {
+        let lines = self.from_init.as_mut().ok_or(HelperError::InitPipeClosed)?;
         let deadline = Instant::now() + wait;
         loop {
             if let Some(line) = lines.take_line() {
-                return serde_json::from_slice(&line).map_err(|e| format!("bad init report: {e}"));
+                return serde_json::from_slice(&line).map_err(HelperError::BadInitReport);
             }
             if lines.eof {
-                return Err("sandbox init exited during setup".into());
+                return Err(HelperError::InitExitedDuringSetup);
             }
             let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() || !wait_readable(&lines.fd, left).map_err(|e| e.to_string())? {
-                return Err("sandbox init did not finish setup in time".into());
+            if left.is_zero() || !wait_readable(&lines.fd, left).map_err(HelperError::InitChannel)? {
+                return Err(HelperError::InitSetupTimedOut);
             }
-            lines.fill().map_err(|e| e.to_string())?;
+            lines.fill().map_err(HelperError::InitChannel)?;
         }
     }
 
     /// Runs the program and collects its output until it ends, its time runs out, or
     /// the server aborts. Tool calls are relayed in between.
-    fn run(&mut self, run: &Run, control: &mut Lines) -> Result<RunResult, String> {
+    fn run(&mut self, run: &Run, control: &mut Lines) -> Result<RunResult, HelperError> {
         if run.code.len() as u64 > self.max_code_bytes {
-            return Err("code larger than max_code_bytes".into());
+            return Err(HelperError::CodeTooLarge);
         }
         let files = std::iter::once((&run.code_file, &run.code)).chain(run.support_files.iter().map(|(n, c)| (n, c)));
         for (name, content) in files {
             if name.contains('/') || name.is_empty() || name == "tools.sock" || name == "bin" {
-                return Err(format!("bad code file name {name:?}"));
+                return Err(HelperError::BadCodeFileName(name.clone()));
             }
             let path = self.code_dir().join(name);
             self.as_owner(|| fs::write(&path, content))
-                .map_err(|e| format!("write {name}: {e}"))?;
-            fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).map_err(|e| format!("chmod {name}: {e}"))?;
+                .map_err(|source| HelperError::WriteCodeFile {
+                    name: name.clone(),
+                    source,
+                })?;
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).map_err(|source| {
+                HelperError::ChmodCodeFile {
+                    name: name.clone(),
+                    source,
+                }
+            })?;
         }
         self.staged = crate::workspace::stage(
             &self.work_dir(),
@@ -874,8 +878,7 @@ impl Sandbox {
             self.owner.0,
             self.owner.1,
             self.forked.is_some(),
-        )
-        .map_err(|e| e.to_string())?;
+        )?;
         // A launched program says on fd 3 when it ends; that ends the run at once,
         // without waiting for the kernel to tear the process down.
         let mut status_fd: Option<Lines> = None;
@@ -907,12 +910,12 @@ impl Sandbox {
         let mut stdin_data: &[u8] = run.stdin.as_bytes();
         let mut stdin_w = self.stdin_w.take().filter(|_| !stdin_data.is_empty());
         if let Some(w) = &stdin_w {
-            set_nonblocking(w).map_err(|e| e.to_string())?;
+            set_nonblocking(w).map_err(HelperError::SetNonblocking)?;
         }
         let mut stdout_r = self.stdout_r.take();
         let mut stderr_r = self.stderr_r.take();
         for fd in [&stdout_r, &stderr_r].into_iter().flatten() {
-            set_nonblocking(fd).map_err(|e| e.to_string())?;
+            set_nonblocking(fd).map_err(HelperError::SetNonblocking)?;
         }
         // What starts the program comes last, once the helper has nothing left to do
         // but wait: the process it wakes can take this CPU from the helper (traced on a
@@ -931,8 +934,8 @@ impl Sandbox {
             // program waits for its init's release before it reads the go just sent
             // (which woke no one); init releases it only once it has remounted the
             // directory read-only. One message, no round trip (zygote.py, `_run_init`).
-            let to_init = self.to_init.as_ref().ok_or("init channel closed")?;
-            write_all(to_init, b"seal\n").map_err(|e| format!("seal the code: {e}"))?;
+            let to_init = self.to_init.as_ref().ok_or(HelperError::InitChannelClosed)?;
+            write_all(to_init, b"seal\n").map_err(HelperError::SealCode)?;
         }
         let mut control_open = true;
         // When the program was seen to end (its exit reported, or init gone), and when
@@ -1020,7 +1023,7 @@ impl Sandbox {
             match poll(&mut fds, timeout_of(Some(wake.saturating_duration_since(now)))) {
                 Ok(_) => {}
                 Err(nix::errno::Errno::EINTR) => continue,
-                Err(e) => return Err(format!("poll: {e}")),
+                Err(e) => return Err(HelperError::Poll(e)),
             }
             let fired: Vec<Source> = fds
                 .iter()
@@ -1081,7 +1084,7 @@ impl Sandbox {
                     }
                     Source::Init => {
                         let mut kill = false;
-                        let lines = self.from_init.as_mut().ok_or("init pipe closed")?;
+                        let lines = self.from_init.as_mut().ok_or(HelperError::InitPipeClosed)?;
                         let _ = lines.fill();
                         while let Some(line) = lines.take_line() {
                             match serde_json::from_slice::<InitReport>(&line) {
@@ -1101,7 +1104,7 @@ impl Sandbox {
                                 // program was never released.
                                 Ok(InitReport::SetupFailed { message }) if self.forked.is_some() => {
                                     self.kill_init();
-                                    return Err(format!("sandbox setup: {message}"));
+                                    return Err(HelperError::SetupFailed(message));
                                 }
                                 _ => {}
                             }
@@ -1264,12 +1267,12 @@ impl Sandbox {
         true
     }
 
-    fn start_program(&mut self, program: &InitRun) -> Result<(), String> {
-        let message = serde_json::to_vec(program).map_err(|e| e.to_string())?;
-        let to_init = self.to_init.take().ok_or("init pipe closed")?;
+    fn start_program(&mut self, program: &InitRun) -> Result<(), HelperError> {
+        let message = serde_json::to_vec(program).map_err(HelperError::Encode)?;
+        let to_init = self.to_init.take().ok_or(HelperError::InitPipeClosed)?;
         write_all(&to_init, &message)
             .and_then(|()| write_all(&to_init, b"\n"))
-            .map_err(|e| format!("start program: {e}"))
+            .map_err(HelperError::StartProgram)
     }
 
     fn reap_init(&mut self) {
@@ -1336,11 +1339,11 @@ impl Sandbox {
 /// its credentials (`SCM_CREDENTIALS`: the kernel translates its pid into ours), and
 /// returns that pid. Reads no further than the hello, so that init's next report stays
 /// in the socket. A setup failure reported instead becomes the error.
-fn read_hello(report: &OwnedFd, late: &str) -> Result<i32, String> {
+fn read_hello(report: &OwnedFd, late: &'static str) -> Result<i32, HelperError> {
     use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
     const HELLO: &[u8] = b"hello\n";
-    if !wait_readable(report, SETUP_TIMEOUT).map_err(|e| e.to_string())? {
-        return Err(late.into());
+    if !wait_readable(report, SETUP_TIMEOUT).map_err(HelperError::InitChannel)? {
+        return Err(HelperError::HelloTimedOut(late));
     }
     let mut buf = [0u8; 512];
     let mut space = nix::cmsg_space!(nix::sys::socket::UnixCredentials);
@@ -1352,14 +1355,11 @@ fn read_hello(report: &OwnedFd, late: &str) -> Result<i32, String> {
             Some(&mut space),
             MsgFlags::MSG_CMSG_CLOEXEC,
         )
-        .map_err(errstr("read a hello of the run"))?;
-        let pid = msg
-            .cmsgs()
-            .map_err(errstr("read a hello of the run"))?
-            .find_map(|c| match c {
-                ControlMessageOwned::ScmCredentials(creds) => Some(creds.pid()),
-                _ => None,
-            });
+        .map_err(HelperError::ReadHello)?;
+        let pid = msg.cmsgs().map_err(HelperError::ReadHello)?.find_map(|c| match c {
+            ControlMessageOwned::ScmCredentials(creds) => Some(creds.pid()),
+            _ => None,
+        });
         (pid, msg.bytes)
     };
     match pid {
@@ -1375,19 +1375,22 @@ fn read_hello(report: &OwnedFd, late: &str) -> Result<i32, String> {
             }
             Err(
                 match serde_json::from_slice::<InitReport>(buf[..len].trim_ascii_end()) {
-                    Ok(InitReport::SetupFailed { message }) => format!("sandbox setup: {message}"),
-                    _ => "the template's fork did not say hello".into(),
+                    Ok(InitReport::SetupFailed { message }) => HelperError::SetupFailed(message),
+                    _ => HelperError::NoHello,
                 },
             )
         }
     }
 }
 
-fn write_id_maps(pid: &str, inside: u32, uid: u32, gid: u32) -> Result<(), String> {
+fn write_id_maps(pid: &str, inside: u32, uid: u32, gid: u32) -> Result<(), HelperError> {
     let proc_dir = PathBuf::from(format!("/proc/{pid}"));
-    fs::write(proc_dir.join("uid_map"), format!("{inside} {uid} 1\n")).map_err(|e| format!("write uid_map: {e}"))?;
-    fs::write(proc_dir.join("setgroups"), "deny").map_err(|e| format!("write setgroups: {e}"))?;
-    fs::write(proc_dir.join("gid_map"), format!("{inside} {gid} 1\n")).map_err(|e| format!("write gid_map: {e}"))
+    let write = |file: &'static str, content: String| {
+        fs::write(proc_dir.join(file), content).map_err(|source| HelperError::WriteIdMap { file, source })
+    };
+    write("uid_map", format!("{inside} {uid} 1\n"))?;
+    write("setgroups", "deny".into())?;
+    write("gid_map", format!("{inside} {gid} 1\n"))
 }
 
 fn push_poll<'a>(
@@ -1542,14 +1545,14 @@ fn init_main(ctx: &InitContext) -> isize {
             0
         }
         Ok(None) => 0,
-        Err(message) => {
-            report(&InitReport::SetupFailed { message });
+        Err(e) => {
+            report(&InitReport::SetupFailed { message: e.to_string() });
             1
         }
     }
 }
 
-fn init_setup(ctx: &InitContext, commands: &mut Lines) -> Result<Option<InitRun>, String> {
+fn init_setup(ctx: &InitContext, commands: &mut Lines) -> Result<Option<InitRun>, HelperError> {
     // clone(2) copied every descriptor of the helper, its ends of the pipes included;
     // holding those would keep the program's stdin from ever reaching end of file.
     close_all_except(&[
@@ -1563,7 +1566,7 @@ fn init_setup(ctx: &InitContext, commands: &mut Lines) -> Result<Option<InitRun>
         ctx.stderr_w,
     ])?;
     // If the helper dies, init dies, and the kernel kills the rest of the namespace.
-    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(errstr("pdeathsig"))?;
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(HelperError::ParentDeathSignal)?;
     // Wait until the helper has written the id maps and placed us in the cgroup.
     match commands.read_line() {
         Ok(Some(_)) => {}
@@ -1571,7 +1574,7 @@ fn init_setup(ctx: &InitContext, commands: &mut Lines) -> Result<Option<InitRun>
     }
     // Make the run's cgroup the root of our cgroup view: the helper has placed us in it.
     if ctx.cgroup_namespace {
-        unshare(CloneFlags::CLONE_NEWCGROUP).map_err(errstr("unshare cgroup namespace"))?;
+        unshare(CloneFlags::CLONE_NEWCGROUP).map_err(HelperError::UnshareCgroupNamespace)?;
     }
     // The root is built while init still has the host uid it was cloned with, because the
     // staging directories sit in the data directory, which only that uid may enter.
@@ -1583,36 +1586,35 @@ fn init_setup(ctx: &InitContext, commands: &mut Lines) -> Result<Option<InitRun>
         node_modules: ctx.node_modules,
         tmp_bytes: ctx.limits.tmp_bytes,
         tool_client: ctx.tool_client,
-    })
-    .map_err(|e| e.to_string())?;
-    nix::unistd::sethostname("sandcall").map_err(errstr("sethostname"))?;
+    })?;
+    nix::unistd::sethostname("sandcall").map_err(HelperError::SetHostname)?;
     // Become the sandbox user: from here on the host sees only the mapped unprivileged
     // uid. The capabilities of the new user namespace are kept (uid 0 is not mapped, so
     // the kernel does not clear them) until the program drops them.
     let id = nix::unistd::Gid::from_raw(SANDBOX_ID);
-    nix::unistd::setresgid(id, id, id).map_err(errstr("setresgid"))?;
+    nix::unistd::setresgid(id, id, id).map_err(HelperError::SetGid)?;
     let id = nix::unistd::Uid::from_raw(SANDBOX_ID);
-    nix::unistd::setresuid(id, id, id).map_err(errstr("setresuid"))?;
+    nix::unistd::setresuid(id, id, id).map_err(HelperError::SetUid)?;
     // The kernel clears the parent-death signal when the uid changes: set it again, or
     // an init that does not watch the helper's pipes (a template's) outlives the helper.
-    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(errstr("pdeathsig"))?;
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(HelperError::ParentDeathSignal)?;
     // The program runs as the same uid: keep it from ptracing or reading init's memory.
-    nix::sys::prctl::set_dumpable(false).map_err(errstr("set_dumpable"))?;
+    nix::sys::prctl::set_dumpable(false).map_err(HelperError::SetDumpable)?;
 
     // SAFETY: from_init_w is ours; borrowed only for this write.
     let report_fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(ctx.from_init_w) };
-    let mut line = serde_json::to_vec(&InitReport::Ready).map_err(|e| e.to_string())?;
+    let mut line = serde_json::to_vec(&InitReport::Ready).map_err(HelperError::Encode)?;
     line.push(b'\n');
     let mut written = 0;
     while written < line.len() {
-        written += nix::unistd::write(report_fd, &line[written..]).map_err(errstr("report ready"))?;
+        written += nix::unistd::write(report_fd, &line[written..]).map_err(HelperError::ReportReady)?;
     }
 
     // The warm-sandbox seam: everything above can happen before a request arrives.
     match commands.read_line() {
         Ok(Some(line)) => serde_json::from_slice(&line)
             .map(Some)
-            .map_err(|e| format!("bad run message: {e}")),
+            .map_err(|e| HelperError::BadRun(MessageError::Parse(e))),
         _ => Ok(None),
     }
 }
@@ -1654,13 +1656,13 @@ fn init_run(ctx: &InitContext, run: InitRun) -> InitReport {
             }
         }
         Err(e) => InitReport::SetupFailed {
-            message: format!("fork: {e}"),
+            message: HelperError::ForkProgram(e).to_string(),
         },
     }
 }
 
 /// The last steps before exec, in the program's own process. Returns only on failure.
-fn exec_program(ctx: &InitContext, run: &InitRun) -> String {
+fn exec_program(ctx: &InitContext, run: &InitRun) -> HelperError {
     match exec_program_steps(ctx, run) {
         Ok(never) => match never {},
         Err(e) => e,
@@ -1669,22 +1671,24 @@ fn exec_program(ctx: &InitContext, run: &InitRun) -> String {
 
 enum Never {}
 
-fn exec_program_steps(ctx: &InitContext, run: &InitRun) -> Result<Never, String> {
+fn exec_program_steps(ctx: &InitContext, run: &InitRun) -> Result<Never, HelperError> {
     // Own session: job control and terminal signals of the helper never reach it.
-    nix::unistd::setsid().map_err(errstr("setsid"))?;
+    nix::unistd::setsid().map_err(HelperError::SetSid)?;
     for (from, to) in [(ctx.stdin_r, 0), (ctx.stdout_w, 1), (ctx.stderr_w, 2)] {
-        nix::unistd::dup2(from, to).map_err(errstr("dup2"))?;
+        nix::unistd::dup2(from, to).map_err(HelperError::Dup2)?;
     }
     // A launched program also keeps fd 3, where its go message will arrive.
     if let Some(go) = ctx.go_r {
-        nix::unistd::dup2(go, 3).map_err(errstr("dup2"))?;
+        nix::unistd::dup2(go, 3).map_err(HelperError::Dup2)?;
         // dup2 onto itself would leave close-on-exec set.
-        nix::fcntl::fcntl(3, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty())).map_err(errstr("fcntl"))?;
+        nix::fcntl::fcntl(3, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()))
+            .map_err(HelperError::ClearCloseOnExec)?;
     }
     // A template also keeps its listening socket, as fd 4.
     if let Some(listener) = ctx.listener {
-        nix::unistd::dup2(listener, 4).map_err(errstr("dup2"))?;
-        nix::fcntl::fcntl(4, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty())).map_err(errstr("fcntl"))?;
+        nix::unistd::dup2(listener, 4).map_err(HelperError::Dup2)?;
+        nix::fcntl::fcntl(4, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()))
+            .map_err(HelperError::ClearCloseOnExec)?;
     }
     // Every other descriptor goes: the program gets stdio (and fd 3) and nothing else.
     let keep: &[RawFd] = match (ctx.go_r, ctx.listener) {
@@ -1704,16 +1708,16 @@ fn exec_program_steps(ctx: &InitContext, run: &InitRun) -> Result<Never, String>
         caps::CapSet::Effective,
         caps::CapSet::Permitted,
     ] {
-        caps::clear(None, set).map_err(|e| format!("drop capabilities ({set:?}): {e}"))?;
+        caps::clear(None, set).map_err(|source| HelperError::DropCapabilities { set, source })?;
     }
     // no_new_privs: setuid binaries and file capabilities give nothing; it is also what
     // allows an unprivileged process to install a seccomp filter.
-    nix::sys::prctl::set_no_new_privs().map_err(errstr("no_new_privs"))?;
+    nix::sys::prctl::set_no_new_privs().map_err(HelperError::NoNewPrivs)?;
     // seccomp is the very last step: from here on only execve and the program's own
     // calls happen, all of them under the filter. A template runs no user code and
     // needs unshare and mount to fork its runs, which install this same filter.
     if ctx.listener.is_none() {
-        ctx.policy.apply().map_err(|e| e.to_string())?;
+        ctx.policy.apply()?;
     }
     let argv: Vec<CString> = run.argv.iter().map(|a| cstring(a)).collect::<Result<_, _>>()?;
     let env: Vec<CString> = run
@@ -1721,15 +1725,18 @@ fn exec_program_steps(ctx: &InitContext, run: &InitRun) -> Result<Never, String>
         .iter()
         .map(|(k, v)| cstring(&format!("{k}={v}")))
         .collect::<Result<_, _>>()?;
-    let path = argv.first().ok_or("empty argv")?;
+    let path = argv.first().ok_or(HelperError::EmptyArgv)?;
     match nix::unistd::execve(path, &argv, &env) {
-        Err(e) => Err(format!("execve {}: {e}", run.argv[0])),
+        Err(source) => Err(HelperError::Execve {
+            program: run.argv[0].clone(),
+            source,
+        }),
         Ok(never) => match never {},
     }
 }
 
 /// Closes every descriptor of this process but `keep`.
-fn close_all_except(keep: &[RawFd]) -> Result<(), String> {
+fn close_all_except(keep: &[RawFd]) -> Result<(), HelperError> {
     let mut keep: Vec<u32> = keep.iter().map(|&fd| fd as u32).collect();
     keep.sort_unstable();
     let mut from = 0u32;
@@ -1737,7 +1744,7 @@ fn close_all_except(keep: &[RawFd]) -> Result<(), String> {
         if fd > from {
             // SAFETY: plain syscall on this process's own descriptor table.
             if unsafe { libc::syscall(libc::SYS_close_range, from, fd - 1, 0u32) } != 0 {
-                return Err(format!("close_range: {}", io::Error::last_os_error()));
+                return Err(HelperError::CloseRange(io::Error::last_os_error()));
             }
         }
         from = fd.saturating_add(1);
@@ -1745,8 +1752,8 @@ fn close_all_except(keep: &[RawFd]) -> Result<(), String> {
     Ok(())
 }
 
-fn cstring(s: &str) -> Result<CString, String> {
-    CString::new(s).map_err(|_| "argument or environment contains a NUL byte".to_string())
+fn cstring(s: &str) -> Result<CString, HelperError> {
+    CString::new(s).map_err(HelperError::NulByte)
 }
 
 /// The helper runs with Rust's SIGPIPE disposition (ignored); programs expect defaults.
@@ -1768,13 +1775,16 @@ fn reset_signals() {
 /// its runs (and the template's forks would fail once they held that many processes in
 /// all). Each run's program sets the run's own limit in the run's user namespace; the
 /// template's cgroup bounds the template's own processes.
-fn set_rlimits(limits: &Limits, template: bool) -> Result<(), String> {
+fn set_rlimits(limits: &Limits, template: bool) -> Result<(), HelperError> {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
     let cpu_s = limits.cpu_time_ms.div_ceil(1000).max(1) + 1;
     let nproc = if template {
         // The hard limit it inherited: raising it would need a privilege it lacks.
         getrlimit(Resource::RLIMIT_NPROC)
-            .map_err(|e| format!("getrlimit RLIMIT_NPROC: {e}"))?
+            .map_err(|source| HelperError::GetRlimit {
+                resource: Resource::RLIMIT_NPROC,
+                source,
+            })?
             .1
     } else {
         limits.max_processes
@@ -1787,11 +1797,17 @@ fn set_rlimits(limits: &Limits, template: bool) -> Result<(), String> {
         // A backstop per process; the helper enforces the run's total CPU time.
         (Resource::RLIMIT_CPU, cpu_s),
     ] {
-        setrlimit(res, value, value).map_err(|e| format!("setrlimit {res:?}: {e}"))?;
+        setrlimit(res, value, value).map_err(|source| HelperError::SetRlimit { resource: res, source })?;
     }
     // The helper caps its own data size with a soft limit; the program's memory is the
     // cgroup's business, so it gets the hard limit whatever it inherited.
-    let (_, hard) = getrlimit(Resource::RLIMIT_DATA).map_err(|e| format!("getrlimit RLIMIT_DATA: {e}"))?;
-    setrlimit(Resource::RLIMIT_DATA, hard, hard).map_err(|e| format!("setrlimit RLIMIT_DATA: {e}"))?;
+    let (_, hard) = getrlimit(Resource::RLIMIT_DATA).map_err(|source| HelperError::GetRlimit {
+        resource: Resource::RLIMIT_DATA,
+        source,
+    })?;
+    setrlimit(Resource::RLIMIT_DATA, hard, hard).map_err(|source| HelperError::SetRlimit {
+        resource: Resource::RLIMIT_DATA,
+        source,
+    })?;
     Ok(())
 }
