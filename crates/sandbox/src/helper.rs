@@ -509,70 +509,12 @@ impl Sandbox {
         //    Without root, a user namespace of our own (where we are root, mapped to our
         //    own uid) comes with it and gives the right to mount; the sandbox's user
         //    namespace is then nested in it.
-        let (uid, gid) = if nix::unistd::geteuid().is_root() {
-            unshare(CloneFlags::CLONE_NEWNS).map_err(HelperError::UnshareMountNamespace)?;
-            (prepare.host_uid, prepare.host_gid)
-        } else {
-            let (euid, egid) = (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw());
-            if (prepare.host_uid, prepare.host_gid) != (euid, egid) {
-                return Err(HelperError::ForeignIdsWithoutRoot);
-            }
-            unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS).map_err(HelperError::UnshareUserNamespace)?;
-            write_id_maps("self", 0, euid, egid)?;
-            (0, 0)
-        };
-        crate::mounts::make_root_private().map_err(HelperError::MakeRootPrivate)?;
-        self.owner = (uid, gid);
+        let (uid, gid) = self.own_mount_namespace(prepare)?;
 
         // 2. Staging: a small tmpfs for the code, and a size-limited tmpfs that becomes the
         //    working directory. Owned by the host uid the sandbox user maps to.
-        fs::create_dir(&self.staging).map_err(HelperError::CreateStaging)?;
-        fs::set_permissions(&self.staging, fs::Permissions::from_mode(0o700)).map_err(HelperError::ChmodStaging)?;
-        let code_size = prepare.max_code_bytes + (1 << 20);
-        mount(
-            Some("tmpfs"),
-            &self.staging,
-            Some("tmpfs"),
-            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-            Some(format!("size={code_size},mode=0755").as_str()),
-        )
-        .map_err(HelperError::MountStaging)?;
-        self.staging_mounted = true;
-        let work = self.staging.join("work");
+        self.mount_staging(prepare, uid, gid)?;
         let code = self.staging.join("code");
-        for dir in [&work, &code, &self.staging.join("root")] {
-            fs::create_dir(dir).map_err(|source| HelperError::CreateStagingDir {
-                path: dir.clone(),
-                source,
-            })?;
-        }
-        mount(
-            Some("tmpfs"),
-            &work,
-            Some("tmpfs"),
-            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-            Some(
-                format!(
-                    "size={},mode=0755,uid={},gid={}",
-                    prepare.limits.workspace_bytes, uid, gid
-                )
-                .as_str(),
-            ),
-        )
-        .map_err(HelperError::MountWorkspace)?;
-        self.work_mounted = true;
-        if let Some(channel) = &prepare.tools {
-            // The tool socket, and the mount point of the tool-call client.
-            fs::create_dir(code.join("bin")).map_err(HelperError::CreateToolBin)?;
-            fs::write(code.join("bin/sandcall"), b"").map_err(HelperError::CreateToolClient)?;
-            self.tools =
-                Some(ToolHub::bind(&code.join("tools.sock"), channel.clone()).map_err(HelperError::ToolSocket)?);
-        }
-        crate::mounts::prepare_skeleton(
-            &self.staging.join("root"),
-            &prepare.extra_runtime_paths,
-            prepare.node_modules.is_some(),
-        )?;
 
         // 3. The cgroup, with its limits set before any process joins it. A template's,
         //    on v2, in a directory of its own that its runs' cgroups share.
@@ -674,6 +616,80 @@ impl Sandbox {
             InitReport::SetupFailed { message } => Err(HelperError::SetupFailed(message)),
             other => Err(HelperError::UnexpectedInitReport(format!("{other:?}"))),
         }
+    }
+
+    /// Step 1 of `build_steps`: enters a private mount namespace of the helper's own (with
+    /// a user namespace, without root). Returns the host ids the workspace belongs to, as
+    /// this process names them.
+    fn own_mount_namespace(&mut self, prepare: &Prepare) -> Result<(u32, u32), HelperError> {
+        let (uid, gid) = if nix::unistd::geteuid().is_root() {
+            unshare(CloneFlags::CLONE_NEWNS).map_err(HelperError::UnshareMountNamespace)?;
+            (prepare.host_uid, prepare.host_gid)
+        } else {
+            let (euid, egid) = (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw());
+            if (prepare.host_uid, prepare.host_gid) != (euid, egid) {
+                return Err(HelperError::ForeignIdsWithoutRoot);
+            }
+            unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS).map_err(HelperError::UnshareUserNamespace)?;
+            write_id_maps("self", 0, euid, egid)?;
+            (0, 0)
+        };
+        crate::mounts::make_root_private().map_err(HelperError::MakeRootPrivate)?;
+        self.owner = (uid, gid);
+        Ok((uid, gid))
+    }
+
+    /// Step 2 of `build_steps`: the staging tmpfs mounts (code and workspace), the tool
+    /// socket, and the skeleton of the root.
+    fn mount_staging(&mut self, prepare: &Prepare, uid: u32, gid: u32) -> Result<(), HelperError> {
+        fs::create_dir(&self.staging).map_err(HelperError::CreateStaging)?;
+        fs::set_permissions(&self.staging, fs::Permissions::from_mode(0o700)).map_err(HelperError::ChmodStaging)?;
+        let code_size = prepare.max_code_bytes + (1 << 20);
+        mount(
+            Some("tmpfs"),
+            &self.staging,
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some(format!("size={code_size},mode=0755").as_str()),
+        )
+        .map_err(HelperError::MountStaging)?;
+        self.staging_mounted = true;
+        let work = self.staging.join("work");
+        let code = self.staging.join("code");
+        for dir in [&work, &code, &self.staging.join("root")] {
+            fs::create_dir(dir).map_err(|source| HelperError::CreateStagingDir {
+                path: dir.clone(),
+                source,
+            })?;
+        }
+        mount(
+            Some("tmpfs"),
+            &work,
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some(
+                format!(
+                    "size={},mode=0755,uid={},gid={}",
+                    prepare.limits.workspace_bytes, uid, gid
+                )
+                .as_str(),
+            ),
+        )
+        .map_err(HelperError::MountWorkspace)?;
+        self.work_mounted = true;
+        if let Some(channel) = &prepare.tools {
+            // The tool socket, and the mount point of the tool-call client.
+            fs::create_dir(code.join("bin")).map_err(HelperError::CreateToolBin)?;
+            fs::write(code.join("bin/sandcall"), b"").map_err(HelperError::CreateToolClient)?;
+            self.tools =
+                Some(ToolHub::bind(&code.join("tools.sock"), channel.clone()).map_err(HelperError::ToolSocket)?);
+        }
+        crate::mounts::prepare_skeleton(
+            &self.staging.join("root"),
+            &prepare.extra_runtime_paths,
+            prepare.node_modules.is_some(),
+        )?;
+        Ok(())
     }
 
     /// A run forked from the template listening at `socket` (`Prepare::fork_from`).
