@@ -113,6 +113,8 @@ mod tests {
         // SAFETY: the child only closes, blocks on a read and exits (async-signal-safe
         // calls), until its parent has looked at it.
         match unsafe { fork_into_cgroup(0, cg.as_fd()) } {
+            // SAFETY: raw system calls on descriptors this child owns, then _exit, which
+            // runs no destructor of the forked copy.
             Ok(Some(Forked::Child)) => unsafe {
                 libc::close(w.as_raw_fd());
                 let mut b = [0u8; 1];
@@ -160,6 +162,8 @@ mod tests {
         let cg = open_dir(std::path::Path::new("/"));
         // SAFETY: the child makes only system calls and exits.
         match unsafe { nix::unistd::fork() }.unwrap() {
+            // SAFETY: the child makes system calls only (fork_into_cgroup's contract holds:
+            // it is single-threaded and execs nothing), then _exits.
             nix::unistd::ForkResult::Child => unsafe {
                 let _ = nix::sys::prctl::set_no_new_privs();
                 if seccompiler::apply_filter(&program).is_err() {

@@ -2,22 +2,23 @@
 //! that builds the sandbox, runs one program in it and reclaims everything afterwards.
 //!
 //! Three processes take part:
-//! - the helper (this file, `run_helper`): host root or the invoking user, in its own
-//!   mount namespace so that its staging mounts vanish with it; owns the run's cgroup;
-//! - the sandbox's init (`init_main`): pid 1 of the new pid namespace, holding the
-//!   capabilities of the new user namespace only; builds the root and reaps children;
-//! - the program (`exec_program`): forked by init, stripped of every capability and
-//!   filtered by seccomp before it execs the interpreter.
+//! - the helper (this file, `run_helper`; a run's poll loop in `run.rs`): host root or
+//!   the invoking user, in its own mount namespace so that its staging mounts vanish
+//!   with it; owns the run's cgroup;
+//! - the sandbox's init (`init_main`, in `init.rs`): pid 1 of the new pid namespace,
+//!   holding the capabilities of the new user namespace only; builds the root and reaps
+//!   children;
+//! - the program (`exec_program`, in `init.rs`): forked by init, stripped of every
+//!   capability and filtered by seccomp before it execs the interpreter.
+//!
+//! Their errors are `HelperError`s (`error.rs`), whose text is what the server logs.
 //!
 //! When init exits the kernel kills every other process of its pid namespace, so a run
 //! ends entirely when its program ends, is killed, or its helper dies.
 
 use crate::cgroup::RunCgroup;
-use crate::io::{
-    read_some, set_nonblocking, timeout_of, wait_readable, write_all, Capture, Lines, MAX_CONTROL_LINE, MAX_SHORT_LINE,
-};
-use crate::mounts::{build_root, RootSpec};
-use crate::protocol::{Event, Limits, Prepare, Run, RunResult};
+use crate::io::{read_some, timeout_of, wait_readable, write_all, Lines, MAX_CONTROL_LINE, MAX_SHORT_LINE};
+use crate::protocol::{Event, Limits, Prepare, Run};
 use crate::seccomp::Policy;
 use crate::tools::ToolHub;
 use nix::fcntl::OFlag;
@@ -28,7 +29,6 @@ use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{pipe2, Pid};
 use serde::{Deserialize, Serialize};
-use std::ffi::CString;
 use std::fs;
 use std::io::{self, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -36,18 +36,15 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+mod error;
+mod init;
+mod run;
+pub use error::{HelperError, MessageError};
+
 /// The uid and gid of the program inside its user namespace.
 const SANDBOX_ID: u32 = 1000;
-/// While tool calls wait unannounced, how often to look whether the program sleeps,
-/// and how many looks in a row must find it asleep.
-const QUIET_CHECK_EVERY: Duration = Duration::from_millis(3);
-const QUIET_CHECKS_NEEDED: u32 = 4;
-/// How often the run's CPU time is compared with its budget.
-const CPU_CHECK_EVERY: Duration = Duration::from_millis(50);
 /// How long init may take to build the root before the run is given up.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(20);
-/// After init is gone, how long to wait for the output pipes to close.
-const DRAIN_GRACE: Duration = Duration::from_secs(2);
 /// Stack of the init process created by clone(2); it runs plain Rust code.
 const INIT_STACK_BYTES: usize = 8 << 20;
 
@@ -61,7 +58,7 @@ pub fn run_helper() -> i32 {
         Ok(None) => return 0,
         Err(e) => {
             emit(&Event::Failed {
-                message: format!("bad prepare message: {e}"),
+                message: HelperError::BadPrepare(e).to_string(),
             });
             return 1;
         }
@@ -86,14 +83,14 @@ pub fn run_helper() -> i32 {
         Err(failed) => {
             let (e, partial) = *failed;
             partial.teardown();
-            emit(&Event::Failed { message: e });
+            emit(&Event::Failed { message: e.to_string() });
             return 1;
         }
     };
     if let Some(launch) = prepare.launch.as_ref().filter(|_| prepare.fork_from.is_none()) {
-        if let Err(message) = sandbox.start_program(&InitRun::new(&launch.argv, &launch.env)) {
+        if let Err(e) = sandbox.start_program(&InitRun::new(&launch.argv, &launch.env)) {
             sandbox.teardown();
-            emit(&Event::Failed { message });
+            emit(&Event::Failed { message: e.to_string() });
             return 1;
         }
         if launch.wait_ready {
@@ -113,7 +110,7 @@ pub fn run_helper() -> i32 {
         Err(e) => {
             sandbox.teardown();
             emit(&Event::Failed {
-                message: format!("bad run message: {e}"),
+                message: HelperError::BadRun(e).to_string(),
             });
             return 1;
         }
@@ -164,8 +161,8 @@ pub fn run_helper() -> i32 {
             emit(&Event::Finished { result });
             0
         }
-        Err(message) => {
-            emit(&Event::Failed { message });
+        Err(e) => {
+            emit(&Event::Failed { message: e.to_string() });
             1
         }
     };
@@ -184,22 +181,22 @@ fn keep_template(prepare: &Prepare, control: &mut Lines) -> i32 {
         Err(failed) => {
             let (e, partial) = *failed;
             partial.teardown();
-            emit(&Event::Failed { message: e });
+            emit(&Event::Failed { message: e.to_string() });
             return 1;
         }
     };
     let started = match &prepare.launch {
         Some(launch) => sandbox.start_program(&InitRun::new(&launch.argv, &launch.env)),
-        None => Err("a template needs a launch".into()),
+        None => Err(HelperError::TemplateWithoutLaunch),
     };
-    if let Err(message) = started.and_then(|()| {
+    if let Err(e) = started.and_then(|()| {
         sandbox
             .wait_program_ready(READY_WAIT)
             .then_some(())
-            .ok_or_else(|| "the template did not get ready".to_string())
+            .ok_or(HelperError::TemplateNotReady)
     }) {
         sandbox.teardown();
-        emit(&Event::Failed { message });
+        emit(&Event::Failed { message: e.to_string() });
         return 1;
     }
     emit(&Event::Ready {
@@ -321,10 +318,10 @@ fn vm_data_bytes() -> Option<u64> {
         .map(|k| k << 10)
 }
 
-fn read_message<T: for<'de> Deserialize<'de>>(lines: &mut Lines) -> Result<Option<T>, String> {
-    match lines.read_line().map_err(|e| e.to_string())? {
+fn read_message<T: for<'de> Deserialize<'de>>(lines: &mut Lines) -> Result<Option<T>, MessageError> {
+    match lines.read_line().map_err(MessageError::Read)? {
         None => Ok(None),
-        Some(line) => serde_json::from_slice(&line).map(Some).map_err(|e| e.to_string()),
+        Some(line) => serde_json::from_slice(&line).map(Some).map_err(MessageError::Parse),
     }
 }
 
@@ -341,10 +338,6 @@ fn emit_line(line: &[u8]) {
     let _ = out.write_all(line);
     let _ = out.write_all(b"\n");
     let _ = out.flush();
-}
-
-fn errstr(what: &str) -> impl FnOnce(nix::Error) -> String + '_ {
-    move |e| format!("{what}: {e}")
 }
 
 /// What init sends back to the helper, one JSON line each.
@@ -496,7 +489,7 @@ impl Sandbox {
 
     /// The isolation sequence, in order. On failure, returns what was built so far so
     /// that it can be torn down.
-    fn build(prepare: &Prepare) -> Result<Self, Box<(String, Self)>> {
+    fn build(prepare: &Prepare) -> Result<Self, Box<(HelperError, Self)>> {
         let mut sb = Sandbox::empty(prepare);
         match sb.build_steps(prepare) {
             Ok(()) => Ok(sb),
@@ -504,77 +497,18 @@ impl Sandbox {
         }
     }
 
-    fn build_steps(&mut self, prepare: &Prepare) -> Result<(), String> {
+    fn build_steps(&mut self, prepare: &Prepare) -> Result<(), HelperError> {
         // 1. A mount namespace of our own, private: the staging tmpfs mounts below are
         //    invisible to the host and disappear with this process, whatever happens.
         //    Without root, a user namespace of our own (where we are root, mapped to our
         //    own uid) comes with it and gives the right to mount; the sandbox's user
         //    namespace is then nested in it.
-        let (uid, gid) = if nix::unistd::geteuid().is_root() {
-            unshare(CloneFlags::CLONE_NEWNS).map_err(errstr("unshare mount namespace"))?;
-            (prepare.host_uid, prepare.host_gid)
-        } else {
-            let (euid, egid) = (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw());
-            if (prepare.host_uid, prepare.host_gid) != (euid, egid) {
-                return Err("without root, the sandbox user can only map to the server's own uid and gid".into());
-            }
-            unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS)
-                .map_err(errstr("unshare user and mount namespaces"))?;
-            write_id_maps("self", 0, euid, egid)?;
-            (0, 0)
-        };
-        crate::mounts::make_root_private().map_err(errstr("make / private"))?;
-        self.owner = (uid, gid);
+        let (uid, gid) = self.own_mount_namespace(prepare)?;
 
         // 2. Staging: a small tmpfs for the code, and a size-limited tmpfs that becomes the
         //    working directory. Owned by the host uid the sandbox user maps to.
-        fs::create_dir(&self.staging).map_err(|e| format!("create staging dir: {e}"))?;
-        fs::set_permissions(&self.staging, fs::Permissions::from_mode(0o700))
-            .map_err(|e| format!("chmod staging: {e}"))?;
-        let code_size = prepare.max_code_bytes + (1 << 20);
-        mount(
-            Some("tmpfs"),
-            &self.staging,
-            Some("tmpfs"),
-            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-            Some(format!("size={code_size},mode=0755").as_str()),
-        )
-        .map_err(errstr("mount staging tmpfs"))?;
-        self.staging_mounted = true;
-        let work = self.staging.join("work");
+        self.mount_staging(prepare, uid, gid)?;
         let code = self.staging.join("code");
-        for dir in [&work, &code, &self.staging.join("root")] {
-            fs::create_dir(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
-        }
-        mount(
-            Some("tmpfs"),
-            &work,
-            Some("tmpfs"),
-            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-            Some(
-                format!(
-                    "size={},mode=0755,uid={},gid={}",
-                    prepare.limits.workspace_bytes, uid, gid
-                )
-                .as_str(),
-            ),
-        )
-        .map_err(errstr("mount workspace tmpfs"))?;
-        self.work_mounted = true;
-        if let Some(channel) = &prepare.tools {
-            // The tool socket, and the mount point of the tool-call client.
-            fs::create_dir(code.join("bin")).map_err(|e| format!("create bin: {e}"))?;
-            fs::write(code.join("bin/sandcall"), b"").map_err(|e| format!("create client: {e}"))?;
-            self.tools = Some(
-                ToolHub::bind(&code.join("tools.sock"), channel.clone()).map_err(|e| format!("tool socket: {e}"))?,
-            );
-        }
-        crate::mounts::prepare_skeleton(
-            &self.staging.join("root"),
-            &prepare.extra_runtime_paths,
-            prepare.node_modules.is_some(),
-        )
-        .map_err(|e| e.to_string())?;
 
         // 3. The cgroup, with its limits set before any process joins it. A template's,
         //    on v2, in a directory of its own that its runs' cgroups share.
@@ -582,21 +516,21 @@ impl Sandbox {
             Some(_) => RunCgroup::create_template(&prepare.cgroup, &prepare.limits, (uid, gid)),
             None => RunCgroup::create(&prepare.cgroup, &prepare.limits),
         };
-        self.cgroup = Some(cgroup.map_err(|e| e.to_string())?);
+        self.cgroup = Some(cgroup?);
 
         // 4. Pipes and directory handles that init inherits. All are close-on-exec: the
         //    program gets only its three stdio pipes, which init dup2()s into place.
         let cloexec = OFlag::O_CLOEXEC;
-        let (to_init_r, to_init_w) = pipe2(cloexec).map_err(errstr("pipe"))?;
-        let (from_init_r, from_init_w) = pipe2(cloexec).map_err(errstr("pipe"))?;
-        let (stdin_r, stdin_w) = pipe2(cloexec).map_err(errstr("pipe"))?;
-        let (stdout_r, stdout_w) = pipe2(cloexec).map_err(errstr("pipe"))?;
-        let (stderr_r, stderr_w) = pipe2(cloexec).map_err(errstr("pipe"))?;
+        let (to_init_r, to_init_w) = pipe2(cloexec).map_err(HelperError::Pipe)?;
+        let (from_init_r, from_init_w) = pipe2(cloexec).map_err(HelperError::Pipe)?;
+        let (stdin_r, stdin_w) = pipe2(cloexec).map_err(HelperError::Pipe)?;
+        let (stdout_r, stdout_w) = pipe2(cloexec).map_err(HelperError::Pipe)?;
+        let (stderr_r, stderr_w) = pipe2(cloexec).map_err(HelperError::Pipe)?;
         // A launched program's fd 3: a socket, so that the go goes one way and the
         // program's own report of its end (`exit N`) comes back the other.
         let (go_r, go_w) = match prepare.launch {
             Some(_) => {
-                let (r, w) = std::os::unix::net::UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
+                let (r, w) = std::os::unix::net::UnixStream::pair().map_err(HelperError::SocketPair)?;
                 (Some(OwnedFd::from(r)), Some(OwnedFd::from(w)))
             }
             None => (None, None),
@@ -604,15 +538,15 @@ impl Sandbox {
 
         let tool_client = std::env::current_exe().ok();
         // 5. The seccomp policy is compiled here, where errors can still be reported.
-        let policy = Policy::compile().map_err(|e| e.to_string())?;
+        let policy = Policy::compile()?;
         // A template installs no filter itself: each run it forks installs this one,
         // and the template's listening socket becomes its fd 4. Created after every
         // other descriptor, so its number is above the program's 0 to 3.
         let listener = match &prepare.template {
             Some(path) => {
-                fs::write(code.join("seccomp.bpf"), policy.to_bytes()).map_err(|e| format!("seccomp.bpf: {e}"))?;
+                fs::write(code.join("seccomp.bpf"), policy.to_bytes()).map_err(HelperError::WriteSeccompFilter)?;
                 let _ = fs::remove_file(path);
-                let l = std::os::unix::net::UnixListener::bind(path).map_err(|e| format!("template socket: {e}"))?;
+                let l = std::os::unix::net::UnixListener::bind(path).map_err(HelperError::TemplateSocket)?;
                 self.template_socket = Some(path.clone());
                 Some(OwnedFd::from(l))
             }
@@ -647,8 +581,15 @@ impl Sandbox {
         let mut stack = vec![0u8; INIT_STACK_BYTES];
         // SAFETY: this process is single-threaded, so the child's copy of memory (heap
         // locks included) is consistent; the child runs init_main on its own stack.
-        let pid = unsafe { clone(Box::new(|| init_main(&ctx)), &mut stack, flags, Some(libc::SIGCHLD)) }
-            .map_err(errstr("clone into new namespaces"))?;
+        let pid = unsafe {
+            clone(
+                Box::new(|| init::init_main(&ctx)),
+                &mut stack,
+                flags,
+                Some(libc::SIGCHLD),
+            )
+        }
+        .map_err(HelperError::CloneInit)?;
         self.init = Some(pid);
         // The template alone holds its listener: once it is gone, a connection is
         // refused at once instead of waiting in the backlog.
@@ -665,22 +606,96 @@ impl Sandbox {
 
         // 8. Into the cgroup before init starts anything: every later process inherits it.
         if let Some(cg) = &self.cgroup {
-            cg.add(pid.as_raw()).map_err(|e| e.to_string())?;
+            cg.add(pid.as_raw())?;
         }
 
         // 9. Let init go on, and wait until it reports the root built.
-        write_all(&to_init_w, b"go\n").map_err(|e| format!("start init: {e}"))?;
+        write_all(&to_init_w, b"go\n").map_err(HelperError::StartInit)?;
         self.to_init = Some(to_init_w);
         match self.read_init_report(SETUP_TIMEOUT)? {
             InitReport::Ready => Ok(()),
-            InitReport::SetupFailed { message } => Err(format!("sandbox setup: {message}")),
-            other => Err(format!("sandbox init: unexpected report {other:?}")),
+            InitReport::SetupFailed { message } => Err(HelperError::SetupFailed(message)),
+            other => Err(HelperError::UnexpectedInitReport(format!("{other:?}"))),
         }
+    }
+
+    /// Step 1 of `build_steps`: enters a private mount namespace of the helper's own (with
+    /// a user namespace, without root). Returns the host ids the workspace belongs to, as
+    /// this process names them.
+    fn own_mount_namespace(&mut self, prepare: &Prepare) -> Result<(u32, u32), HelperError> {
+        let (uid, gid) = if nix::unistd::geteuid().is_root() {
+            unshare(CloneFlags::CLONE_NEWNS).map_err(HelperError::UnshareMountNamespace)?;
+            (prepare.host_uid, prepare.host_gid)
+        } else {
+            let (euid, egid) = (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw());
+            if (prepare.host_uid, prepare.host_gid) != (euid, egid) {
+                return Err(HelperError::ForeignIdsWithoutRoot);
+            }
+            unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS).map_err(HelperError::UnshareUserNamespace)?;
+            write_id_maps("self", 0, euid, egid)?;
+            (0, 0)
+        };
+        crate::mounts::make_root_private().map_err(HelperError::MakeRootPrivate)?;
+        self.owner = (uid, gid);
+        Ok((uid, gid))
+    }
+
+    /// Step 2 of `build_steps`: the staging tmpfs mounts (code and workspace), the tool
+    /// socket, and the skeleton of the root.
+    fn mount_staging(&mut self, prepare: &Prepare, uid: u32, gid: u32) -> Result<(), HelperError> {
+        fs::create_dir(&self.staging).map_err(HelperError::CreateStaging)?;
+        fs::set_permissions(&self.staging, fs::Permissions::from_mode(0o700)).map_err(HelperError::ChmodStaging)?;
+        let code_size = prepare.max_code_bytes + (1 << 20);
+        mount(
+            Some("tmpfs"),
+            &self.staging,
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some(format!("size={code_size},mode=0755").as_str()),
+        )
+        .map_err(HelperError::MountStaging)?;
+        self.staging_mounted = true;
+        let work = self.staging.join("work");
+        let code = self.staging.join("code");
+        for dir in [&work, &code, &self.staging.join("root")] {
+            fs::create_dir(dir).map_err(|source| HelperError::CreateStagingDir {
+                path: dir.clone(),
+                source,
+            })?;
+        }
+        mount(
+            Some("tmpfs"),
+            &work,
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some(
+                format!(
+                    "size={},mode=0755,uid={},gid={}",
+                    prepare.limits.workspace_bytes, uid, gid
+                )
+                .as_str(),
+            ),
+        )
+        .map_err(HelperError::MountWorkspace)?;
+        self.work_mounted = true;
+        if let Some(channel) = &prepare.tools {
+            // The tool socket, and the mount point of the tool-call client.
+            fs::create_dir(code.join("bin")).map_err(HelperError::CreateToolBin)?;
+            fs::write(code.join("bin/sandcall"), b"").map_err(HelperError::CreateToolClient)?;
+            self.tools =
+                Some(ToolHub::bind(&code.join("tools.sock"), channel.clone()).map_err(HelperError::ToolSocket)?);
+        }
+        crate::mounts::prepare_skeleton(
+            &self.staging.join("root"),
+            &prepare.extra_runtime_paths,
+            prepare.node_modules.is_some(),
+        )?;
+        Ok(())
     }
 
     /// A run forked from the template listening at `socket` (`Prepare::fork_from`).
     /// On failure, returns what was built so far so that it can be torn down.
-    fn fork(prepare: &Prepare, socket: &Path) -> Result<Self, Box<(String, Self)>> {
+    fn fork(prepare: &Prepare, socket: &Path) -> Result<Self, Box<(HelperError, Self)>> {
         let mut sb = Sandbox::empty(prepare);
         match sb.fork_steps(prepare, socket) {
             Ok(()) => Ok(sb),
@@ -690,14 +705,13 @@ impl Sandbox {
 
     /// The isolation sequence of a forked run, host side. The template's side is in
     /// `runtime/zygote.py`; ARCHITECTURE.md, "Forked runs", has both in order.
-    fn fork_steps(&mut self, prepare: &Prepare, socket: &Path) -> Result<(), String> {
+    fn fork_steps(&mut self, prepare: &Prepare, socket: &Path) -> Result<(), HelperError> {
         use nix::sys::socket::{sendmsg, setsockopt, sockopt, ControlMessage, MsgFlags};
         use std::os::unix::net::UnixStream;
         self.owner = (prepare.host_uid, prepare.host_gid);
         // 1. The cgroup, with its limits set before any process of the run joins it;
         //    on v2 beside the template's, and open for the template to clone into.
-        let cgroup =
-            RunCgroup::create_forked(&prepare.cgroup, &prepare.limits, self.owner).map_err(|e| e.to_string())?;
+        let cgroup = RunCgroup::create_forked(&prepare.cgroup, &prepare.limits, self.owner)?;
         let into = cgroup
             .v2_path()
             .map(|path| {
@@ -705,7 +719,7 @@ impl Sandbox {
                 nix::fcntl::open(path, flags, nix::sys::stat::Mode::empty())
             })
             .transpose()
-            .map_err(errstr("open the run's cgroup"))?
+            .map_err(HelperError::OpenRunCgroup)?
             // SAFETY: open returned a fresh descriptor, owned from here on.
             .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) });
         self.cgroup = Some(cgroup);
@@ -713,12 +727,12 @@ impl Sandbox {
         // 2. The run's channels, as for a built sandbox: stdio pipes, fd 3 (go and
         //    exit), and init's report socket, which also carries init's credentials.
         let cloexec = OFlag::O_CLOEXEC;
-        let (stdin_r, stdin_w) = pipe2(cloexec).map_err(errstr("pipe"))?;
-        let (stdout_r, stdout_w) = pipe2(cloexec).map_err(errstr("pipe"))?;
-        let (stderr_r, stderr_w) = pipe2(cloexec).map_err(errstr("pipe"))?;
-        let (go_r, go_w) = UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
-        let (report, report_init) = UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
-        setsockopt(&report, sockopt::PassCred, &true).map_err(errstr("SO_PASSCRED"))?;
+        let (stdin_r, stdin_w) = pipe2(cloexec).map_err(HelperError::Pipe)?;
+        let (stdout_r, stdout_w) = pipe2(cloexec).map_err(HelperError::Pipe)?;
+        let (stderr_r, stderr_w) = pipe2(cloexec).map_err(HelperError::Pipe)?;
+        let (go_r, go_w) = UnixStream::pair().map_err(HelperError::SocketPair)?;
+        let (report, report_init) = UnixStream::pair().map_err(HelperError::SocketPair)?;
+        setsockopt(&report, sockopt::PassCred, &true).map_err(HelperError::PassCredentials)?;
 
         // 3. Ask the template for a fork. Its child C, which makes the run's namespaces,
         //    says hello first with its credentials (the kernel translates its pid into
@@ -729,8 +743,8 @@ impl Sandbox {
         //    On v2 the template is given the run's cgroup with the request for a fork,
         //    and clones C straight into it (`clone3` with `CLONE_INTO_CGROUP`); where
         //    it cannot, it forks, and C is moved here, as on v1.
-        let conn = UnixStream::connect(socket).map_err(|e| format!("connect to the template: {e}"))?;
-        setsockopt(&conn, sockopt::PassCred, &true).map_err(errstr("SO_PASSCRED"))?;
+        let conn = UnixStream::connect(socket).map_err(HelperError::ConnectTemplate)?;
+        setsockopt(&conn, sockopt::PassCred, &true).map_err(HelperError::PassCredentials)?;
         let conn = OwnedFd::from(conn);
         let cgroup_fd = into.as_ref().map(|fd| [fd.as_raw_fd()]);
         let cmsgs: Vec<ControlMessage> = cgroup_fd.iter().map(|fd| ControlMessage::ScmRights(fd)).collect();
@@ -741,14 +755,14 @@ impl Sandbox {
             MsgFlags::empty(),
             None,
         )
-        .map_err(errstr("ask the template for a fork"))?;
+        .map_err(HelperError::AskForFork)?;
         drop(into);
         let child = read_hello(&conn, "the template did not fork in time")?;
         let mut cloned_into_cgroup = false;
         if let Some(cg) = &self.cgroup {
             cloned_into_cgroup = cg.v2_path().is_some() && cg.holds(child);
             if !cloned_into_cgroup {
-                cg.add(child).map_err(|e| e.to_string())?;
+                cg.add(child)?;
             }
         }
         // The template waits at nice 19 (its forks are mostly refills); a fork a request
@@ -762,7 +776,7 @@ impl Sandbox {
         // 4. Then the run's request: the limits its init needs for the mounts and its
         //    program for the rlimits, and the run's ends of the channels.
         let request = serde_json::json!({ "limits": &prepare.limits, "max_code_bytes": prepare.max_code_bytes });
-        let line = serde_json::to_vec(&request).map_err(|e| e.to_string())?;
+        let line = serde_json::to_vec(&request).map_err(HelperError::Encode)?;
         let fds = [
             report_init.as_raw_fd(),
             stdin_r.as_raw_fd(),
@@ -777,7 +791,7 @@ impl Sandbox {
             MsgFlags::empty(),
             None,
         )
-        .map_err(errstr("send the fork request"))?;
+        .map_err(HelperError::SendForkRequest)?;
         drop((conn, report_init, stdin_r, stdout_w, stderr_w, go_r));
         let report = OwnedFd::from(report);
 
@@ -786,7 +800,7 @@ impl Sandbox {
         // SAFETY: a plain system call; it returns a new descriptor or -1.
         let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0u32) };
         if pidfd < 0 {
-            return Err(format!("pidfd_open: {}", io::Error::last_os_error()));
+            return Err(HelperError::PidfdOpen(io::Error::last_os_error()));
         }
         // SAFETY: pidfd_open returned a fresh descriptor, owned from here on.
         let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as RawFd) };
@@ -798,7 +812,7 @@ impl Sandbox {
             work: None,
             cloned_into_cgroup,
         });
-        let writer = report.try_clone().map_err(|e| format!("dup: {e}"))?;
+        let writer = report.try_clone().map_err(HelperError::DupReport)?;
         self.from_init = Some(Lines::new(report, MAX_SHORT_LINE));
         self.to_init = Some(writer);
         self.go_w = Some(OwnedFd::from(go_w));
@@ -807,8 +821,8 @@ impl Sandbox {
         self.stderr_r = Some(stderr_r);
         match self.read_init_report(SETUP_TIMEOUT)? {
             InitReport::Ready => {}
-            InitReport::SetupFailed { message } => return Err(format!("sandbox setup: {message}")),
-            other => return Err(format!("sandbox init: unexpected report {other:?}")),
+            InitReport::SetupFailed { message } => return Err(HelperError::SetupFailed(message)),
+            other => return Err(HelperError::UnexpectedInitReport(format!("{other:?}"))),
         }
 
         // 6. Hold the run's working directory: collection reads it after init is gone.
@@ -817,7 +831,7 @@ impl Sandbox {
             OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
             nix::sys::stat::Mode::empty(),
         )
-        .map_err(errstr("open the run's working directory"))?;
+        .map_err(HelperError::OpenWorkDir)?;
         // SAFETY: open returned a fresh descriptor.
         let work = unsafe { OwnedFd::from_raw_fd(work) };
         if let Some(f) = self.forked.as_mut() {
@@ -827,414 +841,30 @@ impl Sandbox {
             let path = self.code_dir().join("tools.sock");
             let hub = self
                 .as_owner(|| ToolHub::bind(&path, channel.clone()))
-                .map_err(|e| format!("tool socket: {e}"))?;
+                .map_err(HelperError::ToolSocket)?;
             self.tools = Some(hub);
         }
         Ok(())
     }
 
-    fn read_init_report(&mut self, wait: Duration) -> Result<InitReport, String> {
-        let lines = self.from_init.as_mut().ok_or("init pipe closed")?;
+    fn read_init_report(&mut self, wait: Duration) -> Result<InitReport, HelperError> {
+        let lines = self.from_init.as_mut().ok_or(HelperError::InitPipeClosed)?;
         let deadline = Instant::now() + wait;
         loop {
             if let Some(line) = lines.take_line() {
-                return serde_json::from_slice(&line).map_err(|e| format!("bad init report: {e}"));
+                return serde_json::from_slice(&line).map_err(HelperError::BadInitReport);
             }
             if lines.eof {
-                return Err("sandbox init exited during setup".into());
+                return Err(HelperError::InitExitedDuringSetup);
             }
             let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() || !wait_readable(&lines.fd, left).map_err(|e| e.to_string())? {
-                return Err("sandbox init did not finish setup in time".into());
+            if left.is_zero() || !wait_readable(&lines.fd, left).map_err(HelperError::InitChannel)? {
+                return Err(HelperError::InitSetupTimedOut);
             }
-            lines.fill().map_err(|e| e.to_string())?;
+            lines.fill().map_err(HelperError::InitChannel)?;
         }
     }
 
-    /// Runs the program and collects its output until it ends, its time runs out, or
-    /// the server aborts. Tool calls are relayed in between.
-    fn run(&mut self, run: &Run, control: &mut Lines) -> Result<RunResult, String> {
-        if run.code.len() as u64 > self.max_code_bytes {
-            return Err("code larger than max_code_bytes".into());
-        }
-        let files = std::iter::once((&run.code_file, &run.code)).chain(run.support_files.iter().map(|(n, c)| (n, c)));
-        for (name, content) in files {
-            if name.contains('/') || name.is_empty() || name == "tools.sock" || name == "bin" {
-                return Err(format!("bad code file name {name:?}"));
-            }
-            let path = self.code_dir().join(name);
-            self.as_owner(|| fs::write(&path, content))
-                .map_err(|e| format!("write {name}: {e}"))?;
-            fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).map_err(|e| format!("chmod {name}: {e}"))?;
-        }
-        self.staged = crate::workspace::stage(
-            &self.work_dir(),
-            &run.inputs,
-            self.owner.0,
-            self.owner.1,
-            self.forked.is_some(),
-        )?;
-        // A launched program says on fd 3 when it ends; that ends the run at once,
-        // without waiting for the kernel to tear the process down.
-        let mut status_fd: Option<Lines> = None;
-        let mut go_pending: Option<(OwnedFd, Vec<u8>)> = None;
-        match self.go_w.take() {
-            // Launched ahead: the program waits on fd 3 for its go.
-            Some(go) => {
-                self.cpu_before_run = self.cgroup.as_ref().map_or(0, |c| c.cpu_time_ms());
-                let mut line = run.go.clone().unwrap_or_default().into_bytes();
-                line.push(b'\n');
-                go_pending = Some((go, line));
-            }
-            None => self.start_program(&InitRun::new(&run.argv, &run.env))?,
-        }
-        let mut ended_by_program = false;
-
-        let start = Instant::now();
-        // In a run with tools, `timeout_ms` bounds the time the program runs, not the
-        // time it waits for its caller: the clock stops when the helper reports the
-        // program blocked on its calls (`Blocked`) and starts again with the next reply,
-        // and the deadline moves by the time it stood. Threads that go on working while
-        // the calls are out are bounded by the CPU budget, and the wait itself by the
-        // server's tool_call_timeout and session expiry.
-        let mut deadline = start + Duration::from_millis(run.timeout_ms);
-        let mut clock_stopped: Option<Instant> = None;
-        let cpu_budget = self.limits.cpu_time_ms;
-        let mut out = Streams::new(self.limits.max_output_bytes as usize);
-        let mut result = RunResult::default();
-        let mut stdin_data: &[u8] = run.stdin.as_bytes();
-        let mut stdin_w = self.stdin_w.take().filter(|_| !stdin_data.is_empty());
-        if let Some(w) = &stdin_w {
-            set_nonblocking(w).map_err(|e| e.to_string())?;
-        }
-        let mut stdout_r = self.stdout_r.take();
-        let mut stderr_r = self.stderr_r.take();
-        for fd in [&stdout_r, &stderr_r].into_iter().flatten() {
-            set_nonblocking(fd).map_err(|e| e.to_string())?;
-        }
-        // What starts the program comes last, once the helper has nothing left to do
-        // but wait: the process it wakes can take this CPU from the helper (traced on a
-        // busy machine: 4.8 ms between the seal and the go, the helper preempted by
-        // the init it had just woken).
-        if let Some((go, line)) = go_pending.take() {
-            // A program that died before its go shows up as its exit status.
-            let _ = write_all(&go, &line);
-            let _ = set_nonblocking(&go);
-            // Its messages are a few bytes: a program that floods it is cut off after
-            // MAX_SHORT_LINE, not after the control channel's cap.
-            status_fd = Some(Lines::new(go, MAX_SHORT_LINE));
-        }
-        if self.forked.is_some() {
-            // A forked run's code directory is its own tmpfs, writable until now. Its
-            // program waits for its init's release before it reads the go just sent
-            // (which woke no one); init releases it only once it has remounted the
-            // directory read-only. One message, no round trip (zygote.py, `_run_init`).
-            let to_init = self.to_init.as_ref().ok_or("init channel closed")?;
-            write_all(to_init, b"seal\n").map_err(|e| format!("seal the code: {e}"))?;
-        }
-        let mut control_open = true;
-        // When the program was seen to end (its exit reported, or init gone), and when
-        // the helper killed it; either starts the grace period for draining output.
-        let mut ended_at: Option<Instant> = None;
-        let mut killed_at: Option<Instant> = None;
-        let mut next_cpu_check = start + CPU_CHECK_EVERY;
-        let mut quiet_checks = 0u32;
-
-        loop {
-            let init_open = self.from_init.as_ref().is_some_and(|l| !l.eof);
-            if !init_open && stdout_r.is_none() && stderr_r.is_none() {
-                break;
-            }
-            let now = Instant::now();
-            let settled = ended_at.or(killed_at);
-            if settled.is_some_and(|t| now >= t + DRAIN_GRACE) {
-                break;
-            }
-            // Decide what to wait for, and for how long.
-            let running_until = if clock_stopped.is_some() {
-                // No deadline while the clock stands: the CPU check still wakes us.
-                now + Duration::from_secs(3600)
-            } else {
-                deadline
-            };
-            let mut wake = settled.map_or(running_until, |t| t + DRAIN_GRACE);
-            if settled.is_none() && cpu_budget > 0 {
-                wake = wake.min(next_cpu_check);
-            }
-            let waiting_for_quiet = settled.is_none() && self.tools.as_ref().is_some_and(|t| t.unannounced && !t.flush);
-            if waiting_for_quiet {
-                wake = wake.min(now + QUIET_CHECK_EVERY);
-            }
-            if let Some(token_at) = self.tools.as_mut().and_then(|hub| hub.prepare_poll(now)) {
-                wake = wake.min(token_at);
-            }
-
-            let mut fds: Vec<PollFd> = Vec::new();
-            let mut what: Vec<Source> = Vec::new();
-            if let Some(fd) = &stdout_r {
-                push_poll(&mut fds, &mut what, fd.as_fd(), PollFlags::POLLIN, Source::Stdout);
-            }
-            if let Some(fd) = &stderr_r {
-                push_poll(&mut fds, &mut what, fd.as_fd(), PollFlags::POLLIN, Source::Stderr);
-            }
-            if let Some(fd) = &stdin_w {
-                push_poll(&mut fds, &mut what, fd.as_fd(), PollFlags::POLLOUT, Source::Stdin);
-            }
-            if let Some(l) = self.from_init.as_ref().filter(|l| !l.eof) {
-                push_poll(&mut fds, &mut what, l.fd.as_fd(), PollFlags::POLLIN, Source::Init);
-            }
-            if control_open {
-                push_poll(
-                    &mut fds,
-                    &mut what,
-                    control.fd.as_fd(),
-                    PollFlags::POLLIN,
-                    Source::Control,
-                );
-            }
-            if let Some(status) = status_fd.as_ref().filter(|l| !l.eof) {
-                push_poll(
-                    &mut fds,
-                    &mut what,
-                    status.fd.as_fd(),
-                    PollFlags::POLLIN,
-                    Source::Status,
-                );
-            }
-            if let Some(hub) = &self.tools {
-                push_poll(
-                    &mut fds,
-                    &mut what,
-                    hub.listener_fd(),
-                    PollFlags::POLLIN,
-                    Source::Listener,
-                );
-                // Connections that hold much unread reply, wait for a share of the input
-                // budget, or wait for a token are not read: they only slow themselves.
-                for (slot, fd, flags) in hub.conn_fds() {
-                    push_poll(&mut fds, &mut what, fd, flags, Source::Conn(slot));
-                }
-            }
-            match poll(&mut fds, timeout_of(Some(wake.saturating_duration_since(now)))) {
-                Ok(_) => {}
-                Err(nix::errno::Errno::EINTR) => continue,
-                Err(e) => return Err(format!("poll: {e}")),
-            }
-            let fired: Vec<Source> = fds
-                .iter()
-                .zip(what)
-                .filter(|(f, _)| f.revents().is_some_and(|r| !r.is_empty()))
-                .map(|(_, w)| w)
-                .collect();
-            drop(fds);
-
-            for source in fired {
-                match source {
-                    Source::Stdout => {
-                        out.read(&mut stdout_r, false);
-                    }
-                    Source::Stderr => {
-                        out.read(&mut stderr_r, true);
-                    }
-                    Source::Stdin => {
-                        if let Some(w) = stdin_w.as_ref() {
-                            match nix::unistd::write(w, &stdin_data[..stdin_data.len().min(64 * 1024)]) {
-                                Ok(n) => stdin_data = &stdin_data[n..],
-                                Err(nix::errno::Errno::EAGAIN) | Err(nix::errno::Errno::EINTR) => {}
-                                Err(_) => stdin_data = &[],
-                            }
-                            if stdin_data.is_empty() {
-                                stdin_w = None;
-                            }
-                        }
-                    }
-                    Source::Status => {
-                        let mut misused = false;
-                        if let Some(status) = status_fd.as_mut() {
-                            // A program that floods its fd 3 just loses the channel.
-                            misused = status.fill().is_err();
-                            while let Some(line) = status.take_line().filter(|_| !misused) {
-                                if line.len() > 32 {
-                                    misused = true;
-                                    break;
-                                }
-                                let code = std::str::from_utf8(&line)
-                                    .ok()
-                                    .and_then(|l| l.strip_prefix("exit "))
-                                    .and_then(|n| n.trim().parse::<i32>().ok());
-                                if let (Some(code), None) = (code, ended_at) {
-                                    // The program has flushed its output and is about to
-                                    // exit: its output is in the pipes, and whatever it
-                                    // leaves behind dies now.
-                                    result.exit_code = Some(code);
-                                    ended_at = Some(Instant::now());
-                                    ended_by_program = true;
-                                    self.kill_init();
-                                }
-                            }
-                        }
-                        if misused {
-                            status_fd = None;
-                        }
-                    }
-                    Source::Init => {
-                        let mut kill = false;
-                        let lines = self.from_init.as_mut().ok_or("init pipe closed")?;
-                        let _ = lines.fill();
-                        while let Some(line) = lines.take_line() {
-                            match serde_json::from_slice::<InitReport>(&line) {
-                                Ok(InitReport::Exited { code }) => {
-                                    result.exit_code = Some(code);
-                                    ended_at.get_or_insert_with(Instant::now);
-                                    // The run is over: whatever it left behind dies now,
-                                    // while the output drains.
-                                    kill = true;
-                                }
-                                Ok(InitReport::Signaled { signal }) => {
-                                    result.signal = Some(signal_name(signal));
-                                    ended_at.get_or_insert_with(Instant::now);
-                                    kill = true;
-                                }
-                                // A forked run's init could not seal the code: the
-                                // program was never released.
-                                Ok(InitReport::SetupFailed { message }) if self.forked.is_some() => {
-                                    self.kill_init();
-                                    return Err(format!("sandbox setup: {message}"));
-                                }
-                                _ => {}
-                            }
-                        }
-                        if lines.eof {
-                            ended_at.get_or_insert_with(Instant::now);
-                        }
-                        if kill {
-                            self.kill_init();
-                        }
-                    }
-                    Source::Control => {
-                        let _ = control.fill();
-                        while let Some(line) = control.take_line() {
-                            if let Some(hub) = self.tools.as_mut() {
-                                let reply = hub.command(&line);
-                                // A reply wakes the program: its clock runs again, and
-                                // the deadline moves by the time it stood.
-                                if let (true, Some(stopped)) = (reply, clock_stopped) {
-                                    deadline += stopped.elapsed();
-                                    clock_stopped = None;
-                                }
-                                // Calls made while the program was paused were announced
-                                // then, and held by the server; they are due at the next
-                                // pause, so the next wait must be reported again.
-                                if reply && hub.has_pending() {
-                                    hub.unannounced = true;
-                                }
-                            }
-                        }
-                        // End of file on the control pipe means abort.
-                        if control.eof {
-                            control_open = false;
-                            if killed_at.is_none() && ended_at.is_none() {
-                                result.aborted = true;
-                                self.kill_init();
-                                killed_at = Some(Instant::now());
-                            }
-                        }
-                    }
-                    Source::Listener => {
-                        if let Some(hub) = self.tools.as_mut() {
-                            hub.accept();
-                        }
-                    }
-                    Source::Conn(slot) => {
-                        if let Some(hub) = self.tools.as_mut() {
-                            hub.flush_out(slot);
-                            for event in hub.read(slot) {
-                                emit_line(&event);
-                                quiet_checks = 0;
-                            }
-                        }
-                    }
-                }
-            }
-
-            // Lines that waited for a token, now that one came.
-            if let Some(hub) = self.tools.as_mut() {
-                for event in hub.pump() {
-                    emit_line(&event);
-                    quiet_checks = 0;
-                }
-            }
-
-            // The program waits for its calls when it says so (Python's runner), or when
-            // every one of its threads sleeps (Bash tool commands in the background).
-            if settled.is_none() {
-                if let Some(hub) = self.tools.as_mut() {
-                    let mut blocked = hub.unannounced && hub.flush;
-                    if hub.unannounced && !hub.flush && hub.has_pending() {
-                        // A program halfway through sending a message sleeps in its
-                        // write while the helper reads; it is not waiting for its calls.
-                        let idle = !hub.receiving() && self.cgroup.as_ref().is_some_and(|c| c.all_sleeping());
-                        quiet_checks = if idle { quiet_checks + 1 } else { 0 };
-                        blocked = quiet_checks >= QUIET_CHECKS_NEEDED;
-                    }
-                    if blocked {
-                        // Output printed before the call is in the pipes by now.
-                        out.drain(&mut stdout_r, false);
-                        out.drain(&mut stderr_r, true);
-                        let (partial_stdout, partial_stderr) = out.take_partial();
-                        emit(&Event::Blocked {
-                            partial_stdout,
-                            partial_stderr,
-                        });
-                        hub.unannounced = false;
-                        hub.flush = false;
-                        quiet_checks = 0;
-                        clock_stopped.get_or_insert_with(Instant::now);
-                    } else if !hub.unannounced {
-                        hub.flush = false;
-                    }
-                }
-            }
-
-            if ended_by_program {
-                out.drain(&mut stdout_r, false);
-                out.drain(&mut stderr_r, true);
-                break;
-            }
-            let now = Instant::now();
-            if killed_at.is_none() && ended_at.is_none() {
-                if clock_stopped.is_none() && now >= deadline {
-                    result.timed_out = true;
-                    self.kill_init();
-                    killed_at = Some(now);
-                } else if cpu_budget > 0 && now >= next_cpu_check {
-                    next_cpu_check = now + CPU_CHECK_EVERY;
-                    let before = self.cpu_before_run;
-                    if self
-                        .cgroup
-                        .as_ref()
-                        .is_some_and(|c| c.cpu_time_ms().saturating_sub(before) > cpu_budget)
-                    {
-                        result.cpu_limit_exceeded = true;
-                        self.kill_init();
-                        killed_at = Some(now);
-                    }
-                }
-            }
-        }
-        if killed_at.is_some() && result.exit_code.is_none() && result.signal.is_none() {
-            result.signal = Some("SIGKILL".into());
-        }
-        // Wall time runs until the program was seen gone, so a late kill shows.
-        result.wall_time_ms = ended_at
-            .unwrap_or_else(Instant::now)
-            .saturating_duration_since(start)
-            .as_millis() as u64;
-        out.finish(&mut result);
-        Ok(result)
-    }
-
-    /// Tells init to fork and exec the program.
     /// Waits until the launched program writes `ready\n` on fd 3, at most `wait`. Anything
     /// else (EOF, other bytes, the wait running out) just ends the wait: the sandbox is
     /// then handed out as it is, and its run pays for what is left of the warm-up.
@@ -1262,12 +892,13 @@ impl Sandbox {
         true
     }
 
-    fn start_program(&mut self, program: &InitRun) -> Result<(), String> {
-        let message = serde_json::to_vec(program).map_err(|e| e.to_string())?;
-        let to_init = self.to_init.take().ok_or("init pipe closed")?;
+    /// Tells init to fork and exec the program.
+    fn start_program(&mut self, program: &InitRun) -> Result<(), HelperError> {
+        let message = serde_json::to_vec(program).map_err(HelperError::Encode)?;
+        let to_init = self.to_init.take().ok_or(HelperError::InitPipeClosed)?;
         write_all(&to_init, &message)
             .and_then(|()| write_all(&to_init, b"\n"))
-            .map_err(|e| format!("start program: {e}"))
+            .map_err(HelperError::StartProgram)
     }
 
     fn reap_init(&mut self) {
@@ -1328,17 +959,15 @@ impl Sandbox {
     }
 }
 
-/// Maps `inside` to `uid`/`gid` of the parent user namespace for process `pid` (or
-/// "self"). setgroups is denied first, as the kernel requires for unprivileged gid maps.
 /// Reads the `hello` that a process of a forked run sends on its report socket with
 /// its credentials (`SCM_CREDENTIALS`: the kernel translates its pid into ours), and
 /// returns that pid. Reads no further than the hello, so that init's next report stays
 /// in the socket. A setup failure reported instead becomes the error.
-fn read_hello(report: &OwnedFd, late: &str) -> Result<i32, String> {
+fn read_hello(report: &OwnedFd, late: &'static str) -> Result<i32, HelperError> {
     use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
     const HELLO: &[u8] = b"hello\n";
-    if !wait_readable(report, SETUP_TIMEOUT).map_err(|e| e.to_string())? {
-        return Err(late.into());
+    if !wait_readable(report, SETUP_TIMEOUT).map_err(HelperError::InitChannel)? {
+        return Err(HelperError::HelloTimedOut(late));
     }
     let mut buf = [0u8; 512];
     let mut space = nix::cmsg_space!(nix::sys::socket::UnixCredentials);
@@ -1350,14 +979,11 @@ fn read_hello(report: &OwnedFd, late: &str) -> Result<i32, String> {
             Some(&mut space),
             MsgFlags::MSG_CMSG_CLOEXEC,
         )
-        .map_err(errstr("read a hello of the run"))?;
-        let pid = msg
-            .cmsgs()
-            .map_err(errstr("read a hello of the run"))?
-            .find_map(|c| match c {
-                ControlMessageOwned::ScmCredentials(creds) => Some(creds.pid()),
-                _ => None,
-            });
+        .map_err(HelperError::ReadHello)?;
+        let pid = msg.cmsgs().map_err(HelperError::ReadHello)?.find_map(|c| match c {
+            ControlMessageOwned::ScmCredentials(creds) => Some(creds.pid()),
+            _ => None,
+        });
         (pid, msg.bytes)
     };
     match pid {
@@ -1373,30 +999,24 @@ fn read_hello(report: &OwnedFd, late: &str) -> Result<i32, String> {
             }
             Err(
                 match serde_json::from_slice::<InitReport>(buf[..len].trim_ascii_end()) {
-                    Ok(InitReport::SetupFailed { message }) => format!("sandbox setup: {message}"),
-                    _ => "the template's fork did not say hello".into(),
+                    Ok(InitReport::SetupFailed { message }) => HelperError::SetupFailed(message),
+                    _ => HelperError::NoHello,
                 },
             )
         }
     }
 }
 
-fn write_id_maps(pid: &str, inside: u32, uid: u32, gid: u32) -> Result<(), String> {
+/// Maps `inside` to `uid`/`gid` of the parent user namespace for process `pid` (or
+/// "self"). setgroups is denied first, as the kernel requires for unprivileged gid maps.
+fn write_id_maps(pid: &str, inside: u32, uid: u32, gid: u32) -> Result<(), HelperError> {
     let proc_dir = PathBuf::from(format!("/proc/{pid}"));
-    fs::write(proc_dir.join("uid_map"), format!("{inside} {uid} 1\n")).map_err(|e| format!("write uid_map: {e}"))?;
-    fs::write(proc_dir.join("setgroups"), "deny").map_err(|e| format!("write setgroups: {e}"))?;
-    fs::write(proc_dir.join("gid_map"), format!("{inside} {gid} 1\n")).map_err(|e| format!("write gid_map: {e}"))
-}
-
-fn push_poll<'a>(
-    fds: &mut Vec<PollFd<'a>>,
-    what: &mut Vec<Source>,
-    fd: BorrowedFd<'a>,
-    flags: PollFlags,
-    source: Source,
-) {
-    fds.push(PollFd::new(fd, flags));
-    what.push(source);
+    let write = |file: &'static str, content: String| {
+        fs::write(proc_dir.join(file), content).map_err(|source| HelperError::WriteIdMap { file, source })
+    };
+    write("uid_map", format!("{inside} {uid} 1\n"))?;
+    write("setgroups", "deny".into())?;
+    write("gid_map", format!("{inside} {gid} 1\n"))
 }
 
 /// How the helper reaches a sandbox's init.
@@ -1436,357 +1056,4 @@ fn kill_pid(init: Option<Pid>) {
     if let Some(pid) = init {
         let _ = kill(pid, Signal::SIGKILL);
     }
-}
-
-/// What a descriptor in the poll set is.
-#[derive(Clone, Copy)]
-enum Source {
-    Status,
-    Stdout,
-    Stderr,
-    Stdin,
-    Init,
-    Control,
-    Listener,
-    Conn(usize),
-}
-
-/// The program's stdout and stderr: the whole run's (capped) and, for tool-call
-/// pauses, what came since the last pause (capped the same way).
-struct Streams {
-    cap: usize,
-    total: [Capture; 2],
-    partial: [Capture; 2],
-    chunk: Vec<u8>,
-}
-
-impl Streams {
-    fn new(cap: usize) -> Self {
-        Streams {
-            cap,
-            total: Default::default(),
-            partial: Default::default(),
-            chunk: vec![0u8; 64 * 1024],
-        }
-    }
-
-    /// One read from a pipe; closes it at end of file. Returns whether data came.
-    fn read(&mut self, pipe: &mut Option<OwnedFd>, stderr: bool) -> bool {
-        let Some(fd) = pipe.as_ref() else { return false };
-        let i = usize::from(stderr);
-        match read_some(fd, &mut self.chunk) {
-            Ok(0) => {
-                *pipe = None;
-                false
-            }
-            Ok(n) => {
-                self.total[i].push(&self.chunk[..n], self.cap);
-                self.partial[i].push(&self.chunk[..n], self.cap);
-                true
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => false,
-            Err(_) => {
-                *pipe = None;
-                false
-            }
-        }
-    }
-
-    /// Reads everything a pipe holds right now.
-    fn drain(&mut self, pipe: &mut Option<OwnedFd>, stderr: bool) {
-        while self.read(pipe, stderr) {}
-    }
-
-    fn take_partial(&mut self) -> (String, String) {
-        let [o, e] = std::mem::take(&mut self.partial);
-        (o.text(), e.text())
-    }
-
-    fn finish(&self, result: &mut RunResult) {
-        result.stdout = self.total[0].text();
-        result.stderr = self.total[1].text();
-        result.stdout_truncated = self.total[0].truncated;
-        result.stderr_truncated = self.total[1].truncated;
-    }
-}
-
-pub(crate) fn signal_name(signal: i32) -> String {
-    Signal::try_from(signal)
-        .map(|s| s.as_str().to_owned())
-        .unwrap_or_else(|_| format!("SIG{signal}"))
-}
-
-/// The sandbox's init: pid 1 of the new pid namespace.
-fn init_main(ctx: &InitContext) -> isize {
-    // SAFETY: these raw fds were inherited through clone(2) and belong to this process.
-    let report_fd = unsafe { OwnedFd::from_raw_fd(ctx.from_init_w) };
-    let report = |r: &InitReport| {
-        let mut line = serde_json::to_vec(r).unwrap_or_default();
-        line.push(b'\n');
-        let _ = write_all(&report_fd, &line);
-    };
-    // SAFETY: as above.
-    let mut commands = Lines::new(unsafe { OwnedFd::from_raw_fd(ctx.to_init_r) }, MAX_CONTROL_LINE);
-    match init_setup(ctx, &mut commands) {
-        Ok(Some(run)) => {
-            let status = init_run(ctx, run);
-            report(&status);
-            if ctx.listener.is_some() {
-                // A template's runs are this namespace's processes too: init lives, and
-                // reaps, until the last of them has ended, so a template that dies
-                // takes no run with it.
-                while let Ok(_) | Err(nix::errno::Errno::EINTR) = waitpid(None, Some(WaitPidFlag::__WALL)) {}
-            }
-            0
-        }
-        Ok(None) => 0,
-        Err(message) => {
-            report(&InitReport::SetupFailed { message });
-            1
-        }
-    }
-}
-
-fn init_setup(ctx: &InitContext, commands: &mut Lines) -> Result<Option<InitRun>, String> {
-    // clone(2) copied every descriptor of the helper, its ends of the pipes included;
-    // holding those would keep the program's stdin from ever reaching end of file.
-    close_all_except(&[
-        2,
-        ctx.go_r.unwrap_or(ctx.to_init_r),
-        ctx.listener.unwrap_or(ctx.to_init_r),
-        ctx.to_init_r,
-        ctx.from_init_w,
-        ctx.stdin_r,
-        ctx.stdout_w,
-        ctx.stderr_w,
-    ])?;
-    // If the helper dies, init dies, and the kernel kills the rest of the namespace.
-    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(errstr("pdeathsig"))?;
-    // Wait until the helper has written the id maps and placed us in the cgroup.
-    match commands.read_line() {
-        Ok(Some(_)) => {}
-        _ => return Ok(None),
-    }
-    // Make the run's cgroup the root of our cgroup view: the helper has placed us in it.
-    if ctx.cgroup_namespace {
-        unshare(CloneFlags::CLONE_NEWCGROUP).map_err(errstr("unshare cgroup namespace"))?;
-    }
-    // The root is built while init still has the host uid it was cloned with, because the
-    // staging directories sit in the data directory, which only that uid may enter.
-    build_root(&RootSpec {
-        new_root: &ctx.staging.join("root"),
-        workspace: &ctx.staging.join("work"),
-        code: &ctx.staging.join("code"),
-        extra_runtime_paths: ctx.extra_runtime_paths,
-        node_modules: ctx.node_modules,
-        tmp_bytes: ctx.limits.tmp_bytes,
-        tool_client: ctx.tool_client,
-    })
-    .map_err(|e| e.to_string())?;
-    nix::unistd::sethostname("sandcall").map_err(errstr("sethostname"))?;
-    // Become the sandbox user: from here on the host sees only the mapped unprivileged
-    // uid. The capabilities of the new user namespace are kept (uid 0 is not mapped, so
-    // the kernel does not clear them) until the program drops them.
-    let id = nix::unistd::Gid::from_raw(SANDBOX_ID);
-    nix::unistd::setresgid(id, id, id).map_err(errstr("setresgid"))?;
-    let id = nix::unistd::Uid::from_raw(SANDBOX_ID);
-    nix::unistd::setresuid(id, id, id).map_err(errstr("setresuid"))?;
-    // The kernel clears the parent-death signal when the uid changes: set it again, or
-    // an init that does not watch the helper's pipes (a template's) outlives the helper.
-    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(errstr("pdeathsig"))?;
-    // The program runs as the same uid: keep it from ptracing or reading init's memory.
-    nix::sys::prctl::set_dumpable(false).map_err(errstr("set_dumpable"))?;
-
-    // SAFETY: from_init_w is ours; borrowed only for this write.
-    let report_fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(ctx.from_init_w) };
-    let mut line = serde_json::to_vec(&InitReport::Ready).map_err(|e| e.to_string())?;
-    line.push(b'\n');
-    let mut written = 0;
-    while written < line.len() {
-        written += nix::unistd::write(report_fd, &line[written..]).map_err(errstr("report ready"))?;
-    }
-
-    // The warm-sandbox seam: everything above can happen before a request arrives.
-    match commands.read_line() {
-        Ok(Some(line)) => serde_json::from_slice(&line)
-            .map(Some)
-            .map_err(|e| format!("bad run message: {e}")),
-        _ => Ok(None),
-    }
-}
-
-/// Forks the program, then reaps every process of the namespace until the program ends.
-fn init_run(ctx: &InitContext, run: InitRun) -> InitReport {
-    // SAFETY: init is single-threaded; the child only sets itself up and execs.
-    match unsafe { nix::unistd::fork() } {
-        Ok(nix::unistd::ForkResult::Child) => {
-            let message = exec_program(ctx, &run);
-            let _ = nix::unistd::write(
-                unsafe { std::os::fd::BorrowedFd::borrow_raw(2) },
-                format!("sandcall: cannot start the program: {message}\n").as_bytes(),
-            );
-            // SAFETY: _exit never returns and runs no destructors of the forked copy.
-            unsafe { libc::_exit(126) }
-        }
-        Ok(nix::unistd::ForkResult::Parent { child }) => {
-            for fd in [ctx.stdin_r, ctx.stdout_w, ctx.stderr_w]
-                .into_iter()
-                .chain(ctx.go_r)
-                .chain(ctx.listener)
-            {
-                let _ = nix::unistd::close(fd);
-            }
-            loop {
-                match waitpid(None, Some(WaitPidFlag::__WALL)) {
-                    Ok(WaitStatus::Exited(pid, code)) if pid == child => return InitReport::Exited { code },
-                    Ok(WaitStatus::Signaled(pid, sig, _)) if pid == child => {
-                        return InitReport::Signaled { signal: sig as i32 }
-                    }
-                    Ok(_) => {}
-                    Err(nix::errno::Errno::EINTR) => {}
-                    Err(_) => return InitReport::Signaled { signal: libc::SIGKILL },
-                }
-            }
-        }
-        Err(e) => InitReport::SetupFailed {
-            message: format!("fork: {e}"),
-        },
-    }
-}
-
-/// The last steps before exec, in the program's own process. Returns only on failure.
-fn exec_program(ctx: &InitContext, run: &InitRun) -> String {
-    match exec_program_steps(ctx, run) {
-        Ok(never) => match never {},
-        Err(e) => e,
-    }
-}
-
-enum Never {}
-
-fn exec_program_steps(ctx: &InitContext, run: &InitRun) -> Result<Never, String> {
-    // Own session: job control and terminal signals of the helper never reach it.
-    nix::unistd::setsid().map_err(errstr("setsid"))?;
-    for (from, to) in [(ctx.stdin_r, 0), (ctx.stdout_w, 1), (ctx.stderr_w, 2)] {
-        nix::unistd::dup2(from, to).map_err(errstr("dup2"))?;
-    }
-    // A launched program also keeps fd 3, where its go message will arrive.
-    if let Some(go) = ctx.go_r {
-        nix::unistd::dup2(go, 3).map_err(errstr("dup2"))?;
-        // dup2 onto itself would leave close-on-exec set.
-        nix::fcntl::fcntl(3, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty())).map_err(errstr("fcntl"))?;
-    }
-    // A template also keeps its listening socket, as fd 4.
-    if let Some(listener) = ctx.listener {
-        nix::unistd::dup2(listener, 4).map_err(errstr("dup2"))?;
-        nix::fcntl::fcntl(4, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty())).map_err(errstr("fcntl"))?;
-    }
-    // Every other descriptor goes: the program gets stdio (and fd 3) and nothing else.
-    let keep: &[RawFd] = match (ctx.go_r, ctx.listener) {
-        (_, Some(_)) => &[0, 1, 2, 3, 4],
-        (Some(_), None) => &[0, 1, 2, 3],
-        (None, None) => &[0, 1, 2],
-    };
-    close_all_except(keep)?;
-    reset_signals();
-    set_rlimits(ctx.limits, ctx.listener.is_some())?;
-    // Capabilities last among the privileged steps: the bounding set can only be
-    // cleared while CAP_SETPCAP is still held.
-    for set in [
-        caps::CapSet::Bounding,
-        caps::CapSet::Ambient,
-        caps::CapSet::Inheritable,
-        caps::CapSet::Effective,
-        caps::CapSet::Permitted,
-    ] {
-        caps::clear(None, set).map_err(|e| format!("drop capabilities ({set:?}): {e}"))?;
-    }
-    // no_new_privs: setuid binaries and file capabilities give nothing; it is also what
-    // allows an unprivileged process to install a seccomp filter.
-    nix::sys::prctl::set_no_new_privs().map_err(errstr("no_new_privs"))?;
-    // seccomp is the very last step: from here on only execve and the program's own
-    // calls happen, all of them under the filter. A template runs no user code and
-    // needs unshare and mount to fork its runs, which install this same filter.
-    if ctx.listener.is_none() {
-        ctx.policy.apply().map_err(|e| e.to_string())?;
-    }
-    let argv: Vec<CString> = run.argv.iter().map(|a| cstring(a)).collect::<Result<_, _>>()?;
-    let env: Vec<CString> = run
-        .env
-        .iter()
-        .map(|(k, v)| cstring(&format!("{k}={v}")))
-        .collect::<Result<_, _>>()?;
-    let path = argv.first().ok_or("empty argv")?;
-    match nix::unistd::execve(path, &argv, &env) {
-        Err(e) => Err(format!("execve {}: {e}", run.argv[0])),
-        Ok(never) => match never {},
-    }
-}
-
-/// Closes every descriptor of this process but `keep`.
-fn close_all_except(keep: &[RawFd]) -> Result<(), String> {
-    let mut keep: Vec<u32> = keep.iter().map(|&fd| fd as u32).collect();
-    keep.sort_unstable();
-    let mut from = 0u32;
-    for fd in keep.into_iter().chain(std::iter::once(u32::MAX)) {
-        if fd > from {
-            // SAFETY: plain syscall on this process's own descriptor table.
-            if unsafe { libc::syscall(libc::SYS_close_range, from, fd - 1, 0u32) } != 0 {
-                return Err(format!("close_range: {}", io::Error::last_os_error()));
-            }
-        }
-        from = fd.saturating_add(1);
-    }
-    Ok(())
-}
-
-fn cstring(s: &str) -> Result<CString, String> {
-    CString::new(s).map_err(|_| "argument or environment contains a NUL byte".to_string())
-}
-
-/// The helper runs with Rust's SIGPIPE disposition (ignored); programs expect defaults.
-fn reset_signals() {
-    use nix::sys::signal::{sigaction, sigprocmask, SaFlags, SigAction, SigHandler, SigSet, SigmaskHow};
-    let dfl = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
-    for sig in Signal::iterator() {
-        if sig != Signal::SIGKILL && sig != Signal::SIGSTOP {
-            // SAFETY: installing the default disposition.
-            let _ = unsafe { sigaction(sig, &dfl) };
-        }
-    }
-    let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
-}
-
-/// A template (`template`) keeps the RLIMIT_NPROC it inherited: the kernel counts the
-/// processes of every run forked from it against the template's user namespace too,
-/// checked against the limit its creator had, so a limit here would be shared by all of
-/// its runs (and the template's forks would fail once they held that many processes in
-/// all). Each run's program sets the run's own limit in the run's user namespace; the
-/// template's cgroup bounds the template's own processes.
-fn set_rlimits(limits: &Limits, template: bool) -> Result<(), String> {
-    use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    let cpu_s = limits.cpu_time_ms.div_ceil(1000).max(1) + 1;
-    let nproc = if template {
-        // The hard limit it inherited: raising it would need a privilege it lacks.
-        getrlimit(Resource::RLIMIT_NPROC)
-            .map_err(|e| format!("getrlimit RLIMIT_NPROC: {e}"))?
-            .1
-    } else {
-        limits.max_processes
-    };
-    for (res, value) in [
-        (Resource::RLIMIT_NOFILE, limits.max_open_files),
-        (Resource::RLIMIT_FSIZE, limits.file_size_bytes),
-        (Resource::RLIMIT_NPROC, nproc),
-        (Resource::RLIMIT_CORE, 0),
-        // A backstop per process; the helper enforces the run's total CPU time.
-        (Resource::RLIMIT_CPU, cpu_s),
-    ] {
-        setrlimit(res, value, value).map_err(|e| format!("setrlimit {res:?}: {e}"))?;
-    }
-    // The helper caps its own data size with a soft limit; the program's memory is the
-    // cgroup's business, so it gets the hard limit whatever it inherited.
-    let (_, hard) = getrlimit(Resource::RLIMIT_DATA).map_err(|e| format!("getrlimit RLIMIT_DATA: {e}"))?;
-    setrlimit(Resource::RLIMIT_DATA, hard, hard).map_err(|e| format!("setrlimit RLIMIT_DATA: {e}"))?;
-    Ok(())
 }

@@ -6,8 +6,9 @@
 //!   single-threaded `launcher::run_launcher`), so fork and clone are safe there. The
 //!   server only starts that process and talks JSON lines to it.
 //! - The isolation sequence is `helper::Sandbox::build_steps` followed by
-//!   `mounts::build_root` (in init) and `helper::exec_program_steps` (in the program),
-//!   in that order; ARCHITECTURE.md explains the order.
+//!   `helper::init::init_setup` with `mounts::build_root` (in init) and
+//!   `helper::init::exec_program_steps` (in the program), in that order;
+//!   ARCHITECTURE.md explains the order.
 
 // Request paths answer errors, they do not panic (tests may unwrap).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]

@@ -33,8 +33,9 @@ pub fn set_nice(tid: i32, nice: i32) -> std::io::Result<()> {
 /// The nice value of thread `tid` (0: the calling thread).
 pub fn nice_of(tid: i32) -> std::io::Result<i32> {
     // getpriority can return -1 as a value: errno tells the two apart.
-    // SAFETY: errno is this thread's; getpriority is a plain system call on integers.
+    // SAFETY: errno is this thread's own; __errno_location returns a valid pointer to it.
     unsafe { *libc::__errno_location() = 0 };
+    // SAFETY: getpriority is a plain system call on integers.
     let value = unsafe { libc::getpriority(libc::PRIO_PROCESS, tid as libc::id_t) };
     let err = std::io::Error::last_os_error();
     if value == -1 && err.raw_os_error().unwrap_or(0) != 0 {

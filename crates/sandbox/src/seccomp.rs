@@ -164,6 +164,7 @@ mod tests {
         match unsafe { nix::unistd::fork() }.unwrap() {
             nix::unistd::ForkResult::Child => {
                 let ok = nix::sys::prctl::set_no_new_privs().is_ok() && policy.apply().is_ok();
+                // SAFETY: a plain system call on an integer flag.
                 let unshare = unsafe { libc::unshare(libc::CLONE_NEWUTS) };
                 let errno = std::io::Error::last_os_error().raw_os_error();
                 let code = if ok && unshare == -1 && errno == Some(libc::EPERM) {
@@ -171,6 +172,7 @@ mod tests {
                 } else {
                     1
                 };
+                // SAFETY: _exit never returns and runs no destructor of the forked copy.
                 unsafe { libc::_exit(code) };
             }
             nix::unistd::ForkResult::Parent { child } => {

@@ -15,7 +15,7 @@ use std::fs::{self, File};
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{chown, OpenOptionsExt, PermissionsExt};
-use std::path::Path;
+use std::path::{Path, StripPrefixError};
 
 /// Directories deeper than this are not walked (each level holds a descriptor and a
 /// stack frame of the helper); they are skipped as `too_deep`.
@@ -26,6 +26,27 @@ const MAX_LISTED_SKIPS: usize = 100;
 
 fn hex(digest: &[u8]) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Why staging or collection failed; the run fails with this message.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkspaceError {
+    /// An input name that would leave the working directory (the server checks too).
+    #[error("bad input name {0:?}")]
+    BadInputName(String),
+    /// An input's folder that is not below the working directory.
+    #[error("{0}")]
+    OutsideWorkspace(#[source] StripPrefixError),
+    /// Creating, reading, writing or chowning the input `name` (or one of its folders).
+    #[error("stage {name}: {source}")]
+    Stage {
+        name: String,
+        #[source]
+        source: io::Error,
+    },
+    /// Opening the working directory to collect from it.
+    #[error("open workspace: {0}")]
+    OpenWorkspace(#[source] nix::Error),
 }
 
 /// One staged input, as collection needs it.
@@ -71,26 +92,33 @@ pub(crate) fn stage(
     uid: u32,
     gid: u32,
     create_as_owner: bool,
-) -> Result<Vec<Staged>, String> {
+) -> Result<Vec<Staged>, WorkspaceError> {
     let mut staged = Vec::with_capacity(inputs.len());
     for input in inputs {
+        let failed = |source| WorkspaceError::Stage {
+            name: input.name.clone(),
+            source,
+        };
         let dest = work.join(&input.name);
         // The server checked the name; check again that it stays below `work`.
         if input.name.split('/').any(|p| p.is_empty() || p == "." || p == "..") || input.name.starts_with('/') {
-            return Err(format!("bad input name {:?}", input.name));
+            return Err(WorkspaceError::BadInputName(input.name.clone()));
         }
         if let Some(parent) = dest.parent() {
             let mut dir = work.to_path_buf();
-            for part in parent.strip_prefix(work).map_err(|e| e.to_string())?.components() {
+            for part in parent
+                .strip_prefix(work)
+                .map_err(WorkspaceError::OutsideWorkspace)?
+                .components()
+            {
                 dir.push(part);
                 if !dir.exists() {
-                    as_ids(create_as_owner, uid, gid, || fs::create_dir(&dir))
-                        .map_err(|e| format!("stage {}: {e}", input.name))?;
-                    chown(&dir, Some(uid), Some(gid)).map_err(|e| format!("stage {}: {e}", input.name))?;
+                    as_ids(create_as_owner, uid, gid, || fs::create_dir(&dir)).map_err(failed)?;
+                    chown(&dir, Some(uid), Some(gid)).map_err(failed)?;
                 }
             }
         }
-        let mut src = File::open(&input.source).map_err(|e| format!("stage {}: {e}", input.name))?;
+        let mut src = File::open(&input.source).map_err(failed)?;
         let mut out = as_ids(create_as_owner, uid, gid, || {
             fs::OpenOptions::new()
                 .write(true)
@@ -98,19 +126,18 @@ pub(crate) fn stage(
                 .mode(0o644)
                 .open(&dest)
         })
-        .map_err(|e| format!("stage {}: {e}", input.name))?;
+        .map_err(failed)?;
         let mut hasher = Sha256::new();
         let mut buf = vec![0u8; 256 * 1024];
         loop {
-            let n = src.read(&mut buf).map_err(|e| format!("stage {}: {e}", input.name))?;
+            let n = src.read(&mut buf).map_err(failed)?;
             if n == 0 {
                 break;
             }
             hasher.update(&buf[..n]);
-            out.write_all(&buf[..n])
-                .map_err(|e| format!("stage {}: {e}", input.name))?;
+            out.write_all(&buf[..n]).map_err(failed)?;
         }
-        chown(&dest, Some(uid), Some(gid)).map_err(|e| format!("stage {}: {e}", input.name))?;
+        chown(&dest, Some(uid), Some(gid)).map_err(failed)?;
         staged.push(Staged {
             name: input.name.clone(),
             sha256: hex(&hasher.finalize()),
@@ -163,14 +190,14 @@ struct Walk<'a> {
 
 /// Collects every regular file the run created or changed into `opts.outbox`, except
 /// read-only inputs; lists the inputs to report as they were.
-pub(crate) fn collect(work: &Path, opts: &Collect, staged: &[Staged]) -> Result<Collected, String> {
+pub(crate) fn collect(work: &Path, opts: &Collect, staged: &[Staged]) -> Result<Collected, WorkspaceError> {
     let root = openat(
         None,
         work,
         OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| format!("open workspace: {e}"))?;
+    .map_err(WorkspaceError::OpenWorkspace)?;
     // SAFETY: openat returned a fresh descriptor.
     let root = unsafe { OwnedFd::from_raw_fd(root) };
     let mut walk = Walk {
