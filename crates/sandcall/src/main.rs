@@ -96,7 +96,7 @@ fn main() -> ExitCode {
         Command::Doctor(args) => run_async(doctor(args)),
         Command::Runtime(RuntimeCommand::Install(args)) => runtime_install(&args),
         Command::Openapi => {
-            print!("{}", sandcall_server::openapi::document());
+            print!("{}", sandcall_server::router::document());
             ExitCode::SUCCESS
         }
         Command::Keys(KeysCommand::Add { name, config }) => match sandcall_config::add_key(&config, &name) {

@@ -104,7 +104,7 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        crate::telemetry::refused(self.error_type);
+        sandcall_engine::telemetry::refused(self.error_type);
         let body = ErrorBody {
             error: self.message,
             error_type: self.error_type.to_string(),

@@ -9,12 +9,14 @@
 pub mod auth;
 pub mod cluster;
 pub mod error;
+pub mod extract;
 pub mod files;
 pub mod http;
 pub mod listen;
 pub mod mcp;
 pub mod openapi;
 pub mod rate_limit;
+pub mod router;
 pub mod telemetry;
 
 // The engine's modules, under the names the routes use.
@@ -234,7 +236,7 @@ async fn run(config: Config, frontend: Frontend) -> Result<(), ServeError> {
     // A machine-readable line for scripts and tests that listen on port 0.
     println!("sandcall listening on http://{addr}");
 
-    let app = http::router(state);
+    let app = router::router(state);
     listen::serve(listener, app, cap, listen::Timeouts::new(&config), async move {
         wait_for_signal().await;
         tracing::info!("shutting down: killing running programs");

@@ -5,7 +5,7 @@ use super::ops::{file_not_found, storage_error};
 use super::{guess_type, now_ms, object_name, rfc3339, upload_name, FileMeta, FileStore, Quota, QuotaExceeded, Usage};
 use crate::config::Config;
 use crate::error::ApiError;
-use crate::http::ApiPath;
+use crate::extract::ApiPath;
 use crate::AppState;
 use axum::body::Body;
 use axum::extract::multipart::{Multipart, MultipartRejection};
@@ -45,8 +45,8 @@ pub fn batch_upload_limit(config: &Config) -> usize {
 }
 
 fn multipart_error(e: axum::extract::multipart::MultipartError) -> ApiError {
-    if crate::http::body_timed_out(&e) {
-        crate::http::request_timeout()
+    if crate::extract::body_timed_out(&e) {
+        crate::extract::request_timeout()
     } else if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
         ApiError::too_large("the upload is larger than the server accepts")
     } else {
@@ -569,7 +569,7 @@ async fn drain(multipart: &mut Multipart) {
             while let Ok(Some(_)) = field.chunk().await {}
         }
     };
-    let _ = tokio::time::timeout(crate::http::DRAIN_FOR, rest).await;
+    let _ = tokio::time::timeout(crate::extract::DRAIN_FOR, rest).await;
 }
 
 /// Removes a half-received upload when dropped.
