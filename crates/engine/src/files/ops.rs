@@ -39,7 +39,7 @@ pub async fn resolve_inputs(
     let mut names = HashSet::new();
     let mut total = 0u64;
     for r in refs {
-        check_input_name(&r.name).map_err(EngineError::bad_request)?;
+        check_input_name(&r.name).map_err(|e| EngineError::bad_request(e.to_string()))?;
         if !names.insert(r.name.as_str()) {
             return Err(EngineError::bad_request(format!(
                 "two input files are named {:?}",
