@@ -38,8 +38,8 @@ fn key(principal: &str, session_id: &str, id: &str) -> String {
     format!("{principal}\0{session_id}\0{id}")
 }
 
-fn db_err(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Io(e.to_string())
+fn db_err(e: impl Into<crate::BoxedError>) -> StoreError {
+    StoreError::Database(e.into())
 }
 
 /// A store's redb database. Its operations run on a blocking thread: redb's calls block,
@@ -177,7 +177,7 @@ impl FileStore for LocalStore {
 
     async fn insert(&self, meta: FileMeta, temp: &Path, quota: Quota) -> Result<(), StoreError> {
         let dest = self.object_path(&meta.session_id, &meta.id);
-        let record = serde_json::to_vec(&meta).map_err(db_err)?;
+        let record = serde_json::to_vec(&meta).map_err(StoreError::Codec)?;
         let temp = temp.to_path_buf();
         let moved = dest.clone();
         let result = self
@@ -363,7 +363,7 @@ impl FileStore for LocalStore {
                     expiry.remove((meta.expires_ms, k.as_str())).map_err(db_err)?;
                     meta.expires_ms = expires_ms;
                     expiry.insert((expires_ms, k.as_str()), ()).map_err(db_err)?;
-                    let record = serde_json::to_vec(&meta).map_err(db_err)?;
+                    let record = serde_json::to_vec(&meta).map_err(StoreError::Codec)?;
                     table.insert(k.as_str(), record.as_slice()).map_err(db_err)?;
                 }
                 Ok(())
@@ -418,7 +418,7 @@ fn change_workspace<T>(
     };
     let (write, out) = f(&mut ws);
     if write {
-        let json = serde_json::to_vec(&ws).map_err(db_err)?;
+        let json = serde_json::to_vec(&ws).map_err(StoreError::Codec)?;
         table.insert(k, json.as_slice()).map_err(db_err)?;
     }
     Ok(out)
@@ -488,7 +488,7 @@ fn wake_in(tx: &WriteTransaction, id: &str) -> Result<Option<Dormancy>, StoreErr
     let Some(record) = record else {
         return Ok(None);
     };
-    let dormancy: Dormancy = serde_json::from_slice(&record).map_err(db_err)?;
+    let dormancy: Dormancy = serde_json::from_slice(&record).map_err(StoreError::Codec)?;
     tx.open_table(SESSION_DUE)
         .map_err(db_err)?
         .remove((dormancy.due_ms, id))
@@ -507,7 +507,7 @@ fn wake_in(tx: &WriteTransaction, id: &str) -> Result<Option<Dormancy>, StoreErr
 }
 
 fn to_json<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
-    serde_json::to_vec(value).map_err(db_err)
+    serde_json::to_vec(value).map_err(StoreError::Codec)
 }
 
 /// The state stored with the start: the start names the principal, which `list` gives.
@@ -547,7 +547,7 @@ fn state_in(tx: &WriteTransaction, id: &str) -> Result<Option<StoredState>, Stor
     let states = tx.open_table(SESSION_STATES).map_err(db_err)?;
     let value = states.get(id).map_err(db_err)?;
     match value {
-        Some(v) => Ok(Some(serde_json::from_slice(v.value()).map_err(db_err)?)),
+        Some(v) => Ok(Some(serde_json::from_slice(v.value()).map_err(StoreError::Codec)?)),
         None => Ok(None),
     }
 }
@@ -584,7 +584,7 @@ fn stored_state(db: &Database, id: &str) -> Result<Option<StoredState>, StoreErr
     let tx = db.begin_read().map_err(db_err)?;
     let table = tx.open_table(SESSION_STATES).map_err(db_err)?;
     match table.get(id).map_err(db_err)? {
-        Some(v) => Ok(Some(serde_json::from_slice(v.value()).map_err(db_err)?)),
+        Some(v) => Ok(Some(serde_json::from_slice(v.value()).map_err(StoreError::Codec)?)),
         None => Ok(None),
     }
 }
@@ -621,7 +621,7 @@ impl SessionStore for EmbeddedSessionStore {
         self.db
             .write(move |tx| {
                 let Some(stored) = state_in(tx, &id)? else {
-                    return Err(StoreError::Io(format!("session {id} is not journalled")));
+                    return Err(StoreError::NotJournalled(id));
                 };
                 write_step(tx, &id, stored.principal, &entries, &state)
             })
@@ -659,7 +659,7 @@ impl SessionStore for EmbeddedSessionStore {
                 let Some(start) = starts.get(id.as_str()).map_err(db_err)? else {
                     return Ok(None);
                 };
-                let start: SessionStart = serde_json::from_slice(start.value()).map_err(db_err)?;
+                let start: SessionStart = serde_json::from_slice(start.value()).map_err(StoreError::Codec)?;
                 let table = tx.open_table(SESSION_ENTRIES).map_err(db_err)?;
                 let mut entries = Vec::new();
                 for row in table
@@ -667,7 +667,7 @@ impl SessionStore for EmbeddedSessionStore {
                     .map_err(db_err)?
                 {
                     let (_, v) = row.map_err(db_err)?;
-                    entries.push(serde_json::from_slice(v.value()).map_err(db_err)?);
+                    entries.push(serde_json::from_slice(v.value()).map_err(StoreError::Codec)?);
                 }
                 Ok(Some(Journal {
                     start,
@@ -897,7 +897,7 @@ impl SessionStore for EmbeddedSessionStore {
                 let Some(v) = table.get(id.as_str()).map_err(db_err)? else {
                     return Ok(None);
                 };
-                let dormancy: Dormancy = serde_json::from_slice(v.value()).map_err(db_err)?;
+                let dormancy: Dormancy = serde_json::from_slice(v.value()).map_err(StoreError::Codec)?;
                 Ok(Some(dormancy.audit))
             })
             .await

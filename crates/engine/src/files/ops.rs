@@ -22,8 +22,8 @@ pub fn storage_error(e: StoreError) -> EngineError {
             "the server's storage is full",
         ),
         StoreError::Quota(q) => EngineError::quota_exceeded(q.to_string()),
-        StoreError::Io(detail) => EngineError::internal(error_type::INTERNAL, &detail),
         StoreError::Unavailable(detail) => EngineError::file_store_unavailable(&detail),
+        other => EngineError::internal(error_type::INTERNAL, &other.to_string()),
     }
 }
 
@@ -188,13 +188,13 @@ pub async fn ingest_outputs(
                 let reason = match e {
                     StoreError::Full => "storage_full",
                     StoreError::Quota(_) => "quota_exceeded",
-                    StoreError::Io(detail) => {
-                        tracing::error!(%detail, "storing an output file");
-                        "storage_error"
-                    }
                     StoreError::Unavailable(detail) => {
                         tracing::error!(%detail, "storing an output file");
                         "storage_unavailable"
+                    }
+                    other => {
+                        tracing::error!(detail = %other, "storing an output file");
+                        "storage_error"
                     }
                 };
                 skipped_total += 1;
