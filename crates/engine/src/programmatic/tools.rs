@@ -47,10 +47,10 @@ pub struct Tool {
 }
 
 impl Tool {
-    fn schema(&self) -> Result<(Value, jsonschema::Validator), String> {
+    fn schema(&self) -> Result<(Value, jsonschema::Validator), CallError> {
         let failed = |e: String| {
             tracing::error!(tool = %self.names.declared, error = %e, "a declared schema did not compile again");
-            "the tool's schema could not be compiled".to_string()
+            CallError::SchemaBroken
         };
         let schema: Value = serde_json::from_str(&self.schema).map_err(|e| failed(e.to_string()))?;
         let validator = jsonschema::validator_for(&schema).map_err(|e| failed(e.to_string()))?;
@@ -84,25 +84,27 @@ pub struct ByteBudget {
 
 impl ByteBudget {
     /// Why arguments of `size` bytes do not fit, if they do not.
-    fn refuse(&self, name: &str, size: u64) -> Option<String> {
+    fn refuse(&self, name: &str, size: u64) -> Option<CallError> {
         if size > self.max_call {
-            return Some(format!(
-                "the arguments of {name} are {size} bytes, over the limit of {} (max_tool_call_bytes)",
-                self.max_call
-            ));
+            return Some(CallError::OverCallLimit {
+                name: name.to_owned(),
+                size,
+                limit: self.max_call,
+            });
         }
         if self.pause_used.saturating_add(size) > self.max_pause {
-            return Some(format!(
-                "the arguments of {name} ({size} bytes) would take the tool calls of this pause over {} bytes (max_pause_bytes); \
-                 wait for the results of the calls already made",
-                self.max_pause
-            ));
+            return Some(CallError::OverPauseLimit {
+                name: name.to_owned(),
+                size,
+                limit: self.max_pause,
+            });
         }
         if self.session_used.saturating_add(size) > self.max_session {
-            return Some(format!(
-                "the arguments of {name} ({size} bytes) would take the tool calls of this session over {} bytes (max_session_tool_bytes)",
-                self.max_session
-            ));
+            return Some(CallError::OverSessionLimit {
+                name: name.to_owned(),
+                size,
+                limit: self.max_session,
+            });
         }
         None
     }
@@ -337,24 +339,31 @@ impl ToolSet {
         arguments: Option<Value>,
         argv: Option<Vec<String>>,
         budget: &ByteBudget,
-    ) -> Result<Checked, String> {
+    ) -> Result<Checked, CallError> {
         let tool = self
             .tools
             .iter()
             .find(|t| t.names.declared == name)
-            .ok_or_else(|| format!("unknown tool {name:?}: it was not declared for this run"))?;
+            .ok_or_else(|| CallError::UnknownTool(name.to_owned()))?;
         let (schema, validator) = tool.schema()?;
         let arguments = match (arguments, argv) {
             (Some(Value::Null) | None, None) => Value::Object(Map::new()),
             (Some(v @ Value::Object(_)), None) => v,
-            (Some(other), None) => return Err(format!("arguments of {name} must be an object, got {other}")),
-            (None, Some(argv)) => arguments_from_argv(&argv, &schema).map_err(|e| e.to_string())?,
-            (Some(_), Some(_)) => return Err("a call carries either arguments or argv".into()),
+            (Some(other), None) => {
+                return Err(CallError::NotAnObject {
+                    name: name.to_owned(),
+                    got: other.to_string(),
+                })
+            }
+            (None, Some(argv)) => arguments_from_argv(&argv, &schema)?,
+            (Some(_), Some(_)) => return Err(CallError::ArgumentsAndArgv),
         };
         // The text forwarded is what is counted, so the budgets bound what the server
         // holds for the call.
-        let text = serde_json::value::to_raw_value(&arguments)
-            .map_err(|e| format!("the arguments of {name} cannot be encoded: {e}"))?;
+        let text = serde_json::value::to_raw_value(&arguments).map_err(|source| CallError::Encode {
+            name: name.to_owned(),
+            source,
+        })?;
         let size = text.get().len() as u64;
         if let Some(reason) = budget.refuse(name, size) {
             return Err(reason);
@@ -366,10 +375,50 @@ impl ToolSet {
             } else {
                 format!(" at {at}")
             };
-            return Err(format!("the arguments of {name} do not match its schema{at}: {error}"));
+            return Err(CallError::Mismatch {
+                name: name.to_owned(),
+                at,
+                error: error.to_string(),
+            });
         }
         Ok(Checked { arguments: text, size })
     }
+}
+
+/// Why a tool call is refused (`ToolSet::check`); the program is told the reason.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    #[error("unknown tool {0:?}: it was not declared for this run")]
+    UnknownTool(String),
+    /// The declared schema, which compiled when declared, did not compile again (logged).
+    #[error("the tool's schema could not be compiled")]
+    SchemaBroken,
+    #[error("arguments of {name} must be an object, got {got}")]
+    NotAnObject { name: String, got: String },
+    #[error(transparent)]
+    Argv(#[from] ArgvError),
+    #[error("a call carries either arguments or argv")]
+    ArgumentsAndArgv,
+    #[error("the arguments of {name} cannot be encoded: {source}")]
+    Encode {
+        name: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("the arguments of {name} are {size} bytes, over the limit of {limit} (max_tool_call_bytes)")]
+    OverCallLimit { name: String, size: u64, limit: u64 },
+    #[error(
+        "the arguments of {name} ({size} bytes) would take the tool calls of this pause over {limit} bytes (max_pause_bytes); \
+         wait for the results of the calls already made"
+    )]
+    OverPauseLimit { name: String, size: u64, limit: u64 },
+    #[error(
+        "the arguments of {name} ({size} bytes) would take the tool calls of this session over {limit} bytes (max_session_tool_bytes)"
+    )]
+    OverSessionLimit { name: String, size: u64, limit: u64 },
+    /// `at`: ` at <instance path>`, or empty for the arguments as a whole.
+    #[error("the arguments of {name} do not match its schema{at}: {error}")]
+    Mismatch { name: String, at: String, error: String },
 }
 
 /// Why Bash's words are not a tool call's arguments.
@@ -630,7 +679,7 @@ mod tests {
         }
     }
 
-    fn args(checked: Result<Checked, String>) -> Value {
+    fn args(checked: Result<Checked, CallError>) -> Value {
         serde_json::from_str(checked.unwrap().arguments.get()).unwrap()
     }
 
@@ -744,6 +793,7 @@ mod tests {
             .check("record", Some(bad), None, &budget(1000))
             .err()
             .unwrap()
+            .to_string()
             .contains("/price/amount"));
     }
 
@@ -784,22 +834,26 @@ mod tests {
             .check("get_rate", Some(json!({"base": 5})), None, &budget(1000))
             .err()
             .unwrap()
+            .to_string()
             .contains("do not match"));
         assert!(tools
             .check("get_rate", Some(json!({})), None, &budget(1000))
             .err()
             .unwrap()
+            .to_string()
             .contains("base"));
         assert!(tools
             .check("nope", Some(json!({})), None, &budget(1000))
             .err()
             .unwrap()
+            .to_string()
             .contains("not declared"));
         let big = json!({"base": "x".repeat(2000)});
         assert!(tools
             .check("get_rate", Some(big), None, &budget(1000))
             .err()
             .unwrap()
+            .to_string()
             .contains("max_tool_call_bytes"));
     }
 
@@ -812,13 +866,17 @@ mod tests {
         assert_eq!(checked.size, 108);
         b.max_pause = 200;
         b.pause_used = 100;
-        let err = tools.check("t", Some(call.clone()), None, &b).err().unwrap();
+        let err = tools
+            .check("t", Some(call.clone()), None, &b)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(err.contains("max_pause_bytes"), "{err}");
         b.pause_used = 92;
         assert!(tools.check("t", Some(call.clone()), None, &b).is_ok());
         b.max_session = 1000;
         b.session_used = 900;
-        let err = tools.check("t", Some(call), None, &b).err().unwrap();
+        let err = tools.check("t", Some(call), None, &b).err().unwrap().to_string();
         assert!(err.contains("max_session_tool_bytes"), "{err}");
     }
 
