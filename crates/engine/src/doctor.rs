@@ -252,14 +252,14 @@ pub async fn run(config: &Config) -> Report {
         ok: data_dir.is_ok(),
         detail: match &data_dir {
             Ok(d) => d.display().to_string(),
-            Err(e) => e.clone(),
+            Err(e) => e.to_string(),
         },
         fix: "make `data_dir` point to a directory sandcall can create and write",
     });
     let cgroups = data_dir
         .as_ref()
-        .map_err(Clone::clone)
-        .and_then(|d| host::cgroups(config, d));
+        .map_err(ToString::to_string)
+        .and_then(|d| host::cgroups(config, d).map_err(|e| e.to_string()));
     checks.push(Check {
         name: "cgroups",
         ok: cgroups.is_ok(),
@@ -284,7 +284,7 @@ async fn trial_run(config: &Config) -> Check {
             return Check {
                 name: "sandbox trial run",
                 ok: false,
-                detail: e,
+                detail: e.to_string(),
                 fix,
             }
         }

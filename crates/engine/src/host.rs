@@ -2,7 +2,7 @@
 //! and sweeping what a previous server left behind.
 
 use sandcall_config::Config;
-use sandcall_sandbox::cgroup::CgroupRoot;
+use sandcall_sandbox::cgroup::{CgroupError, CgroupRoot};
 use sha2::{Digest, Sha256};
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
@@ -22,22 +22,65 @@ pub struct Host {
 /// however it ends, and sandbox helpers do not inherit it (the descriptor is close-on-exec).
 pub struct DataDirLock(#[allow(dead_code)] nix::fcntl::Flock<fs::File>);
 
+/// Why the host could not be prepared for sandboxes.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    #[error("open {}: {source}", path.display())]
+    OpenLock {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("another sandcall process is using the data directory {}: stop it, or give this one another `data_dir`", data_dir.display())]
+    DataDirInUse { data_dir: PathBuf },
+    #[error("lock {}: {source}", path.display())]
+    Lock {
+        path: PathBuf,
+        #[source]
+        source: nix::errno::Errno,
+    },
+    #[error("create data dir {}: {source}", path.display())]
+    CreateDataDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("data dir {}: {source}", path.display())]
+    DataDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("chmod data dir: {0}")]
+    ChmodDataDir(#[source] std::io::Error),
+    #[error("create {}: {source}", path.display())]
+    CreateRunsDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Cgroup(#[from] CgroupError),
+}
+
 /// Takes the data directory for this process, or says which one is taken.
-pub fn lock_data_dir(data_dir: &Path) -> Result<DataDirLock, String> {
+pub fn lock_data_dir(data_dir: &Path) -> Result<DataDirLock, HostError> {
     let path = data_dir.join("lock");
-    let file = fs::OpenOptions::new()
+    let file = match fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .open(&path)
-        .map_err(|e| format!("open {}: {e}", path.display()))?;
+    {
+        Ok(file) => file,
+        Err(source) => return Err(HostError::OpenLock { path, source }),
+    };
     match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
         Ok(lock) => Ok(DataDirLock(lock)),
-        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(format!(
-            "another sandcall process is using the data directory {}: stop it, or give this one another `data_dir`",
-            data_dir.display()
-        )),
-        Err((_, e)) => Err(format!("lock {}: {e}", path.display())),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(HostError::DataDirInUse {
+            data_dir: data_dir.to_path_buf(),
+        }),
+        Err((_, source)) => Err(HostError::Lock { path, source }),
     }
 }
 
@@ -50,21 +93,20 @@ pub fn instance_name(data_dir: &Path) -> String {
     format!("sandcall-{hex}")
 }
 
-pub fn data_dir(config: &Config) -> Result<PathBuf, String> {
-    fs::create_dir_all(&config.host.data_dir)
-        .map_err(|e| format!("create data dir {}: {e}", config.host.data_dir.display()))?;
-    let dir = fs::canonicalize(&config.host.data_dir)
-        .map_err(|e| format!("data dir {}: {e}", config.host.data_dir.display()))?;
-    fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).map_err(|e| format!("chmod data dir: {e}"))?;
+pub fn data_dir(config: &Config) -> Result<PathBuf, HostError> {
+    let path = || config.host.data_dir.clone();
+    fs::create_dir_all(&config.host.data_dir).map_err(|source| HostError::CreateDataDir { path: path(), source })?;
+    let dir = fs::canonicalize(&config.host.data_dir).map_err(|source| HostError::DataDir { path: path(), source })?;
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).map_err(HostError::ChmodDataDir)?;
     Ok(dir)
 }
 
-pub fn cgroups(config: &Config, data_dir: &Path) -> Result<CgroupRoot, String> {
+pub fn cgroups(config: &Config, data_dir: &Path) -> Result<CgroupRoot, HostError> {
     let root = match &config.host.cgroup_root {
         Some(dir) => CgroupRoot::v2_at(dir.join(instance_name(data_dir))),
-        None => CgroupRoot::detect(&instance_name(data_dir)).map_err(|e| e.to_string())?,
+        None => CgroupRoot::detect(&instance_name(data_dir))?,
     };
-    root.ensure().map_err(|e| e.to_string())?;
+    root.ensure()?;
     Ok(root)
 }
 
@@ -82,12 +124,14 @@ pub fn ids(config: &Config) -> (u32, u32) {
 }
 
 /// Everything `serve` needs before it accepts requests.
-pub fn prepare(config: &Config) -> Result<Host, String> {
+pub fn prepare(config: &Config) -> Result<Host, HostError> {
     let data_dir = data_dir(config)?;
     // Before the sweep: what is in there may belong to a server that is still running.
     let lock = lock_data_dir(&data_dir)?;
     let runs_dir = data_dir.join("runs");
-    fs::create_dir_all(&runs_dir).map_err(|e| format!("create {}: {e}", runs_dir.display()))?;
+    if let Err(source) = fs::create_dir_all(&runs_dir) {
+        return Err(HostError::CreateRunsDir { path: runs_dir, source });
+    }
     let cgroups = cgroups(config, &data_dir)?;
     let swept = cgroups.sweep() + sweep_runs_dir(&runs_dir);
     if swept > 0 {

@@ -34,6 +34,22 @@ const RESTART_EVERY: Duration = Duration::from_secs(1);
 /// up: helpers are exec'd from then on.
 const MAX_FAILED_STARTS: u32 = 3;
 
+/// Why a helper launcher could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum LauncherError {
+    #[error("the helper launcher's spawner thread is gone")]
+    SpawnerGone,
+    #[error("cannot start the helper launcher: {0}")]
+    Start(#[source] std::io::Error),
+    #[error("cannot watch the helper launcher's socket: {0}")]
+    WatchSocket(#[source] std::io::Error),
+    #[error("cannot watch the helper launcher: {0}")]
+    WatchProcess(#[source] std::io::Error),
+    /// The last of `MAX_FAILED_STARTS` failures in a row: no more starts are tried.
+    #[error("{0}; helpers are exec'd from now on")]
+    GaveUp(#[source] Box<LauncherError>),
+}
+
 /// The helper launcher of one runner. Off until `start`.
 pub struct Launcher {
     exe: PathBuf,
@@ -72,7 +88,7 @@ impl Launcher {
 
     /// Starts the launcher and waits until it runs. Until it does (or if it cannot),
     /// helpers are exec'd.
-    pub async fn start(self: &Arc<Self>) -> Result<(), String> {
+    pub async fn start(self: &Arc<Self>) -> Result<(), LauncherError> {
         let mut slot = self.slot.lock().await;
         slot.on = true;
         slot.starting = true;
@@ -173,12 +189,13 @@ impl Launcher {
 
     /// Takes a started launcher (or the failure to start one) into the slot, and watches
     /// for its exit.
-    async fn install(self: &Arc<Self>, started: Result<(OwnedFd, OwnedFd), String>) -> Result<(), String> {
+    async fn install(
+        self: &Arc<Self>,
+        started: Result<(OwnedFd, OwnedFd), LauncherError>,
+    ) -> Result<(), LauncherError> {
         let registered = started.and_then(|(socket, pidfd)| {
-            let socket = watch(socket, Interest::READABLE | Interest::WRITABLE)
-                .map_err(|e| format!("cannot watch the helper launcher's socket: {e}"))?;
-            let pidfd =
-                watch(pidfd, Interest::READABLE).map_err(|e| format!("cannot watch the helper launcher: {e}"))?;
+            let socket = watch(socket, Interest::READABLE | Interest::WRITABLE).map_err(LauncherError::WatchSocket)?;
+            let pidfd = watch(pidfd, Interest::READABLE).map_err(LauncherError::WatchProcess)?;
             Ok((socket, Arc::new(pidfd)))
         });
         let mut slot = self.slot.lock().await;
@@ -189,7 +206,7 @@ impl Launcher {
                 slot.failed_starts += 1;
                 if slot.failed_starts >= MAX_FAILED_STARTS {
                     slot.on = false;
-                    return Err(format!("{e}; helpers are exec'd from now on"));
+                    return Err(LauncherError::GaveUp(Box::new(e)));
                 }
                 return Err(e);
             }
@@ -408,17 +425,15 @@ fn pidfd_pid(pidfd: &OwnedFd) -> Option<u32> {
 }
 
 /// Starts a launcher on the spawner thread: its socket and its pidfd.
-async fn spawn(exe: PathBuf) -> Result<(OwnedFd, OwnedFd), String> {
+async fn spawn(exe: PathBuf) -> Result<(OwnedFd, OwnedFd), LauncherError> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let job: Job = Box::new(move || {
         let _ = tx.send(spawn_process(&exe));
     });
-    spawner()
-        .send(job)
-        .map_err(|_| "the helper launcher's spawner thread is gone".to_string())?;
+    spawner().send(job).map_err(|_| LauncherError::SpawnerGone)?;
     rx.await
-        .map_err(|_| "the helper launcher's spawner thread is gone".to_string())?
-        .map_err(|e| format!("cannot start the helper launcher: {e}"))
+        .map_err(|_| LauncherError::SpawnerGone)?
+        .map_err(LauncherError::Start)
 }
 
 fn spawn_process(exe: &Path) -> std::io::Result<(OwnedFd, OwnedFd)> {

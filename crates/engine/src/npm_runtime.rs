@@ -57,7 +57,28 @@ pub enum InstallError {
     #[error("npm ci failed ({status}): {output}")]
     Npm { status: String, output: String },
     #[error("runtimes/npm is malformed: {0}")]
-    Manifest(String),
+    Manifest(#[from] ManifestError),
+}
+
+/// Why a package.json and its lock do not give a set of exactly pinned packages.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("package.json: {0}")]
+    PackageJson(#[source] serde_json::Error),
+    #[error("package-lock.json: {0}")]
+    Lock(#[source] serde_json::Error),
+    #[error("package.json has no dependencies")]
+    NoDependencies,
+    #[error("{name} is not pinned to an exact version: {wanted:?}")]
+    NotPinned { name: String, wanted: String },
+    #[error("{name} is not in package-lock.json")]
+    NotLocked { name: String },
+    #[error("{name}: package.json pins {wanted}, the lock {locked} (run npm install --package-lock-only)")]
+    Disagree {
+        name: String,
+        wanted: String,
+        locked: String,
+    },
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> InstallError {
@@ -68,12 +89,12 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> InstallError {
 /// The top-level packages of a package.json and lock: each dependency of package.json
 /// with the version the lock gives it. Every dependency must be pinned exactly
 /// (`1.2.3`, no range) and agree with the lock.
-pub fn packages(package_json: &str, lock: &str) -> Result<Vec<crate::python_runtime::Package>, String> {
-    let manifest: serde_json::Value = serde_json::from_str(package_json).map_err(|e| format!("package.json: {e}"))?;
-    let lock: serde_json::Value = serde_json::from_str(lock).map_err(|e| format!("package-lock.json: {e}"))?;
+pub fn packages(package_json: &str, lock: &str) -> Result<Vec<crate::python_runtime::Package>, ManifestError> {
+    let manifest: serde_json::Value = serde_json::from_str(package_json).map_err(ManifestError::PackageJson)?;
+    let lock: serde_json::Value = serde_json::from_str(lock).map_err(ManifestError::Lock)?;
     let deps = manifest["dependencies"]
         .as_object()
-        .ok_or("package.json has no dependencies")?;
+        .ok_or(ManifestError::NoDependencies)?;
     let mut out = Vec::new();
     for (name, wanted) in deps {
         let wanted = wanted.as_str().unwrap_or_default();
@@ -83,15 +104,20 @@ pub fn packages(package_json: &str, lock: &str) -> Result<Vec<crate::python_runt
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '+'))
             && wanted.starts_with(|c: char| c.is_ascii_digit());
         if !exact {
-            return Err(format!("{name} is not pinned to an exact version: {wanted:?}"));
+            return Err(ManifestError::NotPinned {
+                name: name.clone(),
+                wanted: wanted.to_owned(),
+            });
         }
         let locked = lock["packages"][format!("node_modules/{name}")]["version"]
             .as_str()
-            .ok_or_else(|| format!("{name} is not in package-lock.json"))?;
+            .ok_or_else(|| ManifestError::NotLocked { name: name.clone() })?;
         if locked != wanted {
-            return Err(format!(
-                "{name}: package.json pins {wanted}, the lock {locked} (run npm install --package-lock-only)"
-            ));
+            return Err(ManifestError::Disagree {
+                name: name.clone(),
+                wanted: wanted.to_owned(),
+                locked: locked.to_owned(),
+            });
         }
         out.push(crate::python_runtime::Package {
             name: name.clone(),
@@ -165,7 +191,7 @@ fn npm_for(node: &Path) -> Option<PathBuf> {
 /// Installs the set of this build's lock into `runtime_dir` with npm (or finds it
 /// there), reporting each stage and the download's progress through `progress`.
 pub fn install(runtime_dir: &Path, node: &Path, progress: &mut dyn FnMut(&str)) -> Result<Installed, InstallError> {
-    let listed = packages(PACKAGE_JSON, LOCK).map_err(InstallError::Manifest)?;
+    let listed = packages(PACKAGE_JSON, LOCK)?;
     let (installed, already) = crate::python_runtime::install_once(
         runtime_dir,
         &set_id(PACKAGE_JSON, LOCK),
@@ -324,14 +350,16 @@ mod tests {
         assert_eq!(packages(r#"{"dependencies":{"a":"1.2.3"}}"#, lock).unwrap().len(), 1);
         for bad in ["^1.2.3", "~1.2.3", "*", "latest", "1.x || 2", ""] {
             let manifest = format!(r#"{{"dependencies":{{"a":"{bad}"}}}}"#);
-            let e = packages(&manifest, lock).unwrap_err();
+            let e = packages(&manifest, lock).unwrap_err().to_string();
             assert!(e.contains("exact"), "{bad}: {e}");
         }
         assert!(packages(r#"{"dependencies":{"a":"1.2.4"}}"#, lock)
             .unwrap_err()
+            .to_string()
             .contains("the lock 1.2.3"));
         assert!(packages(r#"{"dependencies":{"b":"1.0.0"}}"#, lock)
             .unwrap_err()
+            .to_string()
             .contains("not in package-lock.json"));
     }
 

@@ -69,7 +69,17 @@ pub enum InstallError {
         output: String,
     },
     #[error("the lock file is malformed: {0}")]
-    Lock(String),
+    Lock(#[from] LockError),
+}
+
+/// A line of a lock file that is not `name==version`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("line {line}: {text:?} is not name==version")]
+pub struct LockError {
+    /// Counted from 1.
+    pub line: usize,
+    /// The line, trimmed.
+    pub text: String,
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> InstallError {
@@ -79,7 +89,7 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> InstallError {
 
 /// The packages of a lock file: `name==version` lines; `#` comments and blank lines are
 /// skipped, anything else is an error naming the line.
-pub fn parse_lock(text: &str) -> Result<Vec<Package>, String> {
+pub fn parse_lock(text: &str) -> Result<Vec<Package>, LockError> {
     let mut packages = Vec::new();
     for (n, line) in text.lines().enumerate() {
         let line = line.trim();
@@ -87,7 +97,10 @@ pub fn parse_lock(text: &str) -> Result<Vec<Package>, String> {
             continue;
         }
         let Some((name, version)) = line.split_once("==") else {
-            return Err(format!("line {}: {line:?} is not name==version", n + 1));
+            return Err(LockError {
+                line: n + 1,
+                text: line.to_owned(),
+            });
         };
         let ok_name = !name.is_empty()
             && name
@@ -98,7 +111,10 @@ pub fn parse_lock(text: &str) -> Result<Vec<Package>, String> {
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '+' | '!' | '-' | '_'));
         if !ok_name || !ok_version {
-            return Err(format!("line {}: {line:?} is not name==version", n + 1));
+            return Err(LockError {
+                line: n + 1,
+                text: line.to_owned(),
+            });
         }
         packages.push(Package {
             name: name.to_owned(),
@@ -205,7 +221,7 @@ fn count_packages() -> usize {
 /// Builds the runtime of this build's lock into `runtime_dir` with `python` (or finds it
 /// there), reporting each stage and each package through `progress`.
 pub fn install(runtime_dir: &Path, python: &Path, progress: &mut dyn FnMut(&str)) -> Result<Installed, InstallError> {
-    parse_lock(LOCK).map_err(InstallError::Lock)?;
+    parse_lock(LOCK)?;
     let (installed, already) = install_once(
         runtime_dir,
         &runtime_id(LOCK, python),
@@ -522,7 +538,7 @@ mod tests {
             "-e ./x",
             "a b==1",
         ] {
-            let e = parse_lock(bad).unwrap_err();
+            let e = parse_lock(bad).unwrap_err().to_string();
             assert!(e.starts_with("line 1:"), "{bad}: {e}");
         }
     }

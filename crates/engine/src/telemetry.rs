@@ -9,7 +9,7 @@
 //! caller chose freely: languages and statuses are from closed sets, routes are the
 //! router's templates.
 
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
 use sandcall_api::error_type;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -63,17 +63,20 @@ const LATENCY_BUCKETS: &[f64] = &[
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
+/// Why the Prometheus recorder could not be installed.
+#[derive(Debug, thiserror::Error)]
+#[error("metrics: {0}")]
+pub struct TelemetryError(#[from] BuildError);
+
 /// Installs the Prometheus recorder as the process's recorder (once; later calls keep
 /// the first), and keeps its histograms trimmed.
-pub fn install() -> Result<(), String> {
+pub fn install() -> Result<(), TelemetryError> {
     if HANDLE.get().is_some() {
         return Ok(());
     }
     let handle = PrometheusBuilder::new()
-        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
-        .map_err(|e| format!("metrics: {e}"))?
-        .install_recorder()
-        .map_err(|e| format!("metrics: {e}"))?;
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)?
+        .install_recorder()?;
     describe();
     let upkeep = handle.clone();
     tokio::spawn(async move {

@@ -98,8 +98,8 @@ async fn run(config: Config, frontend: Frontend) -> Result<(), ServeError> {
         eprint!("{}", report.render());
         return Err(ServeError::Preflight(report.failures()));
     }
-    let host = host::prepare(&config).map_err(ServeError::Preflight)?;
-    telemetry::install().map_err(ServeError::Preflight)?;
+    let host = host::prepare(&config).map_err(|e| ServeError::Preflight(e.to_string()))?;
+    telemetry::install().map_err(|e| ServeError::Preflight(e.to_string()))?;
     warn_if_sandboxes_outgrow_memory(&config);
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
     let runner = Runner::new(
@@ -129,7 +129,7 @@ async fn run(config: Config, frontend: Frontend) -> Result<(), ServeError> {
         config.runs_per_principal(),
     );
     let key = programmatic::token::TokenKey::load(config.sessions.token_secret.as_deref(), &host.data_dir)
-        .map_err(ServeError::Preflight)?;
+        .map_err(|e| ServeError::Preflight(e.to_string()))?;
     let shared_config = Arc::new(config.clone());
     let store = store::open_file_store(&config, &host.data_dir)
         .await

@@ -175,8 +175,46 @@ pub enum StoreError {
     Full,
     #[error(transparent)]
     Quota(#[from] QuotaExceeded),
+    /// A file or directory operation failed (other than for want of space: `Full`).
     #[error("storage: {0}")]
-    Io(String),
+    Io(#[source] std::io::Error),
+    /// A record could not be encoded or decoded.
+    #[error("storage: {0}")]
+    Codec(#[source] serde_json::Error),
+    /// A session record in Redis does not decode.
+    #[error("storage: a stored session record: {0}")]
+    BadRecord(#[source] serde_json::Error),
+    /// The embedded database (redb) failed, or the blocking task running its operation.
+    #[error("storage: {0}")]
+    Database(#[source] BoxedError),
+    /// `session_store` is not a Redis URL the client accepts.
+    #[error("storage: session_store: {0}")]
+    SessionStoreUrl(#[source] BoxedError),
+    /// S3 refused an operation or answered something unexpected (unreachable:
+    /// `Unavailable`).
+    #[error("storage: s3: {0}")]
+    S3(#[source] BoxedError),
+    /// Sending a file to S3 failed.
+    #[error("storage: s3: uploading: {0}")]
+    S3Upload(#[source] std::io::Error),
+    /// An object in S3 is not the size its record says.
+    #[error("storage: s3: {object} has {size} bytes, its record says {recorded}")]
+    S3SizeMismatch { object: String, size: u64, recorded: u64 },
+    /// An object changed by conditional puts lost every race of its retries.
+    #[error("storage: s3: {0}: too many concurrent changes")]
+    S3Contended(String),
+    /// `file_store` is neither `embedded` nor `s3://bucket/prefix`.
+    #[error("storage: file_store = {0:?} is not embedded or s3://bucket/prefix")]
+    BadFileStoreUrl(String),
+    /// `s3_endpoint` is plain http to a host that is not a loopback address.
+    #[error("storage: s3_endpoint {0:?}: plain http is allowed only to a loopback address; use https")]
+    InsecureS3Endpoint(String),
+    /// The session (by id) has no journal to append to.
+    #[error("storage: session {0} is not journalled")]
+    NotJournalled(String),
+    /// The session (by id) was journalled on by another node since this one's last step.
+    #[error("storage: session {0} moved on elsewhere")]
+    Moved(String),
     /// The store cannot be reached now (Redis is down or does not answer): nothing was
     /// written; the same operation may succeed later.
     #[error("the store is unavailable: {0}")]
@@ -188,10 +226,13 @@ impl From<std::io::Error> for StoreError {
         if e.raw_os_error() == Some(libc_enospc()) {
             StoreError::Full
         } else {
-            StoreError::Io(e.to_string())
+            StoreError::Io(e)
         }
     }
 }
+
+/// The source of a backend's failure, whatever its type.
+pub type BoxedError = Box<dyn std::error::Error + Send + Sync>;
 
 const fn libc_enospc() -> i32 {
     28 // ENOSPC on Linux
@@ -530,4 +571,36 @@ pub(crate) async fn check_dormancy(store: &dyn SessionStore, id: &str, principal
     assert!(!store.due(u64::MAX / 2, 1000).await.unwrap().contains(&other));
     store.remove(id).await.unwrap();
     assert_eq!(store.by_request(principal, "r3").await.unwrap(), None);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    #[test]
+    fn store_errors_keep_their_source_and_read_as_before() {
+        let io = StoreError::from(std::io::Error::other("disk on fire"));
+        assert_eq!(io.to_string(), "storage: disk on fire");
+        assert!(io.source().is_some());
+        assert!(matches!(
+            StoreError::from(std::io::Error::from_raw_os_error(28)),
+            StoreError::Full
+        ));
+        let codec = StoreError::BadRecord(serde_json::from_str::<u8>("x").unwrap_err());
+        assert!(codec.to_string().starts_with("storage: a stored session record: "));
+        assert!(codec.source().is_some());
+        assert_eq!(
+            StoreError::NotJournalled("s1".into()).to_string(),
+            "storage: session s1 is not journalled"
+        );
+        assert_eq!(
+            StoreError::Moved("s1".into()).to_string(),
+            "storage: session s1 moved on elsewhere"
+        );
+        assert_eq!(
+            StoreError::BadFileStoreUrl("ftp://x".into()).to_string(),
+            "storage: file_store = \"ftp://x\" is not embedded or s3://bucket/prefix"
+        );
+    }
 }

@@ -167,11 +167,11 @@ fn unavailable(e: redis::RedisError) -> StoreError {
 }
 
 fn json<T: serde::Serialize>(value: &T) -> Result<String, StoreError> {
-    serde_json::to_string(value).map_err(|e| StoreError::Io(e.to_string()))
+    serde_json::to_string(value).map_err(StoreError::Codec)
 }
 
 fn parse<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, StoreError> {
-    serde_json::from_str(text).map_err(|e| StoreError::Io(format!("a stored session record: {e}")))
+    serde_json::from_str(text).map_err(StoreError::BadRecord)
 }
 
 fn key(id: &str, part: &str) -> String {
@@ -186,7 +186,7 @@ impl RedisSessionStore {
     /// A store on the Redis at `url` (`redis://host:port/db`). It connects lazily: a
     /// server starts while Redis is down, and answers 503 until it is up.
     pub fn open(url: &str, ttl_ms: u64) -> Result<Self, StoreError> {
-        let client = redis::Client::open(url).map_err(|e| StoreError::Io(format!("session_store: {e}")))?;
+        let client = redis::Client::open(url).map_err(|e| StoreError::SessionStoreUrl(Box::new(e)))?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(CONNECT_TIMEOUT))
             .set_response_timeout(Some(RESPONSE_TIMEOUT))
@@ -266,8 +266,8 @@ impl SessionStore for RedisSessionStore {
         };
         match self.write(id, &expected, entries, state).await? {
             1 => Ok(()),
-            0 => Err(StoreError::Io(format!("session {id} moved on elsewhere"))),
-            _ => Err(StoreError::Io(format!("session {id} is not journalled"))),
+            0 => Err(StoreError::Moved(id.to_owned())),
+            _ => Err(StoreError::NotJournalled(id.to_owned())),
         }
     }
 

@@ -83,17 +83,12 @@ fn loopback_http(endpoint: &str) -> bool {
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// An object store error: `Unavailable` when S3 could not be reached or did not answer
-/// (worth a retry later), `Io` for anything else (a refusal, a bad answer).
+/// (worth a retry later), `S3` for anything else (a refusal, a bad answer).
 fn os_err(e: object_store::Error) -> StoreError {
-    classify(&e, format!("s3: {e}"))
-}
-
-/// `Unavailable` with `detail` when a transport error lies in `e`'s causes, else `Io`.
-fn classify(e: &(dyn std::error::Error + 'static), detail: String) -> StoreError {
-    if unreachable(e) {
-        StoreError::Unavailable(detail)
+    if unreachable(&e) {
+        StoreError::Unavailable(format!("s3: {e}"))
     } else {
-        StoreError::Io(detail)
+        StoreError::S3(Box::new(e))
     }
 }
 
@@ -115,7 +110,7 @@ fn unreachable(e: &(dyn std::error::Error + 'static)) -> bool {
 }
 
 fn json_err(e: serde_json::Error) -> StoreError {
-    StoreError::Io(format!("s3: {e}"))
+    StoreError::S3(Box::new(e))
 }
 
 fn b64(s: &str) -> String {
@@ -158,8 +153,7 @@ impl S3Store {
         cache_mb: u64,
         timeout: Duration,
     ) -> Result<Self, StoreError> {
-        let (bucket, prefix) = parse_url(url)
-            .ok_or_else(|| StoreError::Io(format!("file_store = {url:?} is not embedded or s3://bucket/prefix")))?;
+        let (bucket, prefix) = parse_url(url).ok_or_else(|| StoreError::BadFileStoreUrl(url.to_owned()))?;
         // Credentials and region from the standard AWS_* variables.
         let mut builder = AmazonS3Builder::from_env()
             .with_bucket_name(bucket)
@@ -177,9 +171,7 @@ impl S3Store {
             });
         if let Some(endpoint) = endpoint {
             if endpoint.starts_with("http://") && !loopback_http(endpoint) {
-                return Err(StoreError::Io(format!(
-                    "s3_endpoint {endpoint:?}: plain http is allowed only to a loopback address; use https"
-                )));
+                return Err(StoreError::InsecureS3Endpoint(endpoint.to_owned()));
             }
             builder = builder.with_endpoint(endpoint).with_allow_http(loopback_http(endpoint));
         }
@@ -287,7 +279,7 @@ impl S3Store {
                 Err(e) => return Err(os_err(e)),
             }
         }
-        Err(StoreError::Io(format!("s3: {key}: too many concurrent changes")))
+        Err(StoreError::S3Contended(key.to_string()))
     }
 
     /// Takes the files out of their principal's ledger; returns how many were there.
@@ -353,7 +345,11 @@ impl S3Store {
         .await;
         if let Err(e) = copied {
             let _ = writer.abort().await;
-            return Err(classify(&e, format!("s3: uploading: {e}")));
+            return Err(if unreachable(&e) {
+                StoreError::Unavailable(format!("s3: uploading: {e}"))
+            } else {
+                StoreError::S3Upload(e)
+            });
         }
         Ok(())
     }
@@ -529,10 +525,11 @@ impl FileStore for S3Store {
             }
             out.flush().await?;
             if size != meta.size {
-                return Err(StoreError::Io(format!(
-                    "s3: {}/{} has {size} bytes, its record says {}",
-                    meta.session_id, meta.id, meta.size
-                )));
+                return Err(StoreError::S3SizeMismatch {
+                    object: format!("{}/{}", meta.session_id, meta.id),
+                    size,
+                    recorded: meta.size,
+                });
             }
             if let Some(dir) = path.parent() {
                 tokio::fs::create_dir_all(dir).await?;

@@ -19,24 +19,39 @@ pub fn guess_type(name: &str) -> String {
         .to_owned()
 }
 
+/// Why a name is not one a file may be staged under. Each carries the name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FileNameError {
+    #[error("a file name must be 1 to 1024 bytes")]
+    Length,
+    #[error("file name {0:?} must be relative to the working directory")]
+    Absolute(String),
+    #[error("file name {0:?} contains control characters")]
+    ControlCharacters(String),
+    #[error("file name {0:?} must not contain empty, `.` or `..` parts")]
+    BadPart(String),
+    #[error("file name {0:?} has a part longer than 255 bytes")]
+    LongPart(String),
+}
+
 /// A name a file may be staged under: a relative path of normal components, no `..`,
 /// no control characters. Returns why not.
-pub fn check_input_name(name: &str) -> Result<(), String> {
+pub fn check_input_name(name: &str) -> Result<(), FileNameError> {
     if name.is_empty() || name.len() > 1024 {
-        return Err("a file name must be 1 to 1024 bytes".into());
+        return Err(FileNameError::Length);
     }
     if name.starts_with('/') {
-        return Err(format!("file name {name:?} must be relative to the working directory"));
+        return Err(FileNameError::Absolute(name.to_owned()));
     }
     if name.chars().any(char::is_control) {
-        return Err(format!("file name {name:?} contains control characters"));
+        return Err(FileNameError::ControlCharacters(name.to_owned()));
     }
     for part in name.split('/') {
         if part.is_empty() || part == "." || part == ".." {
-            return Err(format!("file name {name:?} must not contain empty, `.` or `..` parts"));
+            return Err(FileNameError::BadPart(name.to_owned()));
         }
         if part.len() > 255 {
-            return Err(format!("file name {name:?} has a part longer than 255 bytes"));
+            return Err(FileNameError::LongPart(name.to_owned()));
         }
     }
     Ok(())
@@ -44,7 +59,7 @@ pub fn check_input_name(name: &str) -> Result<(), String> {
 
 /// An uploaded file's name: a relative path (`skill/scripts/run.py`) that keeps its
 /// folders, with `\\` read as `/`; it must pass `check_input_name`.
-pub fn upload_name(raw: &str) -> Result<String, String> {
+pub fn upload_name(raw: &str) -> Result<String, FileNameError> {
     let name = raw.trim().replace('\\', "/");
     check_input_name(&name).map(|()| name)
 }

@@ -22,8 +22,8 @@ pub fn storage_error(e: StoreError) -> EngineError {
             "the server's storage is full",
         ),
         StoreError::Quota(q) => EngineError::quota_exceeded(q.to_string()),
-        StoreError::Io(detail) => EngineError::internal(error_type::INTERNAL, &detail),
         StoreError::Unavailable(detail) => EngineError::file_store_unavailable(&detail),
+        other => EngineError::internal(error_type::INTERNAL, &other.to_string()),
     }
 }
 
@@ -39,7 +39,7 @@ pub async fn resolve_inputs(
     let mut names = HashSet::new();
     let mut total = 0u64;
     for r in refs {
-        check_input_name(&r.name).map_err(EngineError::bad_request)?;
+        check_input_name(&r.name).map_err(|e| EngineError::bad_request(e.to_string()))?;
         if !names.insert(r.name.as_str()) {
             return Err(EngineError::bad_request(format!(
                 "two input files are named {:?}",
@@ -188,13 +188,13 @@ pub async fn ingest_outputs(
                 let reason = match e {
                     StoreError::Full => "storage_full",
                     StoreError::Quota(_) => "quota_exceeded",
-                    StoreError::Io(detail) => {
-                        tracing::error!(%detail, "storing an output file");
-                        "storage_error"
-                    }
                     StoreError::Unavailable(detail) => {
                         tracing::error!(%detail, "storing an output file");
                         "storage_unavailable"
+                    }
+                    other => {
+                        tracing::error!(detail = %other, "storing an output file");
+                        "storage_error"
                     }
                 };
                 skipped_total += 1;

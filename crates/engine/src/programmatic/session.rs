@@ -2248,7 +2248,7 @@ impl Driver {
         // The permit goes with the check, and is given back when it ends, overrun or not.
         let mut handle = tokio::task::spawn_blocking(move || {
             let _permit = permit;
-            tools.check(&owned, arguments, argv, &budget)
+            tools.check(&owned, arguments, argv, &budget).map_err(|e| e.to_string())
         });
         let left = CHECK_TIME_BUDGET.saturating_sub(started.elapsed());
         match tokio::time::timeout(left, &mut handle).await {

@@ -8,16 +8,43 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 type HmacSha256 = Hmac<Sha256>;
+
+/// Why the token key could not be loaded or created.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenKeyError {
+    #[error("create {}: {source}", path.display())]
+    Create {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("write {}: {source}", path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("read {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the token key must be 64 hex characters")]
+    Length,
+    #[error("the token key is not hex")]
+    NotHex,
+}
 
 #[derive(Clone)]
 pub struct TokenKey([u8; 32]);
 
 impl TokenKey {
     /// The configured secret, or the one in `<data_dir>/token.key`, created on first use.
-    pub fn load(configured: Option<&str>, data_dir: &Path) -> Result<TokenKey, String> {
+    pub fn load(configured: Option<&str>, data_dir: &Path) -> Result<TokenKey, TokenKeyError> {
         let hex = match configured {
             Some(hex) => hex.to_owned(),
             None => {
@@ -27,27 +54,30 @@ impl TokenKey {
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                         let key: [u8; 32] = rand::random();
                         let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
-                        let mut file = std::fs::OpenOptions::new()
+                        let mut file = match std::fs::OpenOptions::new()
                             .write(true)
                             .create_new(true)
                             .mode(0o600)
                             .open(&path)
-                            .map_err(|e| format!("create {}: {e}", path.display()))?;
-                        file.write_all(hex.as_bytes())
-                            .map_err(|e| format!("write {}: {e}", path.display()))?;
+                        {
+                            Ok(file) => file,
+                            Err(source) => return Err(TokenKeyError::Create { path, source }),
+                        };
+                        if let Err(source) = file.write_all(hex.as_bytes()) {
+                            return Err(TokenKeyError::Write { path, source });
+                        }
                         hex
                     }
-                    Err(e) => return Err(format!("read {}: {e}", path.display())),
+                    Err(source) => return Err(TokenKeyError::Read { path, source }),
                 }
             }
         };
         let mut key = [0u8; 32];
         if hex.len() != 64 {
-            return Err("the token key must be 64 hex characters".into());
+            return Err(TokenKeyError::Length);
         }
         for (i, byte) in key.iter_mut().enumerate() {
-            *byte =
-                u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| "the token key is not hex".to_string())?;
+            *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| TokenKeyError::NotHex)?;
         }
         Ok(TokenKey(key))
     }

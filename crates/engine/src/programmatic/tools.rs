@@ -47,10 +47,10 @@ pub struct Tool {
 }
 
 impl Tool {
-    fn schema(&self) -> Result<(Value, jsonschema::Validator), String> {
+    fn schema(&self) -> Result<(Value, jsonschema::Validator), CallError> {
         let failed = |e: String| {
             tracing::error!(tool = %self.names.declared, error = %e, "a declared schema did not compile again");
-            "the tool's schema could not be compiled".to_string()
+            CallError::SchemaBroken
         };
         let schema: Value = serde_json::from_str(&self.schema).map_err(|e| failed(e.to_string()))?;
         let validator = jsonschema::validator_for(&schema).map_err(|e| failed(e.to_string()))?;
@@ -84,25 +84,27 @@ pub struct ByteBudget {
 
 impl ByteBudget {
     /// Why arguments of `size` bytes do not fit, if they do not.
-    fn refuse(&self, name: &str, size: u64) -> Option<String> {
+    fn refuse(&self, name: &str, size: u64) -> Option<CallError> {
         if size > self.max_call {
-            return Some(format!(
-                "the arguments of {name} are {size} bytes, over the limit of {} (max_tool_call_bytes)",
-                self.max_call
-            ));
+            return Some(CallError::OverCallLimit {
+                name: name.to_owned(),
+                size,
+                limit: self.max_call,
+            });
         }
         if self.pause_used.saturating_add(size) > self.max_pause {
-            return Some(format!(
-                "the arguments of {name} ({size} bytes) would take the tool calls of this pause over {} bytes (max_pause_bytes); \
-                 wait for the results of the calls already made",
-                self.max_pause
-            ));
+            return Some(CallError::OverPauseLimit {
+                name: name.to_owned(),
+                size,
+                limit: self.max_pause,
+            });
         }
         if self.session_used.saturating_add(size) > self.max_session {
-            return Some(format!(
-                "the arguments of {name} ({size} bytes) would take the tool calls of this session over {} bytes (max_session_tool_bytes)",
-                self.max_session
-            ));
+            return Some(CallError::OverSessionLimit {
+                name: name.to_owned(),
+                size,
+                limit: self.max_session,
+            });
         }
         None
     }
@@ -337,24 +339,31 @@ impl ToolSet {
         arguments: Option<Value>,
         argv: Option<Vec<String>>,
         budget: &ByteBudget,
-    ) -> Result<Checked, String> {
+    ) -> Result<Checked, CallError> {
         let tool = self
             .tools
             .iter()
             .find(|t| t.names.declared == name)
-            .ok_or_else(|| format!("unknown tool {name:?}: it was not declared for this run"))?;
+            .ok_or_else(|| CallError::UnknownTool(name.to_owned()))?;
         let (schema, validator) = tool.schema()?;
         let arguments = match (arguments, argv) {
             (Some(Value::Null) | None, None) => Value::Object(Map::new()),
             (Some(v @ Value::Object(_)), None) => v,
-            (Some(other), None) => return Err(format!("arguments of {name} must be an object, got {other}")),
+            (Some(other), None) => {
+                return Err(CallError::NotAnObject {
+                    name: name.to_owned(),
+                    got: other.to_string(),
+                })
+            }
             (None, Some(argv)) => arguments_from_argv(&argv, &schema)?,
-            (Some(_), Some(_)) => return Err("a call carries either arguments or argv".into()),
+            (Some(_), Some(_)) => return Err(CallError::ArgumentsAndArgv),
         };
         // The text forwarded is what is counted, so the budgets bound what the server
         // holds for the call.
-        let text = serde_json::value::to_raw_value(&arguments)
-            .map_err(|e| format!("the arguments of {name} cannot be encoded: {e}"))?;
+        let text = serde_json::value::to_raw_value(&arguments).map_err(|source| CallError::Encode {
+            name: name.to_owned(),
+            source,
+        })?;
         let size = text.get().len() as u64;
         if let Some(reason) = budget.refuse(name, size) {
             return Err(reason);
@@ -366,20 +375,113 @@ impl ToolSet {
             } else {
                 format!(" at {at}")
             };
-            return Err(format!("the arguments of {name} do not match its schema{at}: {error}"));
+            return Err(CallError::Mismatch {
+                name: name.to_owned(),
+                at,
+                error: error.to_string(),
+            });
         }
         Ok(Checked { arguments: text, size })
     }
 }
 
+/// Why a tool call is refused (`ToolSet::check`); the program is told the reason.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    #[error("unknown tool {0:?}: it was not declared for this run")]
+    UnknownTool(String),
+    /// The declared schema, which compiled when declared, did not compile again (logged).
+    #[error("the tool's schema could not be compiled")]
+    SchemaBroken,
+    #[error("arguments of {name} must be an object, got {got}")]
+    NotAnObject { name: String, got: String },
+    #[error(transparent)]
+    Argv(#[from] ArgvError),
+    #[error("a call carries either arguments or argv")]
+    ArgumentsAndArgv,
+    #[error("the arguments of {name} cannot be encoded: {source}")]
+    Encode {
+        name: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("the arguments of {name} are {size} bytes, over the limit of {limit} (max_tool_call_bytes)")]
+    OverCallLimit { name: String, size: u64, limit: u64 },
+    #[error(
+        "the arguments of {name} ({size} bytes) would take the tool calls of this pause over {limit} bytes (max_pause_bytes); \
+         wait for the results of the calls already made"
+    )]
+    OverPauseLimit { name: String, size: u64, limit: u64 },
+    #[error(
+        "the arguments of {name} ({size} bytes) would take the tool calls of this session over {limit} bytes (max_session_tool_bytes)"
+    )]
+    OverSessionLimit { name: String, size: u64, limit: u64 },
+    /// `at`: ` at <instance path>`, or empty for the arguments as a whole.
+    #[error("the arguments of {name} do not match its schema{at}: {error}")]
+    Mismatch { name: String, at: String, error: String },
+}
+
+/// Why Bash's words are not a tool call's arguments.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ArgvError {
+    #[error("{0:?} is not a JSON object")]
+    NotAnObject(String),
+    #[error("argument {0:?} is not key=value (or pass one JSON object)")]
+    NotKeyValue(String),
+    /// The value does not parse as the type the schema gives the property.
+    #[error("{key}: expected {expected}, got {raw:?}")]
+    Mistyped {
+        key: String,
+        expected: &'static str,
+        raw: String,
+    },
+    #[error("argument {0} is given twice")]
+    Twice(String),
+}
+
+/// Why a tool's parameter schema is refused (`check_schema`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SchemaError {
+    #[error(
+        "the schema is over {} bytes as JSON (the bound on one tool's parameters)",
+        MAX_SCHEMA_BYTES
+    )]
+    TooLong,
+    #[error(
+        "with every $ref replaced by its target the schema holds more than {} JSON values \
+         (the bound on one tool's expanded schema); shared $refs count once per use",
+        MAX_SCHEMA_EXPANDED
+    )]
+    TooLarge,
+    #[error(
+        "the schema nests deeper than {} levels, counting through its $refs \
+         (the bound on one tool's schema depth)",
+        MAX_SCHEMA_DEPTH
+    )]
+    TooDeep,
+    #[error("{0} is not supported in tool schemas (only at the root, for $id and $schema)")]
+    ScopeKeyword(String),
+    #[error("$ref must be a string")]
+    RefNotString,
+    #[error("only local $ref (\"#/...\") is supported, got {0:?}")]
+    NotLocal(String),
+    #[error("$ref {0:?} uses a %-escape, which is not supported")]
+    PercentEscape(String),
+    /// `path`: the `$ref`s being followed, joined with ` -> `; `again`: the one met again.
+    #[error("Circular $ref detected: {path} -> {again}")]
+    Circular { path: String, again: String },
+    #[error("$ref {0:?} points at nothing")]
+    Dangling(String),
+}
+
 /// Bash's forms: one JSON object, or `key=value` words whose values take the type the
 /// schema gives the property (integer, number, boolean, array/object as JSON; else text).
-pub fn arguments_from_argv(argv: &[String], schema: &Value) -> Result<Value, String> {
+pub fn arguments_from_argv(argv: &[String], schema: &Value) -> Result<Value, ArgvError> {
     if let [only] = argv {
         if only.trim_start().starts_with('{') {
             return match serde_json::from_str::<Value>(only) {
                 Ok(v @ Value::Object(_)) => Ok(v),
-                _ => Err(format!("{only:?} is not a JSON object")),
+                _ => Err(ArgvError::NotAnObject(only.clone())),
             };
         }
     }
@@ -388,34 +490,34 @@ pub fn arguments_from_argv(argv: &[String], schema: &Value) -> Result<Value, Str
         let (key, raw) = word
             .split_once('=')
             .filter(|(k, _)| !k.is_empty())
-            .ok_or_else(|| format!("argument {word:?} is not key=value (or pass one JSON object)"))?;
+            .ok_or_else(|| ArgvError::NotKeyValue(word.clone()))?;
+        let bad = |expected: &'static str| ArgvError::Mistyped {
+            key: key.to_owned(),
+            expected,
+            raw: raw.to_owned(),
+        };
         let kind = schema.pointer(&format!(
             "/properties/{}/type",
             key.replace('~', "~0").replace('/', "~1")
         ));
         let value = match kind.and_then(Value::as_str) {
-            Some("integer") => raw
-                .parse::<i64>()
-                .map(Value::from)
-                .map_err(|_| format!("{key}: expected an integer, got {raw:?}"))?,
+            Some("integer") => raw.parse::<i64>().map(Value::from).map_err(|_| bad("an integer"))?,
             Some("number") => raw
                 .parse::<f64>()
                 .ok()
                 .and_then(serde_json::Number::from_f64)
                 .map(Value::Number)
-                .ok_or_else(|| format!("{key}: expected a number, got {raw:?}"))?,
+                .ok_or_else(|| bad("a number"))?,
             Some("boolean") => match raw {
                 "true" => Value::Bool(true),
                 "false" => Value::Bool(false),
-                _ => return Err(format!("{key}: expected true or false, got {raw:?}")),
+                _ => return Err(bad("true or false")),
             },
-            Some("array" | "object") => {
-                serde_json::from_str(raw).map_err(|_| format!("{key}: expected JSON, got {raw:?}"))?
-            }
+            Some("array" | "object") => serde_json::from_str(raw).map_err(|_| bad("JSON"))?,
             _ => Value::String(raw.to_owned()),
         };
         if map.insert(key.to_owned(), value).is_some() {
-            return Err(format!("argument {key} is given twice"));
+            return Err(ArgvError::Twice(key.to_owned()));
         }
     }
     Ok(Value::Object(map))
@@ -441,11 +543,9 @@ const SCOPE_KEYWORDS: [&str; 7] = [
 /// The expanded size is counted by following every `$ref` each time it is met, without
 /// memoising, which is exactly the size that costs work later; the walk stops as soon as
 /// it passes the bound, so the check itself costs at most `MAX_SCHEMA_EXPANDED` steps.
-pub fn check_schema(root: &Value) -> Result<(), String> {
+pub fn check_schema(root: &Value) -> Result<(), SchemaError> {
     if json_len_over(root, MAX_SCHEMA_BYTES) {
-        return Err(format!(
-            "the schema is over {MAX_SCHEMA_BYTES} bytes as JSON (the bound on one tool's parameters)"
-        ));
+        return Err(SchemaError::TooLong);
     }
     // In drafts 3 and 4 the keyword `$id` was spelled `id`.
     let old_draft = root
@@ -489,19 +589,13 @@ struct Walk<'a> {
 }
 
 impl<'a> Walk<'a> {
-    fn visit(&mut self, node: &'a Value, depth: usize, at_root: bool) -> Result<(), String> {
+    fn visit(&mut self, node: &'a Value, depth: usize, at_root: bool) -> Result<(), SchemaError> {
         self.visited += 1;
         if self.visited > MAX_SCHEMA_EXPANDED {
-            return Err(format!(
-                "with every $ref replaced by its target the schema holds more than {MAX_SCHEMA_EXPANDED} JSON values \
-                 (the bound on one tool's expanded schema); shared $refs count once per use"
-            ));
+            return Err(SchemaError::TooLarge);
         }
         if depth > MAX_SCHEMA_DEPTH {
-            return Err(format!(
-                "the schema nests deeper than {MAX_SCHEMA_DEPTH} levels, counting through its $refs \
-                 (the bound on one tool's schema depth)"
-            ));
+            return Err(SchemaError::TooDeep);
         }
         match node {
             Value::Object(map) => {
@@ -513,9 +607,7 @@ impl<'a> Walk<'a> {
                     let scope =
                         SCOPE_KEYWORDS.contains(&key.as_str()) || (self.old_draft && key == "id" && value.is_string());
                     if scope && !(at_root && matches!(key.as_str(), "$id" | "id" | "$schema")) {
-                        return Err(format!(
-                            "{key} is not supported in tool schemas (only at the root, for $id and $schema)"
-                        ));
+                        return Err(SchemaError::ScopeKeyword(key.clone()));
                     }
                     self.visit(value, depth + 1, false)?;
                 }
@@ -526,23 +618,24 @@ impl<'a> Walk<'a> {
         }
     }
 
-    fn follow(&mut self, reference: &'a Value, depth: usize) -> Result<(), String> {
-        let r = reference.as_str().ok_or("$ref must be a string")?;
-        let pointer = r
-            .strip_prefix('#')
-            .ok_or_else(|| format!("only local $ref (\"#/...\") is supported, got {r:?}"))?;
+    fn follow(&mut self, reference: &'a Value, depth: usize) -> Result<(), SchemaError> {
+        let r = reference.as_str().ok_or(SchemaError::RefNotString)?;
+        let pointer = r.strip_prefix('#').ok_or_else(|| SchemaError::NotLocal(r.to_owned()))?;
         // The validator percent-decodes a reference and this walk does not: refused, so
         // that both always reach the same target.
         if r.contains('%') {
-            return Err(format!("$ref {r:?} uses a %-escape, which is not supported"));
+            return Err(SchemaError::PercentEscape(r.to_owned()));
         }
         if self.refs.contains(&r) {
-            return Err(format!("Circular $ref detected: {} -> {r}", self.refs.join(" -> ")));
+            return Err(SchemaError::Circular {
+                path: self.refs.join(" -> "),
+                again: r.to_owned(),
+            });
         }
         let target = self
             .root
             .pointer(pointer)
-            .ok_or_else(|| format!("$ref {r:?} points at nothing"))?;
+            .ok_or_else(|| SchemaError::Dangling(r.to_owned()))?;
         self.refs.push(r);
         self.visit(target, depth + 1, false)?;
         self.refs.pop();
@@ -586,16 +679,22 @@ mod tests {
         }
     }
 
-    fn args(checked: Result<Checked, String>) -> Value {
+    fn args(checked: Result<Checked, CallError>) -> Value {
         serde_json::from_str(checked.unwrap().arguments.get()).unwrap()
     }
 
     #[test]
     fn circular_refs_are_refused_and_dags_are_not() {
         let circular = json!({"$defs": {"node": {"type": "object", "properties": {"child": {"$ref": "#/$defs/node"}}}}, "$ref": "#/$defs/node"});
-        assert!(check_schema(&circular).unwrap_err().contains("Circular $ref detected"));
+        assert!(check_schema(&circular)
+            .unwrap_err()
+            .to_string()
+            .contains("Circular $ref detected"));
         let mutual = json!({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"items": {"$ref": "#/$defs/a"}}}});
-        assert!(check_schema(&mutual).unwrap_err().contains("Circular $ref detected"));
+        assert!(check_schema(&mutual)
+            .unwrap_err()
+            .to_string()
+            .contains("Circular $ref detected"));
         let shared = json!({"$defs": {"s": {"type": "string"}}, "properties": {"x": {"$ref": "#/$defs/s"}, "y": {"$ref": "#/$defs/s"}}});
         assert!(check_schema(&shared).is_ok());
         assert!(check_schema(&json!({"$ref": "http://example.invalid/s.json"})).is_err());
@@ -619,7 +718,7 @@ mod tests {
             (60, "deeper than 64"),
         ] {
             let started = std::time::Instant::now();
-            let err = check_schema(&dag(depth)).unwrap_err();
+            let err = check_schema(&dag(depth)).unwrap_err().to_string();
             assert!(err.contains(bound), "{err}");
             // The check stops at the bound: it does not do the exponential work itself.
             assert!(
@@ -639,7 +738,10 @@ mod tests {
             .map(|i| (format!("p{i}"), json!({"$ref": "#/$defs/s"})))
             .collect();
         let wide = json!({"$defs": {"s": {"type": "string", "minLength": 1, "maxLength": 9}}, "properties": uses});
-        assert!(check_schema(&wide).unwrap_err().contains("10000 JSON values"));
+        assert!(check_schema(&wide)
+            .unwrap_err()
+            .to_string()
+            .contains("10000 JSON values"));
     }
 
     #[test]
@@ -648,7 +750,7 @@ mod tests {
         for _ in 0..40 {
             deep = json!({"type": "object", "properties": {"a": deep}});
         }
-        assert!(check_schema(&deep).unwrap_err().contains("deeper than 64"));
+        assert!(check_schema(&deep).unwrap_err().to_string().contains("deeper than 64"));
         // Depth counts through $refs: a chain of 70 references, each one level.
         let mut defs = Map::new();
         for i in 0..70 {
@@ -656,9 +758,9 @@ mod tests {
         }
         defs.insert("r70".into(), json!({}));
         let chain = json!({"$defs": defs, "$ref": "#/$defs/r0"});
-        assert!(check_schema(&chain).unwrap_err().contains("deeper than 64"));
+        assert!(check_schema(&chain).unwrap_err().to_string().contains("deeper than 64"));
         let big = json!({"description": "x".repeat(MAX_SCHEMA_BYTES)});
-        assert!(check_schema(&big).unwrap_err().contains("65536 bytes"));
+        assert!(check_schema(&big).unwrap_err().to_string().contains("65536 bytes"));
     }
 
     #[test]
@@ -691,6 +793,7 @@ mod tests {
             .check("record", Some(bad), None, &budget(1000))
             .err()
             .unwrap()
+            .to_string()
             .contains("/price/amount"));
     }
 
@@ -703,7 +806,10 @@ mod tests {
             json!({"properties": {"a": {"$schema": "http://json-schema.org/draft-04/schema#"}}}),
             json!({"$schema": "http://json-schema.org/draft-04/schema#", "properties": {"a": {"id": "sub", "definitions": {}}}}),
         ] {
-            assert!(check_schema(&schema).unwrap_err().contains("not supported"), "{schema}");
+            assert!(
+                check_schema(&schema).unwrap_err().to_string().contains("not supported"),
+                "{schema}"
+            );
         }
         // At the root they are harmless, and a property may be called `id`.
         assert!(check_schema(&json!({"$id": "https://example.invalid/t", "$schema": "https://json-schema.org/draft/2020-12/schema", "properties": {"id": {"type": "string"}}})).is_ok());
@@ -728,22 +834,26 @@ mod tests {
             .check("get_rate", Some(json!({"base": 5})), None, &budget(1000))
             .err()
             .unwrap()
+            .to_string()
             .contains("do not match"));
         assert!(tools
             .check("get_rate", Some(json!({})), None, &budget(1000))
             .err()
             .unwrap()
+            .to_string()
             .contains("base"));
         assert!(tools
             .check("nope", Some(json!({})), None, &budget(1000))
             .err()
             .unwrap()
+            .to_string()
             .contains("not declared"));
         let big = json!({"base": "x".repeat(2000)});
         assert!(tools
             .check("get_rate", Some(big), None, &budget(1000))
             .err()
             .unwrap()
+            .to_string()
             .contains("max_tool_call_bytes"));
     }
 
@@ -756,13 +866,17 @@ mod tests {
         assert_eq!(checked.size, 108);
         b.max_pause = 200;
         b.pause_used = 100;
-        let err = tools.check("t", Some(call.clone()), None, &b).err().unwrap();
+        let err = tools
+            .check("t", Some(call.clone()), None, &b)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(err.contains("max_pause_bytes"), "{err}");
         b.pause_used = 92;
         assert!(tools.check("t", Some(call.clone()), None, &b).is_ok());
         b.max_session = 1000;
         b.session_used = 900;
-        let err = tools.check("t", Some(call), None, &b).err().unwrap();
+        let err = tools.check("t", Some(call), None, &b).err().unwrap().to_string();
         assert!(err.contains("max_session_tool_bytes"), "{err}");
     }
 

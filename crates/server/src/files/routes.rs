@@ -175,7 +175,7 @@ async fn receive_part(
     let raw_name = field.file_name().unwrap_or("file").to_owned();
     let name = match upload_name(&raw_name) {
         Ok(name) => name,
-        Err(e) => return refuse(field, raw_name, ApiError::bad_request(e)).await,
+        Err(e) => return refuse(field, raw_name, ApiError::bad_request(e.to_string())).await,
     };
     let content_type = field
         .content_type()

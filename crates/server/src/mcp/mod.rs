@@ -298,7 +298,7 @@ impl SandcallMcp {
     async fn upload(&self, args: UploadFile, ctx: &RequestContext<RoleServer>) -> Result<serde_json::Value, ApiError> {
         let principal = self.principal(ctx)?;
         self.state.rate_limits.check(Group::Files, &principal)?;
-        let name = upload_name(&args.name).map_err(ApiError::bad_request)?;
+        let name = upload_name(&args.name).map_err(|e| ApiError::bad_request(e.to_string()))?;
         let bytes = match (args.text, args.base64) {
             (Some(text), None) => text.into_bytes(),
             (None, Some(b64)) => base64::engine::general_purpose::STANDARD
