@@ -81,133 +81,12 @@ enum Frontend {
 }
 
 async fn run(config: Config, frontend: Frontend) -> Result<(), ServeError> {
-    // Credentials are loaded once, here: a JWT key source that cannot be parsed stops the start.
-    let auth = sandcall_auth::Auth::new(&config).map_err(|e| ServeError::Preflight(e.to_string()))?;
-    sandcall_auth::check_listen(&config, &auth).map_err(|e| ServeError::Preflight(e.to_string()))?;
-    if sandcall_auth::exposed_without_credentials(&config) {
-        let warning = format!(
-            "warning: allow_unauthenticated: listening on {} with no credentials: every host that can \
-             reach it can run code here; use this only on a private network",
-            config.listen.address
-        );
-        eprintln!("{warning}");
-        tracing::warn!("{warning}");
-    }
-    let report = doctor::run(&config).await;
-    if !report.all_passed() {
-        eprint!("{}", report.render());
-        return Err(ServeError::Preflight(report.failures()));
-    }
+    let auth = preflight(&config).await?;
     let host = host::prepare(&config).map_err(|e| ServeError::Preflight(e.to_string()))?;
     telemetry::install().map_err(|e| ServeError::Preflight(e.to_string()))?;
     warn_if_sandboxes_outgrow_memory(&config);
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
-    let runner = Runner::new(
-        RunnerSettings {
-            helper_exe: std::env::current_exe()?,
-            runs_dir: host.runs_dir.clone(),
-            cgroups: host.cgroups.clone(),
-            extra_runtime_paths: config
-                .languages
-                .extra_runtime_paths
-                .iter()
-                .cloned()
-                .chain(runtime::languages::runtime_paths(&config))
-                .collect(),
-            node_modules: npm_runtime::for_config(&config).map(|n| n.node_modules()),
-            host_uid: host.host_uid,
-            host_gid: host.host_gid,
-            max_code_bytes: config.limits.max_code_bytes,
-        },
-        shutdown_rx.clone(),
-    );
-    runner.start_launcher().await;
-    let admission = sandcall_engine::admission::Admission::new(
-        config.limits.max_concurrent_runs,
-        config.queue_length(),
-        Duration::from_millis(config.limits.queue_timeout_ms),
-        config.runs_per_principal(),
-    );
-    let key = programmatic::token::TokenKey::load(config.sessions.token_secret.as_deref(), &host.data_dir)
-        .map_err(|e| ServeError::Preflight(e.to_string()))?;
-    let shared_config = Arc::new(config.clone());
-    let store = store::open_file_store(&config, &host.data_dir)
-        .await
-        .map_err(|e| ServeError::Preflight(e.to_string()))?;
-    // A session's keys outlive its last write by as long as it can wait or run before
-    // its next one: a session no node ends does not stay in Redis forever.
-    let ttl_ms = config
-        .sessions
-        .session_expiry_s
-        .saturating_mul(1000)
-        .max(config.sessions.tool_call_timeout_ms)
-        .saturating_add(config.limits.max_run_timeout_ms)
-        .saturating_add(60_000);
-    let session_store =
-        store::open_session_store(&config, &host.data_dir, ttl_ms).map_err(|e| ServeError::Preflight(e.to_string()))?;
-    let cluster = config
-        .cluster
-        .node_url
-        .clone()
-        .filter(|_| session_store.shared())
-        .map(|url| Arc::new(cluster::Forwarder::new(url)));
-    let outbox_dir = host.data_dir.join("outbox");
-    // Outputs of runs a previous server did not finish storing are lost with it.
-    let _ = std::fs::remove_dir_all(&outbox_dir);
-    std::fs::create_dir_all(&outbox_dir)?;
-    let default_limits = exec::resolve_limits(&config, None).map_err(|e| ServeError::Preflight(e.message))?;
-    let pool = pool::Pool::start(
-        runner.clone(),
-        shared_config.clone(),
-        default_limits,
-        programmatic::tool_channel(&config),
-        shutdown_rx.clone(),
-    );
-    let sessions = programmatic::session::Sessions::new(
-        key,
-        shared_config.clone(),
-        shutdown_rx.clone(),
-        programmatic::session::Backing {
-            runner: runner.clone(),
-            pool: pool.clone(),
-            admission: admission.clone(),
-            files: store.clone(),
-            outbox_dir: outbox_dir.clone(),
-            store: session_store,
-            node: cluster.as_ref().map(|c| c.node_url().to_owned()),
-        },
-    );
-    // Sessions an earlier server left paused wait for their resume (replay).
-    sessions.recover().await;
-    tokio::spawn(sessions.clone().expire_dormant());
-    tokio::spawn(sessions.clone().renew_leases());
-    let sessions_at_exit = sessions.clone();
-    let state = AppState {
-        engine: Engine {
-            config: shared_config,
-            runner: runner.clone(),
-            pool,
-            probing: Default::default(),
-            admission,
-            sessions,
-            files: store.clone(),
-            outbox_dir,
-        },
-        auth,
-        rate_limits: rate_limit::RateLimits::new(&config),
-        cluster,
-    };
-    tokio::spawn(rate_limit::forget_idle_every(
-        state.rate_limits.clone(),
-        Duration::from_secs(60),
-    ));
-    let stale_outbox = Duration::from_millis(config.limits.max_run_timeout_ms) + Duration::from_secs(600);
-    tokio::spawn(sweep_files(
-        store,
-        Duration::from_secs(config.files.file_sweep_interval_s),
-        state.outbox_dir.clone(),
-        stale_outbox,
-    ));
+    let (state, runner, sessions_at_exit) = start(&config, &host, auth, shutdown_rx.clone()).await?;
     if frontend == Frontend::McpStdio {
         // stdout is the protocol's: nothing else may be written there.
         tracing::info!(cgroup = host.cgroups.version(), data_dir = %host.data_dir.display(), "sandcall serving MCP on stdio");
@@ -254,6 +133,147 @@ async fn run(config: Config, frontend: Frontend) -> Result<(), ServeError> {
     let left = host.cgroups.close();
     tracing::info!(left, "stopped");
     Ok(())
+}
+
+/// The checks before anything starts: credentials load and fit the listening address
+/// (a JWT key source that cannot be parsed stops the start), and `doctor` passes.
+async fn preflight(config: &Config) -> Result<sandcall_auth::Auth, ServeError> {
+    // Credentials are loaded once, here: a JWT key source that cannot be parsed stops the start.
+    let auth = sandcall_auth::Auth::new(config).map_err(|e| ServeError::Preflight(e.to_string()))?;
+    sandcall_auth::check_listen(config, &auth).map_err(|e| ServeError::Preflight(e.to_string()))?;
+    if sandcall_auth::exposed_without_credentials(config) {
+        let warning = format!(
+            "warning: allow_unauthenticated: listening on {} with no credentials: every host that can \
+             reach it can run code here; use this only on a private network",
+            config.listen.address
+        );
+        eprintln!("{warning}");
+        tracing::warn!("{warning}");
+    }
+    let report = doctor::run(config).await;
+    if !report.all_passed() {
+        eprint!("{}", report.render());
+        return Err(ServeError::Preflight(report.failures()));
+    }
+    Ok(auth)
+}
+
+/// Starts the engine (the runner and its launcher, admission, the stores, the warm pool,
+/// the sessions an earlier server left) and the server's own state around it, with its
+/// background tasks. Also returns the runner and the sessions, which the stop waits for.
+async fn start(
+    config: &Config,
+    host: &host::Host,
+    auth: sandcall_auth::Auth,
+    shutdown_rx: tokio::sync::watch::Receiver<bool>,
+) -> Result<(AppState, Runner, programmatic::session::Sessions), ServeError> {
+    let runner = Runner::new(
+        RunnerSettings {
+            helper_exe: std::env::current_exe()?,
+            runs_dir: host.runs_dir.clone(),
+            cgroups: host.cgroups.clone(),
+            extra_runtime_paths: config
+                .languages
+                .extra_runtime_paths
+                .iter()
+                .cloned()
+                .chain(runtime::languages::runtime_paths(config))
+                .collect(),
+            node_modules: npm_runtime::for_config(config).map(|n| n.node_modules()),
+            host_uid: host.host_uid,
+            host_gid: host.host_gid,
+            max_code_bytes: config.limits.max_code_bytes,
+        },
+        shutdown_rx.clone(),
+    );
+    runner.start_launcher().await;
+    let admission = sandcall_engine::admission::Admission::new(
+        config.limits.max_concurrent_runs,
+        config.queue_length(),
+        Duration::from_millis(config.limits.queue_timeout_ms),
+        config.runs_per_principal(),
+    );
+    let key = programmatic::token::TokenKey::load(config.sessions.token_secret.as_deref(), &host.data_dir)
+        .map_err(|e| ServeError::Preflight(e.to_string()))?;
+    let shared_config = Arc::new(config.clone());
+    let store = store::open_file_store(config, &host.data_dir)
+        .await
+        .map_err(|e| ServeError::Preflight(e.to_string()))?;
+    // A session's keys outlive its last write by as long as it can wait or run before
+    // its next one: a session no node ends does not stay in Redis forever.
+    let ttl_ms = config
+        .sessions
+        .session_expiry_s
+        .saturating_mul(1000)
+        .max(config.sessions.tool_call_timeout_ms)
+        .saturating_add(config.limits.max_run_timeout_ms)
+        .saturating_add(60_000);
+    let session_store =
+        store::open_session_store(config, &host.data_dir, ttl_ms).map_err(|e| ServeError::Preflight(e.to_string()))?;
+    let cluster = config
+        .cluster
+        .node_url
+        .clone()
+        .filter(|_| session_store.shared())
+        .map(|url| Arc::new(cluster::Forwarder::new(url)));
+    let outbox_dir = host.data_dir.join("outbox");
+    // Outputs of runs a previous server did not finish storing are lost with it.
+    let _ = std::fs::remove_dir_all(&outbox_dir);
+    std::fs::create_dir_all(&outbox_dir)?;
+    let default_limits = exec::resolve_limits(config, None).map_err(|e| ServeError::Preflight(e.message))?;
+    let pool = pool::Pool::start(
+        runner.clone(),
+        shared_config.clone(),
+        default_limits,
+        programmatic::tool_channel(config),
+        shutdown_rx.clone(),
+    );
+    let sessions = programmatic::session::Sessions::new(
+        key,
+        shared_config.clone(),
+        shutdown_rx.clone(),
+        programmatic::session::Backing {
+            runner: runner.clone(),
+            pool: pool.clone(),
+            admission: admission.clone(),
+            files: store.clone(),
+            outbox_dir: outbox_dir.clone(),
+            store: session_store,
+            node: cluster.as_ref().map(|c| c.node_url().to_owned()),
+        },
+    );
+    // Sessions an earlier server left paused wait for their resume (replay).
+    sessions.recover().await;
+    tokio::spawn(sessions.clone().expire_dormant());
+    tokio::spawn(sessions.clone().renew_leases());
+    let sessions_at_exit = sessions.clone();
+    let state = AppState {
+        engine: Engine {
+            config: shared_config,
+            runner: runner.clone(),
+            pool,
+            probing: Default::default(),
+            admission,
+            sessions,
+            files: store.clone(),
+            outbox_dir,
+        },
+        auth,
+        rate_limits: rate_limit::RateLimits::new(config),
+        cluster,
+    };
+    tokio::spawn(rate_limit::forget_idle_every(
+        state.rate_limits.clone(),
+        Duration::from_secs(60),
+    ));
+    let stale_outbox = Duration::from_millis(config.limits.max_run_timeout_ms) + Duration::from_secs(600);
+    tokio::spawn(sweep_files(
+        store,
+        Duration::from_secs(config.files.file_sweep_interval_s),
+        state.outbox_dir.clone(),
+        stale_outbox,
+    ));
+    Ok((state, runner, sessions_at_exit))
 }
 
 /// Paused sessions keep their sandboxes, and each may hold `memory_limit_mb`: say so at
