@@ -31,74 +31,23 @@ impl ApiError {
         }
     }
 
+    // The refusals the server shares with the engine are the engine's, mapped by the
+    // table below: one status for each.
     pub fn bad_request(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, error_type::INVALID_REQUEST, message)
+        EngineError::bad_request(message).into()
     }
 
     pub fn too_large(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::PAYLOAD_TOO_LARGE, error_type::PAYLOAD_TOO_LARGE, message)
+        EngineError::too_large(message).into()
     }
 
-    pub fn at_capacity(retry_after_s: u64) -> Self {
-        ApiError {
-            retry_after_s: Some(retry_after_s),
-            ..Self::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                error_type::AT_CAPACITY,
-                "all sandboxes are busy and the queue is full; retry later",
-            )
-        }
-    }
-
-    /// 429: the principal holds as much as its own cap allows; `message` says which cap.
-    pub fn principal_at_capacity(message: impl Into<String>) -> Self {
-        ApiError {
-            retry_after_s: Some(1),
-            ..Self::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                error_type::PRINCIPAL_AT_CAPACITY,
-                message,
-            )
-        }
-    }
-
-    /// 507: storing this would take the principal over its quota; `message` says which.
     pub fn quota_exceeded(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::INSUFFICIENT_STORAGE, error_type::QUOTA_EXCEEDED, message)
-    }
-
-    /// 503: the session store (Redis) cannot be reached; logged in full here, answered
-    /// without detail. Nothing was changed: the same request may be retried.
-    pub fn store_unavailable(detail: &str) -> Self {
-        Self::unavailable(
-            "the session store is unavailable now; nothing was changed, retry later",
-            detail,
-        )
-    }
-
-    /// 503: the file store (S3) could not be reached or did not answer; logged in full
-    /// here, answered without detail. No file is half stored: the same request may be
-    /// retried.
-    pub fn file_store_unavailable(detail: &str) -> Self {
-        Self::unavailable("the file store cannot be reached now; retry later", detail)
-    }
-
-    fn unavailable(message: &'static str, detail: &str) -> Self {
-        tracing::warn!(detail, "{message}");
-        ApiError {
-            retry_after_s: Some(1),
-            ..Self::new(StatusCode::SERVICE_UNAVAILABLE, error_type::STORE_UNAVAILABLE, message)
-        }
+        EngineError::quota_exceeded(message).into()
     }
 
     /// An internal failure: logged in full here, answered without detail.
     pub fn internal(error_type: &'static str, detail: &str) -> Self {
-        tracing::error!(error_type, detail, "internal error");
-        Self::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            error_type,
-            "the server could not complete the request",
-        )
+        EngineError::internal(error_type, detail).into()
     }
 }
 
