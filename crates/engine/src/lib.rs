@@ -15,6 +15,7 @@ pub mod error;
 pub mod exec;
 pub mod files;
 pub mod host;
+pub mod isolation;
 pub mod json;
 pub mod launcher;
 pub mod mcp_client;

@@ -593,6 +593,38 @@ impl Helper {
     }
 }
 
+#[async_trait::async_trait]
+impl crate::isolation::HelperChannel for Helper {
+    fn run_id(&self) -> &str {
+        Helper::run_id(self)
+    }
+
+    fn hash_seed(&self) -> Option<u32> {
+        Helper::hash_seed(self)
+    }
+
+    async fn next_event(&mut self) -> Result<Event, RunError> {
+        Helper::next_event(self).await
+    }
+
+    async fn send(&mut self, command: &sandcall_sandbox::protocol::Command) -> Result<(), RunError> {
+        Helper::send(self, command).await
+    }
+
+    fn abort(&mut self) {
+        Helper::abort(self);
+    }
+
+    fn aborted(&self) -> bool {
+        Helper::aborted(self)
+    }
+
+    async fn wait(&mut self) {
+        self.stdin = None;
+        self.child.wait().await;
+    }
+}
+
 async fn send<T: serde::Serialize>(
     stdin: &mut Option<tokio::sync::mpsc::UnboundedSender<Vec<u8>>>,
     message: &T,
