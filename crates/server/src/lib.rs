@@ -163,8 +163,10 @@ async fn run(config: Config, frontend: Frontend) -> Result<(), ServeError> {
         shared_config.clone(),
         shutdown_rx.clone(),
         programmatic::session::Backing {
-            runner: runner.clone(),
-            pool: pool.clone(),
+            tier: Arc::new(sandcall_engine::isolation::NamespaceTier::new(
+                runner.clone(),
+                pool.clone(),
+            )),
             admission: admission.clone(),
             files: store.clone(),
             outbox_dir: outbox_dir.clone(),

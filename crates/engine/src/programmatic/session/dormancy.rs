@@ -355,7 +355,7 @@ impl Sessions {
                     // Its index entry stays: the deadline sweep finds it live and retries.
                     Err(e) => tracing::warn!(session = %session.id, error = %e, "could not mark a session awake"),
                 }
-                driver.run(Box::new(helper), rx, slot, run_slot).await
+                driver.run(helper, rx, slot, run_slot).await
             }
             Err(e) if e.starts_with(STORE_UNAVAILABLE) && undo.is_some() => {
                 // Nothing was recorded: the session stays dormant, its token good, and

@@ -951,7 +951,7 @@ impl Driver {
     }
 
     fn failure(&self, e: &RunError) -> ProgrammaticResponse {
-        self.sessions.inner.runner.record_failure(e);
+        self.sessions.inner.tier.record_failure(e);
         tracing::error!(session = %self.session.id, error = %e, "programmatic session failed");
         ProgrammaticResponse::Error {
             session_id: self.session.id.clone(),

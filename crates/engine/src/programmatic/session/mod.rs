@@ -21,8 +21,8 @@ use crate::admission::{Admission, Held, PerPrincipal, Slot};
 use crate::error::EngineError;
 use crate::error::ErrorKind;
 use crate::files::{now_ms, ops, FileStore};
-use crate::pool::Pool;
-use crate::runner::{Helper, RunError, RunSpec, Runner};
+use crate::isolation::IsolationTier;
+use crate::runner::{RunError, RunSpec};
 use bytes::Bytes;
 use sandcall_api::ids;
 use sandcall_api::{error_type, OutputFile, ProgrammaticResponse, SkippedFile, ToolArguments, ToolCall, ToolResult};
@@ -318,7 +318,8 @@ struct Inner {
     /// with Redis, every node's sessions).
     requests: Mutex<HashMap<(String, String), String>>,
     key: TokenKey,
-    runner: Runner,
+    /// Where sessions' sandboxes come from.
+    tier: Arc<dyn IsolationTier>,
     config: Arc<Config>,
     slots: Arc<Semaphore>,
     /// Sessions per principal (`max_sessions_per_principal`).
@@ -334,7 +335,6 @@ struct Inner {
     shutdown: watch::Receiver<bool>,
     files: Arc<dyn FileStore>,
     outbox_dir: PathBuf,
-    pool: Pool,
     /// Every session's journal.
     store: Arc<dyn SessionStore>,
     /// The MCP servers whose tools programs may call (`mcp_servers`).
@@ -351,8 +351,8 @@ struct Inner {
 
 /// What sessions run on, shared with the rest of the server.
 pub struct Backing {
-    pub runner: Runner,
-    pub pool: Pool,
+    /// Where sandboxes come from (`isolation::NamespaceTier` in the server).
+    pub tier: Arc<dyn IsolationTier>,
     pub admission: Admission,
     pub files: Arc<dyn FileStore>,
     /// Where helpers put a run's output files before the store takes them.
@@ -373,8 +373,7 @@ const STORE_UNAVAILABLE: &str = "the session store is unavailable";
 impl Sessions {
     pub fn new(key: TokenKey, config: Arc<Config>, shutdown: watch::Receiver<bool>, backing: Backing) -> Self {
         let Backing {
-            runner,
-            pool,
+            tier,
             admission,
             files,
             outbox_dir,
@@ -391,7 +390,7 @@ impl Sessions {
                 map: Mutex::new(HashMap::new()),
                 requests: Mutex::new(HashMap::new()),
                 key,
-                runner,
+                tier,
                 config,
                 slots,
                 per_principal,
@@ -403,7 +402,6 @@ impl Sessions {
                 shutdown,
                 files,
                 outbox_dir,
-                pool,
                 store,
                 mcp: crate::mcp_client::McpServers::new(&config_mcp),
                 node,
@@ -436,7 +434,7 @@ impl Sessions {
         let warm = if cmd.custom_limits {
             None
         } else {
-            inner.pool.take_or_fork(cmd.language, &spec.code).await
+            inner.tier.take_warm(cmd.language, &spec.code).await
         };
         if let Some(helper) = &warm {
             spec.run_id = helper.run_id().to_owned();
@@ -454,7 +452,7 @@ impl Sessions {
         // The program's random generators are seeded, and the seeds journalled, so that a
         // replay draws the same numbers.
         let seed: u32 = rand::random();
-        let hash_seed = warm.as_ref().and_then(Helper::hash_seed).unwrap_or_else(rand::random);
+        let hash_seed = warm.as_ref().and_then(|w| w.hash_seed()).unwrap_or_else(rand::random);
         let record = SessionStart {
             principal: principal.0.clone(),
             request: cmd.request,
@@ -465,9 +463,8 @@ impl Sessions {
         };
         // Journalled before the program starts: no answer about it goes out before.
         if let Err(e) = inner.store.create(&id, &record, &SessionState::default()).await {
-            if let Some(mut helper) = warm {
-                helper.abort();
-                tokio::spawn(helper.wait());
+            if let Some(warm) = warm {
+                warm.discard();
             }
             return Err(journal_failed(&e));
         }
@@ -476,9 +473,8 @@ impl Sessions {
             let now = now_ms();
             if let Err(e) = inner.store.claim(&id, node, now, now + inner.lease_ms).await {
                 let _ = inner.store.remove(&id).await;
-                if let Some(mut helper) = warm {
-                    helper.abort();
-                    tokio::spawn(helper.wait());
+                if let Some(warm) = warm {
+                    warm.discard();
                 }
                 return Err(journal_failed(&e));
             }
@@ -494,13 +490,13 @@ impl Sessions {
             }
             None => {
                 seed_run(&mut spec, cmd.language, seed, Some(hash_seed));
-                self.inner.runner.start(spec).await
+                self.inner.tier.start(spec).await
             }
         };
         let helper = match started {
             Ok(h) => h,
             Err(e) => {
-                self.inner.runner.record_failure(&e);
+                self.inner.tier.record_failure(&e);
                 let _ = inner.store.remove(&id).await;
                 return Err(EngineError::internal(error_type::SANDBOX_FAILURE, &e.to_string()));
             }
@@ -532,9 +528,7 @@ impl Sessions {
             replay: None,
             state: SessionState::default(),
         };
-        self.inner
-            .drivers
-            .spawn(driver.run(Box::new(helper), rx, slot, run_slot));
+        self.inner.drivers.spawn(driver.run(helper, rx, slot, run_slot));
         session.next_outcome_json(0).await
     }
 

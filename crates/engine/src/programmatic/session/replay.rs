@@ -2,6 +2,7 @@
 //! program that runs again, answered from the journal up to its last pause.
 
 use super::*;
+use crate::isolation::HelperChannel;
 
 /// A resume of a dormant session: the pause it answered, its results by call id, and
 /// their digest.
@@ -116,7 +117,7 @@ impl Sessions {
         &self,
         session: &Arc<Session>,
         resumed: Option<Resumed>,
-    ) -> Result<(DriverSpec, Helper), String> {
+    ) -> Result<(DriverSpec, Box<dyn HelperChannel>), String> {
         let inner = &self.inner;
         let id = &session.id;
         let journal = inner
@@ -176,15 +177,14 @@ impl Sessions {
         let warm = if cmd.custom_limits || !hashes {
             None
         } else {
-            inner.pool.take_or_fork(cmd.language, &spec.code).await
+            inner.tier.take_warm(cmd.language, &spec.code).await
         };
         let warm = match warm {
             Some(helper) if helper.hash_seed().is_none_or(|s| s == journal.start.hash_seed) => Some(helper),
-            Some(mut other) => {
+            Some(other) => {
                 // Another template's seed (rebuilt since, as after a restart): a set could
                 // iterate in another order. Given back, and the replay runs cold.
-                other.abort();
-                tokio::spawn(other.wait());
+                other.discard();
                 None
             }
             None => None,
@@ -215,11 +215,11 @@ impl Sessions {
                     journal.start.seed,
                     Some(journal.start.hash_seed),
                 );
-                inner.runner.start(spec).await
+                inner.tier.start(spec).await
             }
         };
         let helper = started.map_err(|e| {
-            inner.runner.record_failure(&e);
+            inner.tier.record_failure(&e);
             e.to_string()
         })?;
         let loop_deadline = journal
