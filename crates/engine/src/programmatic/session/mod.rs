@@ -45,6 +45,8 @@ mod ownership;
 mod registry;
 mod replay;
 mod state;
+#[cfg(test)]
+mod tests;
 
 use dormancy::*;
 use driver::*;
