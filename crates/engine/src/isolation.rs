@@ -7,7 +7,7 @@ use crate::pool::Pool;
 use crate::runner::{Helper, RunError, RunSpec, Runner};
 use async_trait::async_trait;
 use sandcall_api::Language;
-use sandcall_sandbox::protocol::{Command, Event};
+use sandcall_sandbox::protocol::{Command, Event, RunResult};
 
 /// The session driver's view of one running sandbox: the program's events, and the
 /// commands (tool replies) it takes.
@@ -69,6 +69,20 @@ pub trait IsolationTier: Send + Sync {
     /// Builds a sandbox and starts `spec`'s program in it; the caller drives the rest.
     async fn start(&self, spec: RunSpec) -> Result<Box<dyn HelperChannel>, RunError>;
 
+    /// Runs `spec` to its end (a run with no tools: `/v1/exec`), in `warm` when given
+    /// (`spec.go` starts its program), in a task of its own that keeps `hold` until the
+    /// sandbox is done; the `RunResult` says how it ended and what it used. The sandbox
+    /// is cleaned up (reclaimed) whatever happens to the caller.
+    async fn run(
+        &self,
+        warm: Option<Box<dyn WarmSandbox>>,
+        spec: RunSpec,
+        hold: Box<dyn std::any::Any + Send>,
+    ) -> Result<RunResult, RunError>;
+
+    /// Why sandboxes cannot be built now, since the last failure; None when they can.
+    fn failing(&self) -> Option<String>;
+
     /// Notes a sandbox that failed, for the health route.
     fn record_failure(&self, error: &RunError);
 }
@@ -96,6 +110,22 @@ impl IsolationTier for NamespaceTier {
 
     async fn start(&self, spec: RunSpec) -> Result<Box<dyn HelperChannel>, RunError> {
         Ok(Box::new(self.runner.start(spec).await?))
+    }
+
+    async fn run(
+        &self,
+        warm: Option<Box<dyn WarmSandbox>>,
+        spec: RunSpec,
+        hold: Box<dyn std::any::Any + Send>,
+    ) -> Result<RunResult, RunError> {
+        match warm {
+            Some(warm) => self.runner.run_started(warm.begin(spec), hold).await,
+            None => self.runner.run(spec, hold).await,
+        }
+    }
+
+    fn failing(&self) -> Option<String> {
+        self.runner.failing()
     }
 
     fn record_failure(&self, error: &RunError) {

@@ -158,15 +158,16 @@ async fn run(config: Config, frontend: Frontend) -> Result<(), ServeError> {
         programmatic::tool_channel(&config),
         shutdown_rx.clone(),
     );
+    // Where runs and sessions get their sandboxes.
+    let tier: Arc<dyn sandcall_engine::isolation::IsolationTier> = Arc::new(
+        sandcall_engine::isolation::NamespaceTier::new(runner.clone(), pool.clone()),
+    );
     let sessions = programmatic::session::Sessions::new(
         key,
         shared_config.clone(),
         shutdown_rx.clone(),
         programmatic::session::Backing {
-            tier: Arc::new(sandcall_engine::isolation::NamespaceTier::new(
-                runner.clone(),
-                pool.clone(),
-            )),
+            tier: tier.clone(),
             admission: admission.clone(),
             files: store.clone(),
             outbox_dir: outbox_dir.clone(),
@@ -184,6 +185,7 @@ async fn run(config: Config, frontend: Frontend) -> Result<(), ServeError> {
             config: shared_config,
             runner: runner.clone(),
             pool,
+            tier,
             probing: Default::default(),
             admission,
             sessions,

@@ -164,6 +164,19 @@ impl IsolationTier for FakeTier {
         }))
     }
 
+    async fn run(
+        &self,
+        _: Option<Box<dyn WarmSandbox>>,
+        _: RunSpec,
+        _: Box<dyn std::any::Any + Send>,
+    ) -> Result<RunResult, RunError> {
+        Err(RunError::Protocol("sessions drive their sandboxes themselves".into()))
+    }
+
+    fn failing(&self) -> Option<String> {
+        None
+    }
+
     fn record_failure(&self, _: &RunError) {}
 }
 
