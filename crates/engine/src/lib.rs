@@ -15,6 +15,7 @@ pub mod error;
 pub mod exec;
 pub mod files;
 pub mod host;
+pub mod isolation;
 pub mod json;
 pub mod launcher;
 pub mod mcp_client;
@@ -42,6 +43,8 @@ pub struct Engine {
     pub admission: Admission,
     pub sessions: programmatic::session::Sessions,
     pub pool: pool::Pool,
+    /// Where runs get their sandboxes (`isolation::NamespaceTier` over `runner` and `pool`).
+    pub tier: Arc<dyn isolation::IsolationTier>,
     /// A health check's trial run is under way.
     pub probing: Arc<std::sync::atomic::AtomicBool>,
     pub files: Arc<dyn files::FileStore>,
@@ -53,7 +56,7 @@ impl Engine {
     /// Whether sandboxes can be built: after a failure, a trial run (outside admission
     /// control, so a full queue cannot hide a recovery) decides. Returns the reason when not.
     pub async fn sandbox_unavailable(&self) -> Option<String> {
-        let failing = self.runner.failing()?;
+        let failing = self.tier.failing()?;
         // One trial at a time, however many health checks arrive meanwhile.
         if self.probing.swap(true, std::sync::atomic::Ordering::SeqCst) {
             return Some(failing);
@@ -67,8 +70,8 @@ impl Engine {
         let launch = runtime::launch(sandcall_api::Language::Bash, &self.config.languages.bash, &[]);
         let limits = exec::resolve_limits(&self.config, None).ok()?;
         let spec = RunSpec::new(sandcall_api::ids::new_id(), "exit 0".into(), launch, 10_000, limits);
-        let _ = self.runner.run(spec, ()).await;
-        self.runner.failing()
+        let _ = self.tier.run(None, spec, Box::new(())).await;
+        self.tier.failing()
     }
 
     /// Runs a validated exec command: stages its files, waits for a slot, runs, stores
@@ -108,7 +111,7 @@ impl Engine {
         let warm = if cmd.custom_limits {
             None
         } else {
-            self.pool.take_or_fork(cmd.language, &cmd.code).await
+            self.tier.take_warm(cmd.language, &cmd.code).await
         };
         let session_id = warm
             .as_ref()
@@ -133,9 +136,9 @@ impl Engine {
                 let (go, files) = runtime::warm_go(cmd.language, &cmd.args, None);
                 spec.go = Some(go);
                 spec.support_files.extend(files);
-                self.runner.run_warm(helper, spec, slot).await
+                self.tier.run(Some(helper), spec, Box::new(slot)).await
             }
-            None => self.runner.run(spec, slot).await,
+            None => self.tier.run(None, spec, Box::new(slot)).await,
         };
         tracing::debug!(
             warm = was_warm,

@@ -2,6 +2,7 @@
 //! namespaces itself: each run is a fresh `sandcall sandbox-helper` process, forked by
 //! the helper launcher (`crate::launcher`) once one runs, exec'd by the server otherwise.
 
+use crate::isolation::HelperChannel;
 use crate::launcher::{ForkedHelper, Launcher};
 use sandcall_sandbox::cgroup::CgroupRoot;
 use sandcall_sandbox::priority;
@@ -216,17 +217,31 @@ impl Runner {
         hold: H,
     ) -> Result<RunResult, RunError> {
         let this = self.clone();
-        self.detached(async move { this.finish(helper.begin(spec).await?).await }, hold)
+        self.detached(
+            async move { this.finish(Box::new(helper.begin(spec).await?)).await },
+            hold,
+        )
+        .await
+    }
+
+    /// Like `run`, in a sandbox that `start` starts (a warm one's `begin`, say).
+    pub async fn run_started<H: Send + 'static>(
+        &self,
+        start: impl std::future::Future<Output = Result<Box<dyn HelperChannel>, RunError>> + Send + 'static,
+        hold: H,
+    ) -> Result<RunResult, RunError> {
+        let this = self.clone();
+        self.detached(async move { this.finish(start.await?).await }, hold)
             .await
     }
 
     async fn run_inner(&self, spec: RunSpec) -> Result<RunResult, RunError> {
         let helper = self.start(spec).await?;
-        self.finish(helper).await
+        self.finish(Box::new(helper)).await
     }
 
     /// Waits for the program to end (or kills it at shutdown), then for the helper.
-    async fn finish(&self, mut helper: Helper) -> Result<RunResult, RunError> {
+    async fn finish(&self, mut helper: Box<dyn HelperChannel>) -> Result<RunResult, RunError> {
         let mut shutdown = self.shutdown.clone();
         let outcome = loop {
             let event = tokio::select! {
@@ -253,7 +268,7 @@ impl Runner {
         };
         // The helper answers before it removes the cgroup and mounts; it is reaped (and
         // still counted as active) in the background.
-        tokio::spawn(helper.wait());
+        tokio::spawn(async move { helper.wait().await });
         outcome
     }
 
@@ -588,6 +603,38 @@ impl Helper {
 
     /// Waits for the helper to exit (it does once everything is reclaimed).
     pub async fn wait(mut self) {
+        self.stdin = None;
+        self.child.wait().await;
+    }
+}
+
+#[async_trait::async_trait]
+impl HelperChannel for Helper {
+    fn run_id(&self) -> &str {
+        Helper::run_id(self)
+    }
+
+    fn hash_seed(&self) -> Option<u32> {
+        Helper::hash_seed(self)
+    }
+
+    async fn next_event(&mut self) -> Result<Event, RunError> {
+        Helper::next_event(self).await
+    }
+
+    async fn send(&mut self, command: &sandcall_sandbox::protocol::Command) -> Result<(), RunError> {
+        Helper::send(self, command).await
+    }
+
+    fn abort(&mut self) {
+        Helper::abort(self);
+    }
+
+    fn aborted(&self) -> bool {
+        Helper::aborted(self)
+    }
+
+    async fn wait(&mut self) {
         self.stdin = None;
         self.child.wait().await;
     }

@@ -228,13 +228,16 @@ async fn start(
         programmatic::tool_channel(config),
         shutdown_rx.clone(),
     );
+    // Where runs and sessions get their sandboxes.
+    let tier: Arc<dyn sandcall_engine::isolation::IsolationTier> = Arc::new(
+        sandcall_engine::isolation::NamespaceTier::new(runner.clone(), pool.clone()),
+    );
     let sessions = programmatic::session::Sessions::new(
         key,
         shared_config.clone(),
         shutdown_rx.clone(),
         programmatic::session::Backing {
-            runner: runner.clone(),
-            pool: pool.clone(),
+            tier: tier.clone(),
             admission: admission.clone(),
             files: store.clone(),
             outbox_dir: outbox_dir.clone(),
@@ -252,6 +255,7 @@ async fn start(
             config: shared_config,
             runner: runner.clone(),
             pool,
+            tier,
             probing: Default::default(),
             admission,
             sessions,

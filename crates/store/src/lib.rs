@@ -15,6 +15,8 @@
 
 #[cfg(feature = "backends")]
 pub mod embedded;
+#[cfg(feature = "memory")]
+pub mod memory;
 #[cfg(feature = "backends")]
 pub mod redis;
 #[cfg(feature = "backends")]
