@@ -3,8 +3,7 @@
 //! these, so that another tier can stand behind them without touching sessions, files
 //! or HTTP, and so that tests can drive a session with a scripted sandbox.
 
-use crate::pool::Pool;
-use crate::runner::{Helper, RunError, RunSpec, Runner};
+use crate::run::{RunError, RunSpec};
 use async_trait::async_trait;
 use sandcall_api::Language;
 use sandcall_sandbox::protocol::{Command, Event, RunResult};
@@ -85,71 +84,4 @@ pub trait IsolationTier: Send + Sync {
 
     /// Notes a sandbox that failed, for the health route.
     fn record_failure(&self, error: &RunError);
-}
-
-/// Today's tier: a sandbox is a helper process in Linux namespaces (`runner::Runner`),
-/// warm ones from the pool (`pool::Pool`).
-#[derive(Clone)]
-pub struct NamespaceTier {
-    runner: Runner,
-    pool: Pool,
-}
-
-impl NamespaceTier {
-    pub fn new(runner: Runner, pool: Pool) -> NamespaceTier {
-        NamespaceTier { runner, pool }
-    }
-}
-
-#[async_trait]
-impl IsolationTier for NamespaceTier {
-    async fn take_warm(&self, language: Language, code: &str) -> Option<Box<dyn WarmSandbox>> {
-        let helper = self.pool.take_or_fork(language, code).await?;
-        Some(Box::new(helper))
-    }
-
-    async fn start(&self, spec: RunSpec) -> Result<Box<dyn HelperChannel>, RunError> {
-        Ok(Box::new(self.runner.start(spec).await?))
-    }
-
-    async fn run(
-        &self,
-        warm: Option<Box<dyn WarmSandbox>>,
-        spec: RunSpec,
-        hold: Box<dyn std::any::Any + Send>,
-    ) -> Result<RunResult, RunError> {
-        match warm {
-            Some(warm) => self.runner.run_started(warm.begin(spec), hold).await,
-            None => self.runner.run(spec, hold).await,
-        }
-    }
-
-    fn failing(&self) -> Option<String> {
-        self.runner.failing()
-    }
-
-    fn record_failure(&self, error: &RunError) {
-        self.runner.record_failure(error);
-    }
-}
-
-#[async_trait]
-impl WarmSandbox for Helper {
-    fn run_id(&self) -> &str {
-        Helper::run_id(self)
-    }
-
-    fn hash_seed(&self) -> Option<u32> {
-        Helper::hash_seed(self)
-    }
-
-    async fn begin(self: Box<Self>, spec: RunSpec) -> Result<Box<dyn HelperChannel>, RunError> {
-        Ok(Box::new(Helper::begin(*self, spec).await?))
-    }
-
-    fn discard(self: Box<Self>) {
-        let mut helper = *self;
-        helper.abort();
-        tokio::spawn(helper.wait());
-    }
 }

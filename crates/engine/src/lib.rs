@@ -19,10 +19,12 @@ pub mod isolation;
 pub mod json;
 pub mod launcher;
 pub mod mcp_client;
+pub mod namespace;
 pub mod npm_runtime;
 pub mod pool;
 pub mod programmatic;
 pub mod python_runtime;
+pub mod run;
 pub mod runner;
 pub mod runtime;
 pub mod telemetry;
@@ -43,7 +45,7 @@ pub struct Engine {
     pub admission: Admission,
     pub sessions: programmatic::session::Sessions,
     pub pool: pool::Pool,
-    /// Where runs get their sandboxes (`isolation::NamespaceTier` over `runner` and `pool`).
+    /// Where runs get their sandboxes (`namespace::NamespaceTier` over `runner` and `pool`).
     pub tier: Arc<dyn isolation::IsolationTier>,
     /// A health check's trial run is under way.
     pub probing: Arc<std::sync::atomic::AtomicBool>,

@@ -4,11 +4,10 @@
 
 use crate::isolation::HelperChannel;
 use crate::launcher::{ForkedHelper, Launcher};
+pub use crate::run::{RunError, RunSpec};
 use sandcall_sandbox::cgroup::CgroupRoot;
 use sandcall_sandbox::priority;
-use sandcall_sandbox::protocol::{
-    Collect, Event, InputFile, Launch, Limits, Prepare, Run, RunResult, ToolChannel, ToolReply,
-};
+use sandcall_sandbox::protocol::{Event, Launch, Limits, Prepare, Run, RunResult, ToolChannel, ToolReply};
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -18,60 +17,6 @@ use tokio::io::{AsyncBufReadExt, AsyncWrite, AsyncWriteExt, BufReader, Lines};
 use tokio::net::unix::pipe;
 use tokio::process::Command;
 use tokio::sync::watch;
-
-#[derive(Debug, thiserror::Error)]
-pub enum RunError {
-    #[error("cannot start the sandbox helper: {0}")]
-    Spawn(std::io::Error),
-    #[error("sandbox helper protocol: {0}")]
-    Protocol(String),
-    #[error("sandbox failed: {0}")]
-    Sandbox(String),
-}
-
-/// One program to run, fully resolved (limits clamped, argv built).
-#[derive(Debug, Clone)]
-pub struct RunSpec {
-    pub run_id: String,
-    pub code: String,
-    pub code_file: String,
-    pub argv: Vec<String>,
-    pub env: Vec<(String, String)>,
-    pub stdin: String,
-    pub timeout_ms: u64,
-    pub limits: Limits,
-    /// More files for the code directory (a runner, tool definitions).
-    pub support_files: Vec<(String, String)>,
-    /// The tool channel, for programmatic runs.
-    pub tools: Option<ToolChannel>,
-    /// Files staged into the working directory.
-    pub inputs: Vec<InputFile>,
-    /// Where the run's output files go, if they are collected.
-    pub collect: Option<Collect>,
-    /// For a warm sandbox: the line that starts its waiting program.
-    pub go: Option<String>,
-}
-
-impl RunSpec {
-    /// A run of `code` as `launch` says, with no stdin, inputs, outputs or tools.
-    pub fn new(run_id: String, code: String, launch: crate::runtime::Launch, timeout_ms: u64, limits: Limits) -> Self {
-        RunSpec {
-            run_id,
-            code,
-            code_file: launch.code_file,
-            argv: launch.argv,
-            env: launch.env,
-            stdin: String::new(),
-            timeout_ms,
-            limits,
-            support_files: launch.support_files,
-            tools: None,
-            inputs: Vec::new(),
-            collect: None,
-            go: None,
-        }
-    }
-}
 
 /// A template ("zygote") ready to fork: its id (its cgroup's name), the socket it
 /// listens on, and the hash seed its runs share.
@@ -603,38 +548,11 @@ impl Helper {
 
     /// Waits for the helper to exit (it does once everything is reclaimed).
     pub async fn wait(mut self) {
-        self.stdin = None;
-        self.child.wait().await;
-    }
-}
-
-#[async_trait::async_trait]
-impl HelperChannel for Helper {
-    fn run_id(&self) -> &str {
-        Helper::run_id(self)
+        self.wait_in_place().await;
     }
 
-    fn hash_seed(&self) -> Option<u32> {
-        Helper::hash_seed(self)
-    }
-
-    async fn next_event(&mut self) -> Result<Event, RunError> {
-        Helper::next_event(self).await
-    }
-
-    async fn send(&mut self, command: &sandcall_sandbox::protocol::Command) -> Result<(), RunError> {
-        Helper::send(self, command).await
-    }
-
-    fn abort(&mut self) {
-        Helper::abort(self);
-    }
-
-    fn aborted(&self) -> bool {
-        Helper::aborted(self)
-    }
-
-    async fn wait(&mut self) {
+    /// Closes the helper's stdin and waits for it to exit, keeping the handle.
+    pub(crate) async fn wait_in_place(&mut self) {
         self.stdin = None;
         self.child.wait().await;
     }

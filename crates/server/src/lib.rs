@@ -230,7 +230,7 @@ async fn start(
     );
     // Where runs and sessions get their sandboxes.
     let tier: Arc<dyn sandcall_engine::isolation::IsolationTier> = Arc::new(
-        sandcall_engine::isolation::NamespaceTier::new(runner.clone(), pool.clone()),
+        sandcall_engine::namespace::NamespaceTier::new(runner.clone(), pool.clone()),
     );
     let sessions = programmatic::session::Sessions::new(
         key,
