@@ -154,21 +154,6 @@ impl Runner {
         }
     }
 
-    /// Like `run`, in a warm sandbox from the pool (`spec.go` starts its program).
-    pub async fn run_warm<H: Send + 'static>(
-        &self,
-        helper: Helper,
-        spec: RunSpec,
-        hold: H,
-    ) -> Result<RunResult, RunError> {
-        let this = self.clone();
-        self.detached(
-            async move { this.finish(Box::new(helper.begin(spec).await?)).await },
-            hold,
-        )
-        .await
-    }
-
     /// Like `run`, in a sandbox that `start` starts (a warm one's `begin`, say).
     pub async fn run_started<H: Send + 'static>(
         &self,
