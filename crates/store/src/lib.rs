@@ -39,13 +39,14 @@ pub enum StoreUrl {
 }
 
 impl StoreUrl {
-    /// The backend a setting names; anything but `redis://` and `s3://` is the embedded
-    /// store (`Config::validate` refuses every other value before this runs).
-    pub fn parse(setting: Option<&str>) -> StoreUrl {
+    /// The backend a setting names: unset or `embedded`, `redis://...` or `s3://...`;
+    /// `None` for anything else, which its opener refuses.
+    pub fn parse(setting: Option<&str>) -> Option<StoreUrl> {
         match setting {
-            Some(url) if url.starts_with("redis://") => StoreUrl::Redis(url.to_owned()),
-            Some(url) if url.starts_with("s3://") => StoreUrl::S3(url.to_owned()),
-            _ => StoreUrl::Embedded,
+            None | Some("embedded") => Some(StoreUrl::Embedded),
+            Some(url) if url.starts_with("redis://") => Some(StoreUrl::Redis(url.to_owned())),
+            Some(url) if url.starts_with("s3://") => Some(StoreUrl::S3(url.to_owned())),
+            Some(_) => None,
         }
     }
 }
@@ -57,8 +58,10 @@ pub async fn open_file_store(
     config: &sandcall_config::Config,
     data_dir: &Path,
 ) -> Result<std::sync::Arc<dyn FileStore>, StoreError> {
-    match StoreUrl::parse(config.files.file_store.as_deref()) {
-        StoreUrl::S3(url) => {
+    let setting = config.files.file_store.as_deref();
+    match StoreUrl::parse(setting) {
+        Some(StoreUrl::Embedded) => Ok(std::sync::Arc::new(embedded::LocalStore::open(data_dir)?)),
+        Some(StoreUrl::S3(url)) => {
             let store = s3::S3Store::open(
                 data_dir,
                 &url,
@@ -69,7 +72,8 @@ pub async fn open_file_store(
             store.check().await?;
             Ok(std::sync::Arc::new(store))
         }
-        StoreUrl::Embedded | StoreUrl::Redis(_) => Ok(std::sync::Arc::new(embedded::LocalStore::open(data_dir)?)),
+        // Files are not kept in Redis, nor anywhere else.
+        Some(StoreUrl::Redis(_)) | None => Err(StoreError::BadFileStoreUrl(setting.unwrap_or_default().to_owned())),
     }
 }
 
@@ -82,8 +86,9 @@ pub fn open_session_store(
     ttl_ms: u64,
 ) -> Result<std::sync::Arc<dyn SessionStore>, StoreError> {
     Ok(match StoreUrl::parse(config.sessions.session_store.as_deref()) {
-        StoreUrl::Redis(url) => std::sync::Arc::new(redis::RedisSessionStore::open(&url, ttl_ms)?),
-        StoreUrl::Embedded | StoreUrl::S3(_) => std::sync::Arc::new(embedded::EmbeddedSessionStore::open(data_dir)?),
+        Some(StoreUrl::Redis(url)) => std::sync::Arc::new(redis::RedisSessionStore::open(&url, ttl_ms)?),
+        // `Config::validate` refuses every other value but `embedded`.
+        _ => std::sync::Arc::new(embedded::EmbeddedSessionStore::open(data_dir)?),
     })
 }
 
@@ -578,6 +583,19 @@ pub(crate) async fn check_dormancy(store: &dyn SessionStore, id: &str, principal
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_store_url_names_its_backend_or_nothing() {
+        assert_eq!(StoreUrl::parse(None), Some(StoreUrl::Embedded));
+        assert_eq!(StoreUrl::parse(Some("embedded")), Some(StoreUrl::Embedded));
+        assert_eq!(
+            StoreUrl::parse(Some("redis://h:6379/0")),
+            Some(StoreUrl::Redis("redis://h:6379/0".into()))
+        );
+        assert_eq!(StoreUrl::parse(Some("s3://b/p")), Some(StoreUrl::S3("s3://b/p".into())));
+        assert_eq!(StoreUrl::parse(Some("ftp://somewhere/x")), None);
+        assert_eq!(StoreUrl::parse(Some("Embedded")), None);
+    }
     use std::error::Error as _;
 
     #[test]
