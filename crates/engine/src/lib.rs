@@ -129,7 +129,11 @@ impl Engine {
         let mut spec = RunSpec::new(session_id.clone(), cmd.code, launch, cmd.timeout_ms, cmd.limits);
         spec.stdin = cmd.stdin;
         spec.inputs = inputs;
-        spec.collect = Some(self.collect_into(&outbox, spec.limits.workspace_bytes));
+        spec.collect = Some(files::ops::collect_into(
+            &self.config,
+            &outbox,
+            spec.limits.workspace_bytes,
+        ));
         // The slot travels with the run, which finishes even if the client goes away.
         let started = std::time::Instant::now();
         let was_warm = warm.is_some();
@@ -178,17 +182,6 @@ impl Engine {
             lease.save(&response.files).await;
         }
         Ok((response, was_warm))
-    }
-
-    /// Collection settings for a run whose outputs go to `outbox`. A run stores at most
-    /// its working directory's size (`workspace_bytes`) of outputs.
-    pub fn collect_into(&self, outbox: &std::path::Path, workspace_bytes: u64) -> sandcall_sandbox::protocol::Collect {
-        sandcall_sandbox::protocol::Collect {
-            outbox: outbox.to_path_buf(),
-            max_files: self.config.files.max_output_files,
-            max_file_bytes: self.config.files.max_file_bytes,
-            max_total_bytes: workspace_bytes,
-        }
     }
 }
 

@@ -6,9 +6,20 @@ use crate::error::EngineError;
 use crate::error::ErrorKind;
 use sandcall_api::{error_type, FileOrigin, FileRef, OutputFile, SkippedFile};
 use sandcall_config::Config;
-use sandcall_sandbox::protocol::{InputFile, RunResult};
+use sandcall_sandbox::protocol::{Collect, InputFile, RunResult};
 use std::collections::HashSet;
 use std::path::Path;
+
+/// Collection settings for a run whose outputs go to `outbox`. A run stores at most its
+/// working directory's size (`workspace_bytes`) of outputs.
+pub fn collect_into(config: &Config, outbox: &Path, workspace_bytes: u64) -> Collect {
+    Collect {
+        outbox: outbox.to_path_buf(),
+        max_files: config.files.max_output_files,
+        max_file_bytes: config.files.max_file_bytes,
+        max_total_bytes: workspace_bytes,
+    }
+}
 
 pub fn file_not_found() -> EngineError {
     EngineError::new(ErrorKind::NotFound, error_type::FILE_NOT_FOUND, "no such file")

@@ -28,7 +28,7 @@ use sandcall_api::ids;
 use sandcall_api::{error_type, OutputFile, ProgrammaticResponse, SkippedFile, ToolArguments, ToolCall, ToolResult};
 use sandcall_auth::Principal;
 use sandcall_config::Config;
-use sandcall_sandbox::protocol::{Collect, Command, Event, RunResult, ToolReply};
+use sandcall_sandbox::protocol::{Command, Event, RunResult, ToolReply};
 use sandcall_store::{JournalEntry, SessionStart, SessionState, SessionStore};
 use serde_json::Value;
 use std::collections::HashMap;
@@ -442,12 +442,11 @@ impl Sessions {
             spec.run_id = helper.run_id().to_owned();
         }
         let outbox = inner.outbox_dir.join(&spec.run_id);
-        spec.collect = Some(Collect {
-            outbox: outbox.clone(),
-            max_files: inner.config.files.max_output_files,
-            max_file_bytes: inner.config.files.max_file_bytes,
-            max_total_bytes: spec.limits.workspace_bytes,
-        });
+        spec.collect = Some(crate::files::ops::collect_into(
+            &inner.config,
+            &outbox,
+            spec.limits.workspace_bytes,
+        ));
         let id = spec.run_id.clone();
         tracing::Span::current().record("session_id", id.as_str());
         let loop_deadline = cmd.loop_timeout_ms.map(|ms| Instant::now() + Duration::from_millis(ms));

@@ -193,12 +193,11 @@ impl Sessions {
             spec.run_id = helper.run_id().to_owned();
         }
         let outbox = inner.outbox_dir.join(&spec.run_id);
-        spec.collect = Some(Collect {
-            outbox: outbox.clone(),
-            max_files: inner.config.files.max_output_files,
-            max_file_bytes: inner.config.files.max_file_bytes,
-            max_total_bytes: spec.limits.workspace_bytes,
-        });
+        spec.collect = Some(crate::files::ops::collect_into(
+            &inner.config,
+            &outbox,
+            spec.limits.workspace_bytes,
+        ));
         let started = match warm {
             Some(helper) => {
                 let names = cmd.tools.names();
