@@ -144,7 +144,25 @@ fn the_largest_request_of_each_route_costs_a_bounded_amount() {
     let s = Server::start();
     let c = Client::anonymous(&s);
     let mut failures = Vec::new();
-    // Every route once, small, so that first-use allocations are not counted below.
+    warm_every_route(&c);
+    exec_the_largest_run(&s, &c, &mut failures);
+    let uploaded = upload_twenty_files_at_the_cap(&s, &c, &mut failures);
+    let session = uploaded["storage_session_id"].as_str().unwrap().to_owned();
+    let file = uploaded["files"][0]["id"].as_str().unwrap().to_owned();
+    download_list_and_describe(&s, &c, &session, &file, &mut failures);
+    batch_upload_and_list_in_full(&s, &c, &mut failures);
+    let tools = tools_filling_the_body();
+    let paused = start_a_full_pause(&s, &c, &tools, &mut failures);
+    get_the_paused_session(&s, &c, &paused, &mut failures);
+    resume_with_the_largest_results(&s, &c, &paused, &mut failures);
+    cancel_a_full_pause(&s, &c, &tools, &mut failures);
+    delete_the_large_files_and_get_the_documents(&s, &c, &uploaded, &session, &mut failures);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Every route once, small, so that first-use allocations are not counted by the
+/// measured requests.
+fn warm_every_route(c: &Client) {
     ok(&c.post_json("/v1/exec", &json!({"code": "print(1)"})));
     let up = c.upload("warm.txt", "text/plain", b"warm");
     ok(&c.download(&up.session_id, &up.id));
@@ -157,26 +175,30 @@ fn the_largest_request_of_each_route_costs_a_bounded_amount() {
         ROUTE,
         &json!({"continuation_token": p["continuation_token"], "tool_results": [{"call_id": p["tool_calls"][0]["id"], "result": 1}]}),
     ));
+}
 
-    // POST /v1/exec: the largest code and stdin; the program floods both streams and
-    // leaves as many large (sparse) output files as collection takes.
+/// POST /v1/exec: the largest code and stdin; the program floods both streams and
+/// leaves as many large (sparse) output files as collection takes.
+fn exec_the_largest_run(s: &Server, c: &Client, failures: &mut Vec<String>) {
     let program = "import sys\n\
         data = sys.stdin.read()\n\
         sys.stdout.write('o' * (4 << 20)); sys.stderr.write('e' * (4 << 20))\n\
         for i in range(100):\n    open(f'out{i}.bin', 'wb').truncate((25 << 20) - 1)\n\
         print(len(data))";
     let body = json!({"code": padded(program, MAX_CODE_BYTES - 64), "stdin": "s".repeat(MAX_STDIN_BYTES)});
-    let (reply, cost) = measure(&s, || c.post_json("/v1/exec", &body));
+    let (reply, cost) = measure(s, || c.post_json("/v1/exec", &body));
     let run = ok(&reply);
     assert_eq!(run["stdout_truncated"], true, "{}", &run["stderr"]);
     check(
         "POST /v1/exec (1 MiB code, 1 MiB stdin, floods, 100 large outputs)",
         &cost,
-        &mut failures,
+        failures,
     );
+}
 
-    // POST /v1/upload: 20 parts at max_file_bytes (the body may hold 100, but 500 MiB is
-    // enough to show that parts are streamed to disk, not held).
+/// POST /v1/upload: 20 parts at max_file_bytes (the body may hold 100, but 500 MiB is
+/// enough to show that parts are streamed to disk, not held). Returns the answer.
+fn upload_twenty_files_at_the_cap(s: &Server, c: &Client, failures: &mut Vec<String>) -> Value {
     let data = vec![b'u'; MAX_FILE_BYTES];
     let names: Vec<String> = (0..20).map(|i| format!("big{i}.bin")).collect();
     let parts: Vec<_> = names
@@ -184,19 +206,20 @@ fn the_largest_request_of_each_route_costs_a_bounded_amount() {
         .map(|n| file_part(n, "application/octet-stream", &data))
         .collect();
     let body = multipart(&parts);
-    let (reply, cost) = measure(&s, || {
+    let (reply, cost) = measure(s, || {
         c.send("POST", "/v1/upload", Some(&multipart_content_type()), Some(&body))
     });
     let uploaded = ok(&reply);
     drop(body);
-    check("POST /v1/upload (20 × 25 MiB)", &cost, &mut failures);
-    let session = uploaded["storage_session_id"].as_str().unwrap().to_owned();
-    let file = uploaded["files"][0]["id"].as_str().unwrap().to_owned();
+    check("POST /v1/upload (20 × 25 MiB)", &cost, failures);
+    uploaded
+}
 
-    // GET /v1/download of the largest file, four at once; then listing and metadata.
-    let (replies, cost) = measure(&s, || {
+/// GET /v1/download of the largest file, four at once; then listing and metadata.
+fn download_list_and_describe(s: &Server, c: &Client, session: &str, file: &str, failures: &mut Vec<String>) {
+    let (replies, cost) = measure(s, || {
         std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..4).map(|_| scope.spawn(|| c.download(&session, &file))).collect();
+            let handles: Vec<_> = (0..4).map(|_| scope.spawn(|| c.download(session, file))).collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
         })
     });
@@ -204,21 +227,20 @@ fn the_largest_request_of_each_route_costs_a_bounded_amount() {
         .iter()
         .all(|r| r.status == 200 && r.body.len() == MAX_FILE_BYTES));
     drop(replies);
-    check("GET /v1/download (25 MiB, 4 at once)", &cost, &mut failures);
-    let (_, cost) = measure(&s, || {
+    check("GET /v1/download (25 MiB, 4 at once)", &cost, failures);
+    let (_, cost) = measure(s, || {
         for _ in 0..20 {
             ok(&c.get(&format!("/v1/files/{session}")));
-            ok(&c.object(&session, &file));
+            ok(&c.object(session, file));
         }
     });
-    check(
-        "GET /v1/files and /v1/sessions/../objects (20 files)",
-        &cost,
-        &mut failures,
-    );
+    check("GET /v1/files and /v1/sessions/../objects (20 files)", &cost, failures);
+}
 
-    // POST /v1/upload/batch: 200 parts (the most) of 1 MiB under long nested names, whose
-    // files are all held until the body is read; then the fullest listing of them.
+/// POST /v1/upload/batch: 200 parts (the most) of 1 MiB under long nested names, whose
+/// files are all held until the body is read; then the fullest listing of them, and
+/// their deletion.
+fn batch_upload_and_list_in_full(s: &Server, c: &Client, failures: &mut Vec<String>) {
     let mib = vec![b'b'; 1 << 20];
     let names: Vec<String> = (0..200).map(|i| format!("{}f{i}.bin", "d/".repeat(100))).collect();
     let parts: Vec<_> = names
@@ -226,44 +248,51 @@ fn the_largest_request_of_each_route_costs_a_bounded_amount() {
         .map(|n| file_part(n, "application/octet-stream", &mib))
         .collect();
     let body = multipart(&parts);
-    let (reply, cost) = measure(&s, || {
+    let (reply, cost) = measure(s, || {
         c.send("POST", "/v1/upload/batch", Some(&multipart_content_type()), Some(&body))
     });
     let batch = ok(&reply);
     drop(body);
     assert_eq!(batch["succeeded"], 200, "{}", shown(&batch));
-    check("POST /v1/upload/batch (200 × 1 MiB, long names)", &cost, &mut failures);
+    check("POST /v1/upload/batch (200 × 1 MiB, long names)", &cost, failures);
     let batch_session = batch["storage_session_id"].as_str().unwrap().to_owned();
-    let (_, cost) = measure(&s, || {
+    let (_, cost) = measure(s, || {
         for _ in 0..5 {
             ok(&c.get(&format!("/v1/files/{batch_session}?detail=full")));
         }
     });
-    check("GET /v1/files?detail=full (200 files)", &cost, &mut failures);
+    check("GET /v1/files?detail=full (200 files)", &cost, failures);
     for f in batch["files"].as_array().unwrap() {
         assert_eq!(c.delete_file(&batch_session, f["fileId"].as_str().unwrap()).status, 200);
     }
+}
 
-    // POST /v1/exec/programmatic: 100 tools with schemas filling the body, 1 MiB of code
-    // less that room; the program hands out as much as one pause may hold, in the shape
-    // that costs the most to hold in memory (arrays of small numbers).
+/// 100 tools whose schemas fill the programmatic route's body, 1 MiB of code less that
+/// room.
+fn tools_filling_the_body() -> Vec<Value> {
     let mut tools = vec![json!({"name": "sink", "parameters": {"type": "object"}})];
     tools.extend((1..100).map(|i| json!({"name": format!("tool_{i}"), "parameters": big_schema(18 << 10)})));
-    let body = body_of_full_pause(&tools);
-    let (reply, cost) = measure(&s, || c.post_json(ROUTE, &body));
+    tools
+}
+
+/// POST /v1/exec/programmatic with `tools`; the program hands out as much as one pause
+/// may hold, in the shape that costs the most to hold in memory (arrays of small
+/// numbers). Returns the pause.
+fn start_a_full_pause(s: &Server, c: &Client, tools: &[Value], failures: &mut Vec<String>) -> Value {
+    let body = body_of_full_pause(tools);
+    let (reply, cost) = measure(s, || c.post_json(ROUTE, &body));
     let paused = ok(&reply);
     assert_eq!(paused["status"], "tool_call_required", "{}", shown(&paused));
     assert_eq!(paused["tool_calls"].as_array().unwrap().len(), 4, "{}", shown(&paused));
-    check(
-        "POST /v1/exec/programmatic (100 tools, a full pause)",
-        &cost,
-        &mut failures,
-    );
-    let id = paused["session_id"].as_str().unwrap().to_owned();
+    check("POST /v1/exec/programmatic (100 tools, a full pause)", &cost, failures);
     drop(reply);
+    paused
+}
 
-    // GET of the paused session, eight at once.
-    let (replies, cost) = measure(&s, || {
+/// GET of the paused session, eight at once.
+fn get_the_paused_session(s: &Server, c: &Client, paused: &Value, failures: &mut Vec<String>) {
+    let id = paused["session_id"].as_str().unwrap().to_owned();
+    let (replies, cost) = measure(s, || {
         std::thread::scope(|scope| {
             let handles: Vec<_> = (0..8)
                 .map(|_| scope.spawn(|| c.get(&format!("{ROUTE}/{id}"))))
@@ -276,11 +305,13 @@ fn the_largest_request_of_each_route_costs_a_bounded_amount() {
     check(
         "GET /v1/exec/programmatic/{id} (a full pause, 8 at once)",
         &cost,
-        &mut failures,
+        failures,
     );
+}
 
-    // The resume: results filling the route's body (3 × max_tool_result_bytes + 1 MiB):
-    // three of about 5 MiB each, and a small one.
+/// The resume: results filling the route's body (3 × max_tool_result_bytes + 1 MiB):
+/// three of about 5 MiB each, and a small one.
+fn resume_with_the_largest_results(s: &Server, c: &Client, paused: &Value, failures: &mut Vec<String>) {
     let results: Vec<Value> = paused["tool_calls"]
         .as_array()
         .unwrap()
@@ -289,33 +320,39 @@ fn the_largest_request_of_each_route_costs_a_bounded_amount() {
         .map(|(i, call)| json!({"call_id": call["id"], "result": vec![0; if i < 3 { 2_600_000 } else { 1 }]}))
         .collect();
     let body = json!({"continuation_token": paused["continuation_token"], "tool_results": results});
-    let (reply, cost) = measure(&s, || c.post_json(ROUTE, &body));
+    let (reply, cost) = measure(s, || c.post_json(ROUTE, &body));
     let done = ok(&reply);
     assert_eq!(done["stdout"], "7800001\n", "{}", shown(&done));
-    check(
-        "POST /v1/exec/programmatic resume (15 MiB of results)",
-        &cost,
-        &mut failures,
-    );
+    check("POST /v1/exec/programmatic resume (15 MiB of results)", &cost, failures);
+}
 
-    // POST /v1/exec/programmatic/cancel of a session paused on a full pause.
-    let paused = ok(&c.post_json(ROUTE, &body_of_full_pause(&tools)));
+/// POST /v1/exec/programmatic/cancel of a session paused on a full pause.
+fn cancel_a_full_pause(s: &Server, c: &Client, tools: &[Value], failures: &mut Vec<String>) {
+    let paused = ok(&c.post_json(ROUTE, &body_of_full_pause(tools)));
     assert_eq!(paused["status"], "tool_call_required", "{}", shown(&paused));
     let cancel = json!({"session_id": paused["session_id"]});
-    let (reply, cost) = measure(&s, || c.post_json(&format!("{ROUTE}/cancel"), &cancel));
+    let (reply, cost) = measure(s, || c.post_json(&format!("{ROUTE}/cancel"), &cancel));
     assert_eq!(ok(&reply)["error_type"], "cancelled");
-    check("POST /v1/exec/programmatic/cancel (a full pause)", &cost, &mut failures);
+    check("POST /v1/exec/programmatic/cancel (a full pause)", &cost, failures);
+}
 
-    // DELETE of the twenty large files; the documents and a bare health check.
+/// DELETE of the twenty large files of `uploaded`; the documents and a bare health check.
+fn delete_the_large_files_and_get_the_documents(
+    s: &Server,
+    c: &Client,
+    uploaded: &Value,
+    session: &str,
+    failures: &mut Vec<String>,
+) {
     let ids: Vec<String> = uploaded["files"]
         .as_array()
         .unwrap()
         .iter()
         .map(|f| f["id"].as_str().unwrap().to_owned())
         .collect();
-    let (_, cost) = measure(&s, || {
+    let (_, cost) = measure(s, || {
         for id in &ids {
-            assert_eq!(c.delete_file(&session, id).status, 200);
+            assert_eq!(c.delete_file(session, id).status, 200);
         }
         ok(&c.get("/openapi.json"));
         ok(&c.get("/v1/health"));
@@ -323,10 +360,8 @@ fn the_largest_request_of_each_route_costs_a_bounded_amount() {
     check(
         "DELETE /v1/files (20 × 25 MiB), GET /openapi.json, GET /v1/health",
         &cost,
-        &mut failures,
+        failures,
     );
-
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 /// The first call of a session with `tools`, 1 MiB of code less the room they take,
