@@ -678,8 +678,25 @@ fn no_key_source_means_jwts_are_off() {
     assert!(JwtVerifier::load(&blank).unwrap().is_none());
 }
 
+/// Each config fails to load with a message that starts with "JWT keys: ", holds the
+/// expected words, and shows no key material.
+fn assert_refused_with_a_clear_message(cases: Vec<(&str, JwtConfig, &str)>) {
+    for (label, config, expected) in cases {
+        let message = load_error(&config);
+        assert!(
+            message.starts_with("JWT keys: ") && message.contains(expected),
+            "{label}: {message}"
+        );
+        assert!(
+            !message.contains("BEGIN") && !message.contains("MII"),
+            "{label}: key material in {message}"
+        );
+    }
+}
+
+/// public_key: garbage inside PEM, a path instead of PEM, a private key, or no kid with it.
 #[test]
-fn key_sources_that_cannot_be_parsed_are_refused_with_a_clear_message() {
+fn a_public_key_that_cannot_be_parsed_is_refused_with_a_clear_message() {
     let ed = ed_key();
     let cases: Vec<(&str, JwtConfig, &str)> = vec![
         (
@@ -717,6 +734,16 @@ fn key_sources_that_cannot_be_parsed_are_refused_with_a_clear_message() {
             },
             "needs its kid",
         ),
+    ];
+    assert_refused_with_a_clear_message(cases);
+}
+
+/// jwks_json: not JSON, no `keys`, keys that are unusable or contradict themselves, a
+/// secret, no key with a kid; and a JWKS kid that public_key's kid repeats.
+#[test]
+fn a_jwks_that_cannot_be_parsed_is_refused_with_a_clear_message() {
+    let ed = ed_key();
+    let cases: Vec<(&str, JwtConfig, &str)> = vec![
         (
             "JWKS not JSON",
             JwtConfig {
@@ -789,14 +816,29 @@ fn key_sources_that_cannot_be_parsed_are_refused_with_a_clear_message() {
             },
             "kid \"k\" is configured twice",
         ),
-        (
-            "a missing keys dir",
-            JwtConfig {
-                public_keys_dir: Some("/nonexistent/sandcall-keys".into()),
-                ..JwtConfig::default()
-            },
-            "public_keys_dir (CODEAPI_JWT_PUBLIC_KEYS_DIR): cannot read /nonexistent/sandcall-keys",
-        ),
+    ];
+    assert_refused_with_a_clear_message(cases);
+}
+
+/// public_keys_dir: a folder that is not there.
+#[test]
+fn a_keys_dir_that_cannot_be_read_is_refused_with_a_clear_message() {
+    let cases: Vec<(&str, JwtConfig, &str)> = vec![(
+        "a missing keys dir",
+        JwtConfig {
+            public_keys_dir: Some("/nonexistent/sandcall-keys".into()),
+            ..JwtConfig::default()
+        },
+        "public_keys_dir (CODEAPI_JWT_PUBLIC_KEYS_DIR): cannot read /nonexistent/sandcall-keys",
+    )];
+    assert_refused_with_a_clear_message(cases);
+}
+
+/// The checks' settings: algorithms unknown or none, a skew too wide, no lifetime, no
+/// issuer.
+#[test]
+fn check_settings_that_cannot_work_are_refused_with_a_clear_message() {
+    let cases: Vec<(&str, JwtConfig, &str)> = vec![
         (
             "an unknown algorithm",
             JwtConfig {
@@ -838,17 +880,7 @@ fn key_sources_that_cannot_be_parsed_are_refused_with_a_clear_message() {
             "issuer (CODEAPI_JWT_ISSUER) may not be empty",
         ),
     ];
-    for (label, config, expected) in cases {
-        let message = load_error(&config);
-        assert!(
-            message.starts_with("JWT keys: ") && message.contains(expected),
-            "{label}: {message}"
-        );
-        assert!(
-            !message.contains("BEGIN") && !message.contains("MII"),
-            "{label}: key material in {message}"
-        );
-    }
+    assert_refused_with_a_clear_message(cases);
 }
 
 #[test]
