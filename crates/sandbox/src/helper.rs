@@ -1008,14 +1008,18 @@ fn read_hello(report: &OwnedFd, late: &'static str) -> Result<i32, HelperError> 
 }
 
 /// Maps `inside` to `uid`/`gid` of the parent user namespace for process `pid` (or
-/// "self"). setgroups is denied first, as the kernel requires for unprivileged gid maps.
+/// "self"). setgroups is denied first: the kernel requires it before an unprivileged gid
+/// map, and gVisor's kernel before either map.
 fn write_id_maps(pid: &str, inside: u32, uid: u32, gid: u32) -> Result<(), HelperError> {
     let proc_dir = PathBuf::from(format!("/proc/{pid}"));
     let write = |file: &'static str, content: String| {
         fs::write(proc_dir.join(file), content).map_err(|source| HelperError::WriteIdMap { file, source })
     };
+    // gVisor's kernel has no setgroups file (and needs none written).
+    if proc_dir.join("setgroups").exists() {
+        write("setgroups", "deny".into())?;
+    }
     write("uid_map", format!("{inside} {uid} 1\n"))?;
-    write("setgroups", "deny".into())?;
     write("gid_map", format!("{inside} {gid} 1\n"))
 }
 

@@ -91,6 +91,20 @@ pub(crate) fn make_root_private() -> nix::Result<()> {
     )
 }
 
+/// `make_root_private` in a sandbox's init. gVisor's kernel gives a mount namespace
+/// made by the same `clone` as a user namespace to the parent's user namespace, where
+/// the init has no capability; a mount namespace unshared from inside the new user
+/// namespace is the init's own. Linux never needs the second try.
+fn make_own_root_private() -> nix::Result<()> {
+    match make_root_private() {
+        Err(nix::errno::Errno::EPERM) => {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)?;
+            make_root_private()
+        }
+        other => other,
+    }
+}
+
 /// Read-only bind of a host path.
 fn bind_ro(source: &Path, target: &Path) -> Result<(), MountError> {
     bind_rw(source, target)?;
@@ -230,7 +244,7 @@ fn host_file(path: &Path) -> bool {
 pub fn build_root(spec: &RootSpec) -> Result<(), MountError> {
     let root = spec.new_root;
     // Nothing done below may propagate back to the host's mount namespace.
-    step(|| "make / private".into(), make_root_private().map_err(errno))?;
+    step(|| "make / private".into(), make_own_root_private().map_err(errno))?;
     // pivot_root needs the new root to be a mount point of its own.
     bind_rw(root, root)?;
 

@@ -199,6 +199,9 @@ fn exec_program_steps(ctx: &InitContext, run: &InitRun) -> Result<Never, HelperE
         caps::CapSet::Effective,
         caps::CapSet::Permitted,
     ] {
+        if matches!(set, caps::CapSet::Ambient) && !ambient_capabilities_exist() {
+            continue;
+        }
         caps::clear(None, set).map_err(|source| HelperError::DropCapabilities { set, source })?;
     }
     // no_new_privs: setuid binaries and file capabilities give nothing; it is also what
@@ -226,15 +229,29 @@ fn exec_program_steps(ctx: &InitContext, run: &InitRun) -> Result<Never, HelperE
     }
 }
 
+/// Whether this kernel has an ambient capability set: gVisor's has none (its `prctl`
+/// refuses `PR_CAP_AMBIENT` with EINVAL), so there is nothing to clear.
+fn ambient_capabilities_exist() -> bool {
+    // SAFETY: a query that changes nothing.
+    let r = unsafe { libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_IS_SET, 0, 0, 0) };
+    !(r == -1 && io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL))
+}
+
 /// Closes every descriptor of this process but `keep`.
 fn close_all_except(keep: &[RawFd]) -> Result<(), HelperError> {
     let mut keep: Vec<u32> = keep.iter().map(|&fd| fd as u32).collect();
     keep.sort_unstable();
+    // No descriptor is at or above the hard RLIMIT_NOFILE; gVisor's kernel refuses a
+    // range that goes past it (Linux's clamps it).
+    let ceiling = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map(|(_, hard)| hard.min(u64::from(u32::MAX)) as u32)
+        .unwrap_or(u32::MAX);
     let mut from = 0u32;
-    for fd in keep.into_iter().chain(std::iter::once(u32::MAX)) {
-        if fd > from {
+    for fd in keep.into_iter().chain(std::iter::once(ceiling)) {
+        let last = fd.min(ceiling).saturating_sub(1);
+        if fd > from && last >= from {
             // SAFETY: plain syscall on this process's own descriptor table.
-            if unsafe { libc::syscall(libc::SYS_close_range, from, fd - 1, 0u32) } != 0 {
+            if unsafe { libc::syscall(libc::SYS_close_range, from, last, 0u32) } != 0 {
                 return Err(HelperError::CloseRange(io::Error::last_os_error()));
             }
         }
