@@ -323,6 +323,7 @@ def main():
     ap.add_argument("--guard-only", action="store_true", help="only the guard's measurement")
     ap.add_argument("--runtimes", action="store_true", help="only the managed runtimes' section")
     ap.add_argument("--evicted", action="store_true", help="only the evicted sessions' section")
+    ap.add_argument("--tiers", action="store_true", help="only the isolation tiers' section (gvisor beside namespace)")
     ap.add_argument("--no-zygote", dest="zygote", action="store_false",
                     help="servers run with zygote = false (the default is true)")
     ap.add_argument("--min-throughput-ratio", type=float, default=0.45,
@@ -345,6 +346,11 @@ def main():
         import bench_evicted  # noqa: E402 (beside this file)
 
         bench_evicted.main(args, sys.modules[__name__])
+        return
+    if args.tiers:
+        import bench_tiers  # noqa: E402 (beside this file)
+
+        bench_tiers.main(args, sys.modules[__name__])
         return
 
     server = Server(args.binary)
@@ -541,6 +547,8 @@ the data stack loaded (135 MiB).
 RUNTIMES_MARK = "<!-- bench.py --runtimes writes from here on -->"
 # The same for bench_evicted.py's section, after it.
 EVICTED_MARK = "<!-- bench.py --evicted writes from here on -->"
+# The same for bench_tiers.py's section, after that.
+TIERS_MARK = "<!-- bench.py --tiers writes from here on -->"
 
 
 def kept_runtimes_section(path):

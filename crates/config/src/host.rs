@@ -1,4 +1,5 @@
-//! The machine side: the data directory, the sandbox user, the cgroup subtree.
+//! The machine side: the data directory, the sandbox user, the cgroup subtree, the
+//! isolation tier.
 
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -22,6 +23,31 @@ pub struct HostConfig {
     /// A cgroup v2 directory to create run cgroups in (a delegated subtree). Default:
     /// detected, `<hierarchy>/sandcall-<hash of data_dir>`.
     pub cgroup_root: Option<PathBuf>,
+    /// Where runs get their sandboxes: `namespace` (Linux namespaces, cgroups and a
+    /// seccomp filter on the host's kernel) or `gvisor` (each sandbox also inside a gVisor
+    /// sandbox of its own, whose kernel answers the program's system calls).
+    /// docs/isolation.md says which to choose. Default `namespace`.
+    pub isolation: Isolation,
+    /// The `runsc` binary of the `gvisor` tier. Default: `runsc` found on PATH.
+    pub runsc_path: Option<PathBuf>,
+}
+
+/// An isolation tier (`isolation`).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Isolation {
+    #[default]
+    Namespace,
+    Gvisor,
+}
+
+impl Isolation {
+    pub fn name(self) -> &'static str {
+        match self {
+            Isolation::Namespace => "namespace",
+            Isolation::Gvisor => "gvisor",
+        }
+    }
 }
 
 impl Default for HostConfig {
@@ -32,6 +58,8 @@ impl Default for HostConfig {
             sandbox_uid: None,
             sandbox_gid: None,
             cgroup_root: None,
+            isolation: Isolation::Namespace,
+            runsc_path: None,
         }
     }
 }

@@ -24,7 +24,7 @@ pub mod sessions;
 pub use auth::{key_hash, ApiKey, AuthConfig, AuthConfigError, JwtConfig};
 pub use cluster::{ClusterConfig, ClusterError};
 pub use files::{FilesConfig, FilesError};
-pub use host::{HostConfig, HostError};
+pub use host::{HostConfig, HostError, Isolation};
 pub use languages::{LanguageConfig, LanguagesConfig, LanguagesError};
 pub use limits::{LimitsConfig, LimitsError};
 pub use listen::{ListenConfig, ListenError};

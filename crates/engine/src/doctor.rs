@@ -237,6 +237,52 @@ fn check_npm_packages(config: &Config) -> Check {
     }
 }
 
+/// A `runsc` older than this is named in `doctor`'s detail and logged as a warning at
+/// start: gVisor fixes security bugs every week.
+const RUNSC_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(365 * 24 * 3600);
+
+/// The `gvisor` tier's `runsc`: found, its version and platform, and its age.
+fn check_gvisor(config: &Config) -> Check {
+    let fix = "install gVisor's runsc (runtimes/gvisor/install.sh on Debian and Ubuntu, or a current release \
+               of gVisor's own) or set `runsc_path`; docs/isolation.md";
+    let found = crate::gvisor::find_runsc(config.host.runsc_path.as_deref())
+        .and_then(|path| crate::gvisor::runsc_version(&path).map(|v| (path, v)));
+    let (path, version) = match found {
+        Ok(found) => found,
+        Err(e) => {
+            return Check {
+                name: "gvisor",
+                ok: false,
+                detail: e.to_string(),
+                fix,
+            }
+        }
+    };
+    let mut detail = format!("{} ({}), platform systrap", version.line, path.display());
+    let released = version
+        .released
+        .and_then(|(y, m, d)| humantime::parse_rfc3339(&format!("{y:04}-{m:02}-{d:02}T00:00:00Z")).ok());
+    match released.and_then(|r| std::time::SystemTime::now().duration_since(r).ok()) {
+        Some(age) if age > RUNSC_MAX_AGE => {
+            let warning = format!(
+                "warning: runsc was released {} days ago; gVisor fixes security bugs every week: install a \
+                 current release (docs/isolation.md, \"Installing runsc\")",
+                age.as_secs() / 86_400
+            );
+            tracing::warn!("{warning}");
+            let _ = write!(detail, "; {warning}");
+        }
+        Some(_) => {}
+        None => detail.push_str("; its release date is unknown"),
+    }
+    Check {
+        name: "gvisor",
+        ok: true,
+        detail,
+        fix,
+    }
+}
+
 /// Runs every check, ending with a real sandboxed program in each language.
 pub async fn run(config: &Config) -> Report {
     let mut checks = vec![check_credentials(config), check_userns(), check_seccomp()];
@@ -246,6 +292,9 @@ pub async fn run(config: &Config) -> Report {
     checks.push(check_toolchains(config));
     checks.push(check_python_runtime(config));
     checks.push(check_npm_packages(config));
+    if config.host.isolation == sandcall_config::Isolation::Gvisor {
+        checks.push(check_gvisor(config));
+    }
     let data_dir = host::data_dir(config);
     checks.push(Check {
         name: "data directory",
@@ -290,26 +339,8 @@ async fn trial_run(config: &Config) -> Check {
         }
     };
     let (_tx, rx) = tokio::sync::watch::channel(false);
-    let runner = match std::env::current_exe() {
-        Ok(exe) => Runner::new(
-            RunnerSettings {
-                helper_exe: exe,
-                runs_dir: host.runs_dir,
-                cgroups: host.cgroups,
-                extra_runtime_paths: config
-                    .languages
-                    .extra_runtime_paths
-                    .iter()
-                    .cloned()
-                    .chain(runtime::languages::runtime_paths(config))
-                    .collect(),
-                node_modules: crate::npm_runtime::for_config(config).map(|n| n.node_modules()),
-                host_uid: host.host_uid,
-                host_gid: host.host_gid,
-                max_code_bytes: config.limits.max_code_bytes,
-            },
-            rx,
-        ),
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
         Err(e) => {
             return Check {
                 name: "sandbox trial run",
@@ -319,6 +350,18 @@ async fn trial_run(config: &Config) -> Check {
             }
         }
     };
+    let gvisor = match crate::gvisor::for_config(config, &host, &exe) {
+        Ok(g) => g,
+        Err(e) => {
+            return Check {
+                name: "sandbox trial run",
+                ok: false,
+                detail: e.to_string(),
+                fix,
+            }
+        }
+    };
+    let runner = Runner::new(RunnerSettings::new(config, &host, exe, gvisor), rx);
     let mut ran = Vec::new();
     for (language, code, expected) in [
         (Language::Bash, "echo sandcall-ok", "sandcall-ok\n"),
@@ -379,7 +422,11 @@ async fn trial_run(config: &Config) -> Check {
     Check {
         name: "sandbox trial run",
         ok: true,
-        detail: format!("{} ran in a sandbox", ran.join(", ")),
+        detail: format!(
+            "{} ran in a sandbox of the {} tier",
+            ran.join(", "),
+            config.host.isolation.name()
+        ),
         fix,
     }
 }

@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 pub struct Host {
     pub data_dir: PathBuf,
     pub runs_dir: PathBuf,
+    /// Where helpers put a run's output files before the store takes them.
+    pub outbox_dir: PathBuf,
     pub cgroups: CgroupRoot,
     pub host_uid: u32,
     pub host_gid: u32,
@@ -139,6 +141,7 @@ pub fn prepare(config: &Config) -> Result<Host, HostError> {
     }
     let (host_uid, host_gid) = ids(config);
     Ok(Host {
+        outbox_dir: data_dir.join("outbox"),
         data_dir,
         runs_dir,
         cgroups,

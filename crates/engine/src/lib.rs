@@ -14,12 +14,13 @@ pub mod doctor;
 pub mod error;
 pub mod exec;
 pub mod files;
+pub mod gvisor;
+pub mod helper_tier;
 pub mod host;
 pub mod isolation;
 pub mod json;
 pub mod launcher;
 pub mod mcp_client;
-pub mod namespace;
 pub mod npm_runtime;
 pub mod pool;
 pub mod programmatic;
@@ -45,7 +46,7 @@ pub struct Engine {
     pub admission: Admission,
     pub sessions: programmatic::session::Sessions,
     pub pool: pool::Pool,
-    /// Where runs get their sandboxes (`namespace::NamespaceTier` over `runner` and `pool`).
+    /// Where runs get their sandboxes (`helper_tier::HelperTier` over `runner` and `pool`).
     pub tier: Arc<dyn isolation::IsolationTier>,
     /// A health check's trial run is under way.
     pub probing: Arc<std::sync::atomic::AtomicBool>,

@@ -111,7 +111,10 @@ impl Pool {
                 // Python's sets fork from a template of their own when `zygote` is on.
                 // Without root, a run's helper could not reach its non-dumpable init
                 // through /proc, so the sets are built the usual way.
-                let zygote_on = config.languages.zygote && language == Language::Python;
+                // A gVisor sandbox holds one run: nothing is forked across them.
+                let zygote_on = config.languages.zygote
+                    && language == Language::Python
+                    && config.host.isolation == sandcall_config::Isolation::Namespace;
                 if zygote_on && !nix::unistd::geteuid().is_root() {
                     // A note, not a warning: `zygote` is on by default, and a server
                     // that is not root is a supported way to run.

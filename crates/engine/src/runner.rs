@@ -2,10 +2,11 @@
 //! namespaces itself: each run is a fresh `sandcall sandbox-helper` process, forked by
 //! the helper launcher (`crate::launcher`) once one runs, exec'd by the server otherwise.
 
+use crate::gvisor::Gvisor;
 use crate::isolation::HelperChannel;
 use crate::launcher::{ForkedHelper, Launcher};
 pub use crate::run::{RunError, RunSpec};
-use sandcall_sandbox::cgroup::CgroupRoot;
+use sandcall_sandbox::cgroup::{CgroupRoot, RunCgroup};
 use sandcall_sandbox::priority;
 use sandcall_sandbox::protocol::{Event, Launch, Limits, Prepare, Run, RunResult, ToolChannel, ToolReply};
 use std::os::fd::OwnedFd;
@@ -39,6 +40,38 @@ pub struct RunnerSettings {
     pub host_uid: u32,
     pub host_gid: u32,
     pub max_code_bytes: u64,
+    /// The `gvisor` tier: each helper runs in a gVisor sandbox of its own
+    /// (`crate::gvisor`). None: helpers run on the host (the `namespace` tier).
+    pub gvisor: Option<Arc<Gvisor>>,
+}
+
+impl RunnerSettings {
+    /// The settings of a server (or `doctor`) with `config` on `host`: helpers are
+    /// `helper_exe`, in the tier `config` names (`gvisor` for that one).
+    pub fn new(
+        config: &sandcall_config::Config,
+        host: &crate::host::Host,
+        helper_exe: PathBuf,
+        gvisor: Option<Arc<Gvisor>>,
+    ) -> RunnerSettings {
+        RunnerSettings {
+            helper_exe,
+            runs_dir: host.runs_dir.clone(),
+            cgroups: host.cgroups.clone(),
+            extra_runtime_paths: config
+                .languages
+                .extra_runtime_paths
+                .iter()
+                .cloned()
+                .chain(crate::runtime::languages::runtime_paths(config))
+                .collect(),
+            node_modules: crate::npm_runtime::for_config(config).map(|n| n.node_modules()),
+            host_uid: host.host_uid,
+            host_gid: host.host_gid,
+            max_code_bytes: config.limits.max_code_bytes,
+            gvisor,
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -83,6 +116,10 @@ impl Runner {
     /// Starts the helper launcher: from now on helpers are forked from it. If it cannot
     /// start, helpers are exec'd as before (the reason is logged).
     pub async fn start_launcher(&self) {
+        // A gVisor sandbox is started by `runsc`, never forked.
+        if self.settings.gvisor.is_some() {
+            return;
+        }
         if let Err(e) = self.launcher.start().await {
             tracing::warn!("{e}; sandbox helpers are exec'd meanwhile");
         }
@@ -206,7 +243,7 @@ impl Runner {
     pub async fn start(&self, spec: RunSpec) -> Result<Helper, RunError> {
         let prepare = self.prepare_message(spec.run_id.clone(), spec.limits.clone(), None, spec.tools.clone());
         let mut helper = self.prepare(&prepare).await?;
-        match helper.send(&run_message(spec)).await {
+        match helper.send_run(spec).await {
             Ok(()) => Ok(helper),
             Err(e) => Err(helper.reclaim(e).await),
         }
@@ -235,9 +272,13 @@ impl Runner {
         tools: Option<ToolChannel>,
     ) -> Prepare {
         let s = &self.settings;
+        let cgroup = match s.gvisor {
+            Some(_) => Gvisor::inner_cgroups().placement(&run_id),
+            None => s.cgroups.placement(&run_id),
+        };
         Prepare {
             staging_dir: s.runs_dir.join(&run_id),
-            cgroup: s.cgroups.placement(&run_id),
+            cgroup,
             run_id,
             limits,
             extra_runtime_paths: s.extra_runtime_paths.clone(),
@@ -289,38 +330,34 @@ impl Runner {
         self.prepare(&prepare).await
     }
 
-    /// Starts a helper: forked by the launcher, or exec'd if there is none right now.
-    /// Returns it with the server's ends of its stdin and stdout.
-    async fn spawn_helper(&self) -> Result<(Process, OwnedFd, OwnedFd), RunError> {
+    /// Starts a helper: in a gVisor sandbox of its own for the `gvisor` tier (with the
+    /// host cgroup it runs in), else forked by the launcher, or exec'd if there is none
+    /// right now. Returns it with the server's ends of its stdin and stdout.
+    async fn spawn_helper(
+        &self,
+        prepare: &Prepare,
+    ) -> Result<(Process, OwnedFd, OwnedFd, Option<RunCgroup>), RunError> {
+        if let Some(gvisor) = &self.settings.gvisor {
+            return spawn_in_gvisor(gvisor, prepare).await;
+        }
         let ends = HelperPipes::new().map_err(RunError::Spawn)?;
         if let Some(forked) = self.launcher.fork(&ends.helper_stdin, &ends.helper_stdout).await {
-            return Ok((Process::Forked(forked), ends.stdin, ends.stdout));
+            return Ok((Process::Forked(forked), ends.stdin, ends.stdout, None));
         }
         // Fresh pipes: a fork the launcher answered too late for may hold the first ones.
         drop(ends);
         let ends = HelperPipes::new().map_err(RunError::Spawn)?;
         let mut command = Command::new(&self.settings.helper_exe);
-        command
-            .arg("sandbox-helper")
-            .env_clear()
-            .stdin(Stdio::from(ends.helper_stdin))
-            .stdout(Stdio::from(ends.helper_stdout))
-            .stderr(Stdio::inherit());
-        // Spawned from an async worker, never from a blocking-pool thread: the helper's
-        // parent-death signal fires when the *thread* that spawned it exits, and idle
-        // blocking threads do exit.
-        let child = command.spawn().map_err(RunError::Spawn)?;
-        // The command holds the helper's ends: the server must not, or it would never see
-        // the helper's stdout close.
-        drop(command);
-        Ok((Process::Spawned(child), ends.stdin, ends.stdout))
+        command.arg("sandbox-helper").env_clear();
+        let child = spawn_with(command, ends.helper_stdin, ends.helper_stdout)?;
+        Ok((Process::Spawned(child), ends.stdin, ends.stdout, None))
     }
 
     /// Spawns a helper and has it build a sandbox.
     async fn prepare(&self, prepare: &Prepare) -> Result<Helper, RunError> {
         let started = std::time::Instant::now();
         let guard = ActiveGuard::new(self.active.clone());
-        let (child, stdin, stdout) = self.spawn_helper().await?;
+        let (child, stdin, stdout, outer) = self.spawn_helper(prepare).await?;
         if prepare.background && priority::can_restore() {
             // Lowered at once, for its own start too; the helper raises itself again at
             // its `Run` (`sandcall_sandbox::priority`).
@@ -337,6 +374,8 @@ impl Runner {
             events: BufReader::new(stdout).lines(),
             parsing: None,
             hash_seed: None,
+            outer,
+            running: false,
             _guard: guard,
         };
 
@@ -365,6 +404,48 @@ impl Runner {
             Err(e) => Err(helper.reclaim(e).await),
         }
     }
+}
+
+/// Starts a helper in a gVisor sandbox of its own, in a host cgroup made for it.
+async fn spawn_in_gvisor(
+    gvisor: &Gvisor,
+    prepare: &Prepare,
+) -> Result<(Process, OwnedFd, OwnedFd, Option<RunCgroup>), RunError> {
+    let cgroup = gvisor
+        .host_cgroup(&prepare.run_id, &prepare.limits)
+        .map_err(RunError::Spawn)?;
+    let started = HelperPipes::new().and_then(|ends| {
+        let command = gvisor.command(&prepare.run_id, &cgroup)?;
+        let child = spawn_with(command, ends.helper_stdin, ends.helper_stdout).map_err(|e| match e {
+            RunError::Spawn(e) => e,
+            other => std::io::Error::other(other.to_string()),
+        })?;
+        Ok((child, ends.stdin, ends.stdout))
+    });
+    match started {
+        Ok((child, stdin, stdout)) => Ok((Process::Spawned(child), stdin, stdout, Some(cgroup))),
+        Err(e) => {
+            let _ = tokio::task::spawn_blocking(move || cgroup.destroy()).await;
+            Err(RunError::Spawn(e))
+        }
+    }
+}
+
+/// Spawns `command` as a helper with the given ends of its pipes as its stdin and
+/// stdout.
+fn spawn_with(mut command: Command, stdin: OwnedFd, stdout: OwnedFd) -> Result<tokio::process::Child, RunError> {
+    command
+        .stdin(Stdio::from(stdin))
+        .stdout(Stdio::from(stdout))
+        .stderr(Stdio::inherit());
+    // Spawned from an async worker, never from a blocking-pool thread: the helper's
+    // parent-death signal fires when the *thread* that spawned it exits, and idle
+    // blocking threads do exit.
+    let child = command.spawn().map_err(RunError::Spawn)?;
+    // The command holds the helper's ends: the server must not, or it would never see
+    // the helper's stdout close.
+    drop(command);
+    Ok(child)
 }
 
 /// The run message of a spec.
@@ -449,6 +530,11 @@ pub struct Helper {
     parsing: Option<tokio::task::JoinHandle<serde_json::Result<Event>>>,
     /// The `PYTHONHASHSEED` a warm sandbox's program was started with, if it was set.
     hash_seed: Option<u32>,
+    /// The host cgroup of the helper's gVisor sandbox (the `gvisor` tier), removed once
+    /// the helper is reaped.
+    outer: Option<RunCgroup>,
+    /// The program was sent its `Run`.
+    running: bool,
     _guard: ActiveGuard,
 }
 
@@ -475,11 +561,18 @@ impl Helper {
         if self.parsing.is_none() {
             let line = match self.events.next_line().await {
                 Ok(Some(line)) => line,
-                Ok(None) => return Err(RunError::Protocol("helper exited without an answer".into())),
+                Ok(None) => {
+                    return match self.outer_end() {
+                        Some(result) => Ok(Event::Finished { result }),
+                        None => Err(RunError::Protocol("helper exited without an answer".into())),
+                    }
+                }
                 Err(e) => return Err(RunError::Protocol(format!("reading from helper: {e}"))),
             };
             if !crate::json::is_large(line.as_bytes()) {
-                return serde_json::from_str(&line).map_err(bad_event);
+                return serde_json::from_str(&line)
+                    .map_err(bad_event)
+                    .map(|e| self.with_outer(e));
             }
             self.parsing = Some(tokio::task::spawn_blocking(move || serde_json::from_str(&line)));
         }
@@ -489,13 +582,57 @@ impl Helper {
         let parsed = parsing.await;
         self.parsing = None;
         match parsed {
-            Ok(event) => event.map_err(bad_event),
+            Ok(event) => event.map_err(bad_event).map(|e| self.with_outer(e)),
             Err(e) => Err(RunError::Protocol(format!("parsing an event: {e}"))),
         }
     }
 
     pub async fn send<T: serde::Serialize>(&mut self, message: &T) -> Result<(), RunError> {
         send(&mut self.stdin, message).await
+    }
+
+    /// A run's end as its gVisor sandbox's host cgroup saw it (the `gvisor` tier): gVisor's
+    /// kernel enforces no memory limit of its own and accounts no peak, so the sandbox's
+    /// host cgroup says both. A run whose sandbox reached the limit ran out of memory,
+    /// whatever its program made of the failed allocation.
+    fn with_outer(&self, event: Event) -> Event {
+        let Some(outer) = &self.outer else { return event };
+        let Event::Finished { mut result } = event else {
+            return event;
+        };
+        let usage = outer.usage();
+        result.memory_peak_bytes = result.memory_peak_bytes.max(usage.memory_peak_bytes);
+        // Ended as the host kernel ends a run that outgrows its limit, whether gVisor's
+        // kernel failed the allocation first (the program may have exited on its own) or
+        // the host's ended the program (docs/isolation.md).
+        if usage.memory_limit_hit && !result.timed_out && !result.aborted {
+            result.oom_killed = true;
+            result.signal = Some("SIGKILL".into());
+            result.exit_code = None;
+        }
+        Event::Finished { result }
+    }
+
+    /// Sends the run's program its `Run`.
+    async fn send_run(&mut self, spec: RunSpec) -> Result<(), RunError> {
+        self.send(&run_message(spec)).await?;
+        self.running = true;
+        Ok(())
+    }
+
+    /// The end of a run whose gVisor sandbox ended without the helper's answer: the host
+    /// kernel killed it for outgrowing its cgroup's memory, or the program brought it
+    /// down. Either is the run's own doing once its program started, and the run ends
+    /// killed (what it printed went with the sandbox). Before that, the sandbox failed.
+    fn outer_end(&self) -> Option<RunResult> {
+        let usage = self.outer.as_ref()?.usage();
+        (usage.memory_limit_hit || self.running).then(|| RunResult {
+            oom_killed: usage.memory_limit_hit,
+            signal: Some("SIGKILL".into()),
+            cpu_time_ms: usage.cpu_time_ms,
+            memory_peak_bytes: usage.memory_peak_bytes,
+            ..RunResult::default()
+        })
     }
 
     /// Tells the helper to kill the program and reclaim the sandbox; a `Finished` event
@@ -507,7 +644,7 @@ impl Helper {
     /// Starts the program of a warm sandbox (see `Runner::prepare_warm`); on failure the
     /// sandbox is reclaimed.
     pub async fn begin(mut self, spec: RunSpec) -> Result<Helper, RunError> {
-        match self.send(&run_message(spec)).await {
+        match self.send_run(spec).await {
             Ok(()) => Ok(self),
             Err(e) => Err(self.reclaim(e).await),
         }
@@ -529,6 +666,7 @@ impl Helper {
     /// closing its stdin would kill them.
     pub async fn linger(mut self) {
         self.child.wait().await;
+        self.remove_outer().await;
     }
 
     /// Waits for the helper to exit (it does once everything is reclaimed).
@@ -540,6 +678,15 @@ impl Helper {
     pub(crate) async fn wait_in_place(&mut self) {
         self.stdin = None;
         self.child.wait().await;
+        self.remove_outer().await;
+    }
+
+    /// Removes the host cgroup of the helper's gVisor sandbox, killing whatever of the
+    /// sandbox is left in it.
+    async fn remove_outer(&mut self) {
+        if let Some(cgroup) = self.outer.take() {
+            let _ = tokio::task::spawn_blocking(move || cgroup.destroy()).await;
+        }
     }
 }
 

@@ -384,6 +384,9 @@ pub struct Usage {
     pub cpu_time_ms: u64,
     pub memory_peak_bytes: u64,
     pub oom_killed: bool,
+    /// The memory limit was reached at least once (an allocation had to wait for
+    /// reclaim, or failed).
+    pub memory_limit_hit: bool,
 }
 
 impl RunCgroup {
@@ -513,6 +516,12 @@ impl RunCgroup {
         }
     }
 
+    /// The `cgroup.procs` file of each of its directories: writing `0` to each moves the
+    /// writer into the cgroup (a process about to exec, say).
+    pub fn procs_files(&self) -> Vec<PathBuf> {
+        self.dirs().into_iter().map(|d| d.join("cgroup.procs")).collect()
+    }
+
     /// Moves a process into the run's cgroup (in every hierarchy).
     pub fn add(&self, pid: i32) -> Result<(), CgroupError> {
         for dir in self.dirs() {
@@ -564,20 +573,26 @@ impl RunCgroup {
     }
 
     pub fn usage(&self) -> Usage {
-        let (memory_peak_bytes, oom_kills) = match &self.placement {
+        let (memory_peak_bytes, oom_kills, limit_hits) = match &self.placement {
             CgroupPlacement::V1 { memory, .. } => (
                 read_u64(&memory.join("memory.max_usage_in_bytes")).unwrap_or(0),
                 read_keyed(&memory.join("memory.oom_control"), "oom_kill").unwrap_or(0),
+                read_u64(&memory.join("memory.failcnt")).unwrap_or(0),
             ),
-            CgroupPlacement::V2 { path } => (
-                read_u64(&path.join("memory.peak")).unwrap_or(0),
-                read_keyed(&path.join("memory.events"), "oom_kill").unwrap_or(0),
-            ),
+            CgroupPlacement::V2 { path } => {
+                let events = path.join("memory.events");
+                (
+                    read_u64(&path.join("memory.peak")).unwrap_or(0),
+                    read_keyed(&events, "oom_kill").unwrap_or(0),
+                    read_keyed(&events, "max").unwrap_or(0),
+                )
+            }
         };
         Usage {
             cpu_time_ms: self.cpu_time_ms(),
             memory_peak_bytes,
             oom_killed: oom_kills > 0,
+            memory_limit_hit: limit_hits > 0 || oom_kills > 0,
         }
     }
 

@@ -21,7 +21,7 @@ pub mod telemetry;
 
 // The engine's modules, under the names the routes use.
 use sandcall_config as config;
-use sandcall_engine::{doctor, exec, host, npm_runtime, programmatic, python_runtime, runtime};
+use sandcall_engine::{doctor, exec, gvisor, host, npm_runtime, programmatic, python_runtime};
 use sandcall_engine::{pool, runner, Engine};
 use sandcall_store as store;
 
@@ -150,6 +150,13 @@ async fn preflight(config: &Config) -> Result<sandcall_auth::Auth, ServeError> {
         eprintln!("{warning}");
         tracing::warn!("{warning}");
     }
+    if config.has_credentials() && config.host.isolation == config::Isolation::Namespace {
+        let note = "note: isolation = \"namespace\": the programs of every principal share this host's \
+                    kernel, behind namespaces and a seccomp filter; for code from people you don't trust, \
+                    set isolation = \"gvisor\" (docs/isolation.md)";
+        eprintln!("{note}");
+        tracing::warn!("{note}");
+    }
     let report = doctor::run(config).await;
     if !report.all_passed() {
         eprint!("{}", report.render());
@@ -167,25 +174,9 @@ async fn start(
     auth: sandcall_auth::Auth,
     shutdown_rx: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(AppState, Runner, programmatic::session::Sessions), ServeError> {
-    let runner = Runner::new(
-        RunnerSettings {
-            helper_exe: std::env::current_exe()?,
-            runs_dir: host.runs_dir.clone(),
-            cgroups: host.cgroups.clone(),
-            extra_runtime_paths: config
-                .languages
-                .extra_runtime_paths
-                .iter()
-                .cloned()
-                .chain(runtime::languages::runtime_paths(config))
-                .collect(),
-            node_modules: npm_runtime::for_config(config).map(|n| n.node_modules()),
-            host_uid: host.host_uid,
-            host_gid: host.host_gid,
-            max_code_bytes: config.limits.max_code_bytes,
-        },
-        shutdown_rx.clone(),
-    );
+    let exe = std::env::current_exe()?;
+    let gvisor = gvisor::for_config(config, host, &exe).map_err(|e| ServeError::Preflight(e.to_string()))?;
+    let runner = Runner::new(RunnerSettings::new(config, host, exe, gvisor), shutdown_rx.clone());
     runner.start_launcher().await;
     let admission = sandcall_engine::admission::Admission::new(
         config.limits.max_concurrent_runs,
@@ -216,7 +207,7 @@ async fn start(
         .clone()
         .filter(|_| session_store.shared())
         .map(|url| Arc::new(cluster::Forwarder::new(url)));
-    let outbox_dir = host.data_dir.join("outbox");
+    let outbox_dir = host.outbox_dir.clone();
     // Outputs of runs a previous server did not finish storing are lost with it.
     let _ = std::fs::remove_dir_all(&outbox_dir);
     std::fs::create_dir_all(&outbox_dir)?;
@@ -230,7 +221,7 @@ async fn start(
     );
     // Where runs and sessions get their sandboxes.
     let tier: Arc<dyn sandcall_engine::isolation::IsolationTier> = Arc::new(
-        sandcall_engine::namespace::NamespaceTier::new(runner.clone(), pool.clone()),
+        sandcall_engine::helper_tier::HelperTier::new(runner.clone(), pool.clone()),
     );
     let sessions = programmatic::session::Sessions::new(
         key,

@@ -35,8 +35,30 @@ def try_kill(pid):
         return "permission denied"
 out["kill_server"] = try_kill(server_pid)
 out["kill_minus_one"] = try_kill(-1)
-status = open("/proc/self/status").read()
-out["caps"] = [l.split()[1] for l in status.splitlines() if l.startswith(("CapEff", "CapPrm", "CapBnd", "CapAmb"))]
-out["no_new_privs"] = [l.split()[1] for l in status.splitlines() if l.startswith("NoNewPrivs")][0]
-out["seccomp"] = [l.split()[1] for l in status.splitlines() if l.startswith("Seccomp:")][0]
+# Capabilities, no_new_privs and the seccomp mode as the kernel reports them to the
+# process itself (capget and prctl: /proc/self/status differs between kernels).
+class CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+class CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+header, data = CapHeader(0x20080522, 0), (CapData * 2)()
+assert libc.capget(ctypes.byref(header), data) == 0
+def mask(lo, hi):
+    return "%016x" % (lo | hi << 32)
+def held(*option):
+    bits = 0
+    for cap in range(64):
+        r = libc.prctl(*option, cap, *[0] * (4 - len(option)))
+        if r < 0:
+            break  # past the last capability, or (ambient) a kernel without the set
+        bits |= (r == 1) << cap
+    return "%016x" % bits
+out["caps"] = [
+    mask(data[0].effective, data[1].effective),
+    mask(data[0].permitted, data[1].permitted),
+    held(23),     # PR_CAPBSET_READ
+    held(47, 1),  # PR_CAP_AMBIENT, PR_CAP_AMBIENT_IS_SET
+]
+out["no_new_privs"] = str(libc.prctl(39, 0, 0, 0, 0))  # PR_GET_NO_NEW_PRIVS
+out["seccomp"] = str(libc.prctl(21, 0, 0, 0, 0))       # PR_GET_SECCOMP: 2 is filter mode
 print(json.dumps(out))

@@ -21,6 +21,14 @@ pub struct Server {
     pub config_path: PathBuf,
 }
 
+/// Whether this is `.ci/run`'s gvisor pass (`SANDCALL_TEST_ISOLATION=gvisor`): every
+/// server runs its sandboxes in the gvisor tier. Only where gVisor's kernel answers
+/// differently from the host's (docs/isolation.md, "Differences a program can see") does
+/// a test expect something else of it.
+pub fn gvisor_pass() -> bool {
+    std::env::var("SANDCALL_TEST_ISOLATION").as_deref() == Ok("gvisor")
+}
+
 /// Fails loudly when the tests cannot do what they claim to test.
 pub fn require_root() {
     assert!(
@@ -130,6 +138,11 @@ impl Server {
             for (k, v) in s3_env(&prefix) {
                 cmd.env(k, v);
             }
+        }
+        // SANDCALL_TEST_ISOLATION=gvisor (a pass of `.ci/run`): every server runs its
+        // sandboxes in the gvisor tier.
+        if let Ok(tier) = std::env::var("SANDCALL_TEST_ISOLATION") {
+            cmd.env("SANDCALL_ISOLATION", tier);
         }
         for (k, v) in env {
             cmd.env(k, v);

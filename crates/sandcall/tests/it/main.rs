@@ -11,6 +11,7 @@ mod errors;
 mod exec;
 mod faults;
 mod files;
+mod gvisor;
 mod hostile;
 mod jwt;
 mod launcher;

@@ -353,7 +353,7 @@ struct Inner {
 
 /// What sessions run on, shared with the rest of the server.
 pub struct Backing {
-    /// Where sandboxes come from (`namespace::NamespaceTier` in the server).
+    /// Where sandboxes come from (`helper_tier::HelperTier` in the server).
     pub tier: Arc<dyn IsolationTier>,
     pub admission: Admission,
     pub files: Arc<dyn FileStore>,

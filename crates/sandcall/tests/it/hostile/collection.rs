@@ -80,7 +80,10 @@ fn sparse_outputs_are_collected_only_up_to_the_workspace_limit() {
     );
     assert_eq!(r["status"], "ok", "{r}");
     // The files really are holes: the workspace (16 MiB) could not hold 160 MiB of data.
-    assert_eq!(r["stdout"], "blocks=0\n", "{r}");
+    // (gVisor's tmpfs counts a hole's blocks as written; they are holes all the same.)
+    if !crate::common::gvisor_pass() {
+        assert_eq!(r["stdout"], "blocks=0\n", "{r}");
+    }
     let files = output_sizes(&r);
     let total: u64 = files.iter().map(|(_, n)| n).sum();
     assert!(total <= 16 * MIB, "collected {total} bytes: {r}");

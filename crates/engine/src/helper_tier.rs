@@ -1,6 +1,8 @@
-//! Today's isolation tier: a sandbox is a `sandcall sandbox-helper` process in Linux
-//! namespaces (`runner::Runner`), warm ones from the pool (`pool::Pool`). The helper's
-//! handle is both a warm sandbox and a running one.
+//! Both isolation tiers, as the seam (`isolation`) sees them: a sandbox is a `sandcall
+//! sandbox-helper` process (`runner::Runner`), warm ones from the pool (`pool::Pool`).
+//! Where the helper runs is the runner's business: on the host (`namespace`) or in a
+//! gVisor sandbox of its own (`gvisor`, `crate::gvisor`). The helper's handle is both a
+//! warm sandbox and a running one.
 
 use crate::isolation::{HelperChannel, IsolationTier, WarmSandbox};
 use crate::pool::Pool;
@@ -10,22 +12,22 @@ use async_trait::async_trait;
 use sandcall_api::Language;
 use sandcall_sandbox::protocol::{Command, Event, RunResult};
 
-/// Today's tier: a sandbox is a helper process in Linux namespaces (`runner::Runner`),
-/// warm ones from the pool (`pool::Pool`).
+/// A tier whose sandboxes are sandbox helpers (`runner::Runner`), warm ones from the
+/// pool (`pool::Pool`).
 #[derive(Clone)]
-pub struct NamespaceTier {
+pub struct HelperTier {
     runner: Runner,
     pool: Pool,
 }
 
-impl NamespaceTier {
-    pub fn new(runner: Runner, pool: Pool) -> NamespaceTier {
-        NamespaceTier { runner, pool }
+impl HelperTier {
+    pub fn new(runner: Runner, pool: Pool) -> HelperTier {
+        HelperTier { runner, pool }
     }
 }
 
 #[async_trait]
-impl IsolationTier for NamespaceTier {
+impl IsolationTier for HelperTier {
     async fn take_warm(&self, language: Language, code: &str) -> Option<Box<dyn WarmSandbox>> {
         let helper = self.pool.take_or_fork(language, code).await?;
         Some(Box::new(helper))

@@ -1,0 +1,399 @@
+//! The `gvisor` isolation tier's host side. Each sandbox of the tier is a gVisor sandbox
+//! of its own (`runsc run`), whose one process is `sandcall sandbox-helper`: the helper
+//! builds sandcall's own per-run sandbox (namespaces, limits, seccomp) inside gVisor's
+//! kernel exactly as it does on the host's, and speaks the same protocol over the same
+//! stdin and stdout, which `runsc` hands through. So everything a run does (files, tool
+//! calls, warm starts, timeouts) works unchanged, with gVisor's kernel between the
+//! program and the host's (ARCHITECTURE.md, "Isolation tiers").
+//!
+//! gVisor's kernel does not enforce a memory cgroup's limit, so each gVisor sandbox (its
+//! kernel, its file proxy and `runsc` itself) runs in a host cgroup of its own with the
+//! run's memory limit plus `KERNEL_MEMORY`: when the run outgrows it, the host kernel
+//! kills the sandbox and the run ends as out of memory (`Runner`'s helper reads the
+//! cgroup's OOM count).
+
+use sandcall_sandbox::cgroup::{CgroupRoot, RunCgroup};
+use sandcall_sandbox::protocol::Limits;
+use std::ffi::CString;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+/// Memory a gVisor sandbox needs beside its program's: its kernel (the Sentry), its
+/// file proxy (the Gofer) and `runsc`. Measured idle at about 52 MiB together
+/// (docs/benchmarks.md, "The gvisor tier").
+pub const KERNEL_MEMORY: u64 = 96 << 20;
+/// Host tasks a gVisor sandbox needs beside its program's count: the Go runtime's
+/// threads of the Sentry, the Gofer and `runsc`. The program's own are held by the pids
+/// limit inside (gVisor's); with the `systrap` platform each of its processes is also a
+/// stub process on the host, with threads of its own: the host limit is a backstop of
+/// four host tasks per allowed process.
+const KERNEL_TASKS: u64 = 1024;
+const HOST_TASKS_PER_PROCESS: u64 = 4;
+/// The controllers gVisor's kernel has, where the helper makes its run cgroups inside.
+const INNER_CGROUPS: &str = "/sys/fs/cgroup";
+
+/// Why the `gvisor` tier cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum GvisorError {
+    #[error(
+        "isolation = \"gvisor\" needs gVisor's runsc, and {0}: install it (on Debian and Ubuntu \
+         the `runsc` package of the backports suite, runtimes/gvisor/install.sh; or a release of gVisor's own) \
+         or set `runsc_path`"
+    )]
+    NotFound(String),
+    #[error("{} --version: {source}", path.display())]
+    Version {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("write the gVisor bundle {}: {source}", path.display())]
+    Bundle {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The `gvisor` tier of a server with `config` on `host` (None for the `namespace`
+/// tier): `runsc` found, its bundle written, an earlier server's leftovers swept.
+pub fn for_config(
+    config: &sandcall_config::Config,
+    host: &crate::host::Host,
+    helper_exe: &Path,
+) -> Result<Option<std::sync::Arc<Gvisor>>, GvisorError> {
+    if config.host.isolation != sandcall_config::Isolation::Gvisor {
+        return Ok(None);
+    }
+    let runsc = find_runsc(config.host.runsc_path.as_deref())?;
+    let writable = [host.runs_dir.as_path(), host.outbox_dir.as_path()];
+    let gvisor = Gvisor::prepare(runsc, &host.data_dir, helper_exe, host.cgroups.clone(), &writable)?;
+    Ok(Some(std::sync::Arc::new(gvisor)))
+}
+
+/// The `runsc` a configuration names (`runsc_path`) or PATH has.
+pub fn find_runsc(configured: Option<&Path>) -> Result<PathBuf, GvisorError> {
+    if let Some(path) = configured {
+        return if is_executable(path) {
+            Ok(path.to_path_buf())
+        } else {
+            Err(GvisorError::NotFound(format!(
+                "runsc_path {} is not an executable",
+                path.display()
+            )))
+        };
+    }
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|dir| dir.join("runsc"))
+        .find(|p| is_executable(p))
+        .ok_or_else(|| GvisorError::NotFound("no runsc is on PATH".into()))
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// What `runsc --version` says: its version line, and the release date in it when the
+/// version names one (gVisor's releases are named by date: `release-20240729.0`, Debian's
+/// `0.0~20240729.0`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunscVersion {
+    pub line: String,
+    /// (year, month, day)
+    pub released: Option<(i32, u32, u32)>,
+}
+
+pub fn runsc_version(runsc: &Path) -> Result<RunscVersion, GvisorError> {
+    let out = std::process::Command::new(runsc)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|source| GvisorError::Version {
+            path: runsc.to_path_buf(),
+            source,
+        })?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(parse_version(text.lines().next().unwrap_or("")))
+}
+
+fn parse_version(line: &str) -> RunscVersion {
+    // The first run of eight digits that reads as a plausible date.
+    let released = line
+        .as_bytes()
+        .windows(8)
+        .filter(|w| w.iter().all(u8::is_ascii_digit))
+        .find_map(|w| {
+            let s = std::str::from_utf8(w).ok()?;
+            let (y, m, d) = (s[..4].parse().ok()?, s[4..6].parse().ok()?, s[6..].parse().ok()?);
+            ((2018..=2100).contains(&y) && (1..=12).contains(&m) && (1..=31).contains(&d)).then_some((y, m, d))
+        });
+    RunscVersion {
+        line: line.trim().to_string(),
+        released,
+    }
+}
+
+/// The `gvisor` tier's host side: one server's `runsc` state, the bundle every one of its
+/// gVisor sandboxes starts from, and where their host cgroups go.
+#[derive(Debug)]
+pub struct Gvisor {
+    runsc: PathBuf,
+    /// `runsc --root`: the state of this server's gVisor sandboxes, and nobody else's.
+    state: PathBuf,
+    bundle: PathBuf,
+    host_cgroups: CgroupRoot,
+}
+
+impl Gvisor {
+    /// Writes the bundle under `<data_dir>/gvisor` and sweeps whatever gVisor sandboxes
+    /// an earlier server left there. `writable` are the host directories the helper
+    /// writes in (the staging directories, the outbox); everything else of the host is
+    /// seen read-only.
+    pub fn prepare(
+        runsc: PathBuf,
+        data_dir: &Path,
+        helper_exe: &Path,
+        host_cgroups: CgroupRoot,
+        writable: &[&Path],
+    ) -> Result<Gvisor, GvisorError> {
+        let dir = data_dir.join("gvisor");
+        let gvisor = Gvisor {
+            runsc,
+            state: dir.join("state"),
+            bundle: dir.join("bundle"),
+            host_cgroups,
+        };
+        let swept = gvisor.sweep();
+        if swept > 0 {
+            tracing::warn!(swept, "removed gVisor sandboxes left by a previous server");
+        }
+        let bundle_err = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| GvisorError::Bundle { path, source }
+        };
+        fs::create_dir_all(&gvisor.state).map_err(bundle_err(&gvisor.state))?;
+        // runsc refuses to start a sandbox whose bind source is missing.
+        for dir in writable {
+            fs::create_dir_all(dir).map_err(bundle_err(dir))?;
+        }
+        fs::create_dir_all(&gvisor.bundle).map_err(bundle_err(&gvisor.bundle))?;
+        let config = gvisor.bundle.join("config.json");
+        let spec = serde_json::to_vec_pretty(&oci_spec(helper_exe, writable)).map_err(|e| GvisorError::Bundle {
+            path: config.clone(),
+            source: e.into(),
+        })?;
+        fs::write(&config, spec).map_err(bundle_err(&config))?;
+        Ok(gvisor)
+    }
+
+    /// Where the helper makes a run's cgroup inside gVisor: at the top of gVisor's own
+    /// controllers (the gVisor sandbox holds that run alone).
+    pub fn inner_cgroups() -> CgroupRoot {
+        let at = |c: &str| Path::new(INNER_CGROUPS).join(c);
+        CgroupRoot::V1 {
+            memory: at("memory"),
+            pids: at("pids"),
+            cpu: Some(at("cpu")),
+            cpuacct: Some(at("cpuacct")),
+        }
+    }
+
+    /// The host cgroup of gVisor sandbox `id`, made with `limits` plus what gVisor itself
+    /// needs (`KERNEL_MEMORY`, `KERNEL_TASKS`).
+    pub fn host_cgroup(&self, id: &str, limits: &Limits) -> std::io::Result<RunCgroup> {
+        let mut outer = limits.clone();
+        outer.memory_bytes = limits.memory_bytes.saturating_add(KERNEL_MEMORY);
+        outer.max_processes = limits
+            .max_processes
+            .saturating_mul(HOST_TASKS_PER_PROCESS)
+            .saturating_add(KERNEL_TASKS);
+        RunCgroup::create(&self.host_cgroups.placement(id), &outer).map_err(std::io::Error::other)
+    }
+
+    /// The command that starts the gVisor sandbox of run `id` with the helper in it, joined to
+    /// `cgroup` before it execs (so that nothing of it ever runs outside).
+    pub fn command(&self, id: &str, cgroup: &RunCgroup) -> std::io::Result<tokio::process::Command> {
+        let mut command = tokio::process::Command::new(&self.runsc);
+        command
+            .arg("--root")
+            .arg(&self.state)
+            .args(RUNSC_FLAGS)
+            .arg("run")
+            .arg("--bundle")
+            .arg(&self.bundle)
+            .arg(container_id(id))
+            .env_clear();
+        let procs: Vec<CString> = cgroup
+            .procs_files()
+            .into_iter()
+            .map(|p| CString::new(p.into_os_string().into_encoded_bytes()).map_err(std::io::Error::other))
+            .collect::<Result<_, _>>()?;
+        // SAFETY: the closure runs in the forked child before exec, and only makes
+        // async-signal-safe calls (open, write, close) on memory prepared before the fork.
+        unsafe {
+            command.pre_exec(move || {
+                for path in &procs {
+                    let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                    if fd < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+                    let error = std::io::Error::last_os_error();
+                    libc::close(fd);
+                    if written != 1 {
+                        return Err(error);
+                    }
+                }
+                Ok(())
+            });
+        }
+        Ok(command)
+    }
+
+    /// Removes the gVisor sandboxes an earlier server left (one that was killed): has
+    /// `runsc` forget each, and empties the state directory. Returns how many it found.
+    pub fn sweep(&self) -> usize {
+        let Ok(entries) = fs::read_dir(&self.state) else {
+            return 0;
+        };
+        let ids: Vec<String> = entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().and_then(state_file_id).map(str::to_owned))
+            .collect();
+        // Their processes are gone already: they ran in host cgroups under this server's
+        // subtree, which `host::prepare` swept (killing what ran in them) before this.
+        for id in &ids {
+            let _ = std::process::Command::new(&self.runsc)
+                .arg("--root")
+                .arg(&self.state)
+                .args(["delete", "--force", id])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+        let _ = fs::remove_dir_all(&self.state);
+        ids.len()
+    }
+
+    /// gVisor sandboxes `runsc` has state for now (a leak count, for the tests).
+    pub fn sandboxes(&self) -> usize {
+        fs::read_dir(&self.state).map_or(0, |entries| {
+            entries
+                .flatten()
+                .filter(|e| e.file_name().to_str().and_then(state_file_id).is_some())
+                .count()
+        })
+    }
+}
+
+/// The flags every `runsc` call of a sandbox's start gets: the `systrap` platform (no
+/// KVM needed), no network (the helper's namespaces have none either), the host's files
+/// read afresh each time (the server writes a run's inputs after its warm sandbox
+/// started), no overlay on the read-only root, and cgroups left alone (the server put
+/// `runsc` in the sandbox's host cgroup already; by default `runsc` would move the
+/// sandbox to a cgroup of its own at the top of each hierarchy).
+const RUNSC_FLAGS: &[&str] = &[
+    "--platform=systrap",
+    "--network=none",
+    "--file-access=shared",
+    "--overlay2=none",
+    "--ignore-cgroups",
+];
+
+/// The `runsc` container of run `id`: run ids may begin with `-`, which `runsc` would
+/// read as a flag.
+fn container_id(id: &str) -> String {
+    format!("run-{id}")
+}
+
+/// `runsc` keeps a container's state in `<sandbox id>_sandbox:<container id>.state`
+/// (a lock file and the control socket beside it); here both ids are the run's.
+fn state_file_id(name: &str) -> Option<&str> {
+    let stem = name.strip_suffix(".state")?;
+    let id = stem.rsplit_once(':').map_or(stem, |(_, id)| id);
+    (!id.is_empty()).then_some(id)
+}
+
+/// The OCI runtime spec of every gVisor sandbox: the host's root read-only (its `/tmp`
+/// too: a data directory may be there), `writable` bound read-write, gVisor's own
+/// `/proc`, `/dev`, `/sys` and cgroup controllers, and
+/// the helper as the one process, root inside gVisor's kernel with the capabilities it
+/// builds sandboxes with.
+fn oci_spec(helper_exe: &Path, writable: &[&Path]) -> serde_json::Value {
+    let caps = [
+        "CAP_CHOWN",
+        "CAP_DAC_OVERRIDE",
+        "CAP_FOWNER",
+        "CAP_KILL",
+        "CAP_SETGID",
+        "CAP_SETUID",
+        "CAP_SETPCAP",
+        "CAP_SYS_ADMIN",
+        "CAP_SYS_CHROOT",
+        "CAP_SYS_NICE",
+        "CAP_SYS_PTRACE",
+        "CAP_SYS_RESOURCE",
+    ];
+    let mut mounts = vec![
+        serde_json::json!({"destination": "/proc", "type": "proc", "source": "proc"}),
+        serde_json::json!({"destination": "/dev", "type": "tmpfs", "source": "tmpfs"}),
+        serde_json::json!({"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["ro", "nosuid", "nodev", "noexec"]}),
+        serde_json::json!({"destination": INNER_CGROUPS, "type": "cgroup", "source": "cgroup"}),
+    ];
+    for dir in writable {
+        mounts.push(serde_json::json!({
+            "destination": dir, "type": "bind", "source": dir, "options": ["rbind", "rw"]
+        }));
+    }
+    serde_json::json!({
+        "ociVersion": "1.0.0",
+        "process": {
+            "terminal": false,
+            "user": {"uid": 0, "gid": 0},
+            "args": [helper_exe, "sandbox-helper"],
+            "env": ["PATH=/usr/bin:/bin"],
+            "cwd": "/",
+            "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
+        },
+        "root": {"path": "/", "readonly": true},
+        "hostname": "sandbox",
+        "mounts": mounts,
+        "linux": {"namespaces": [{"type": "pid"}, {"type": "network"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}]},
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_runsc_version_names_its_release_date() {
+        let debian = parse_version("runsc version 0.0~20240729.0\n");
+        assert_eq!(debian.released, Some((2024, 7, 29)));
+        assert_eq!(debian.line, "runsc version 0.0~20240729.0");
+        assert_eq!(
+            parse_version("runsc version release-20251110.0").released,
+            Some((2025, 11, 10))
+        );
+        assert_eq!(parse_version("runsc version 1.2.3-dev").released, None);
+    }
+
+    #[test]
+    fn a_container_id_is_never_a_flag() {
+        assert_eq!(container_id("-abc"), "run--abc");
+    }
+
+    #[test]
+    fn only_state_files_name_sandboxes() {
+        assert_eq!(state_file_id("abc_sandbox:abc.state"), Some("abc"));
+        assert_eq!(state_file_id("abc.state"), Some("abc"));
+        assert_eq!(state_file_id("abc.lock"), None);
+        assert_eq!(state_file_id("runsc-abc.sock"), None);
+        assert_eq!(state_file_id("x_sandbox:.state"), None);
+    }
+}
