@@ -175,6 +175,23 @@ pub struct ExecRequest {
     /// caller's workspace. Refused (`400 invalid_request`) when `workspaces` is off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace_id: Option<String>,
+    /// (extension) The isolation tier to run in, `namespace` or `gvisor`
+    /// (docs/isolation.md): at least the caller's own. A weaker one than the caller's is
+    /// refused (`400 invalid_request`); one the server lacks is `400` with `code`
+    /// `unsupported_capability`. Default: the caller's tier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<IsolationName>)]
+    pub isolation: Option<String>,
+}
+
+/// An isolation tier's name.
+#[derive(ToSchema)]
+#[schema(as = IsolationName)]
+#[allow(dead_code)] // Only its schema is used.
+#[serde(rename_all = "lowercase")]
+enum IsolationName {
+    Namespace,
+    Gvisor,
 }
 
 /// A language name the server accepts, in any case.
@@ -310,6 +327,10 @@ pub struct ProgrammaticRequest {
     /// First call: at most this many tool calls (clamped to the server's ceiling).
     pub max_tool_calls: Option<u64>,
     pub limits: Option<RequestLimits>,
+    /// First call (extension): the isolation tier to run in, as on /v1/exec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<IsolationName>)]
+    pub isolation: Option<String>,
     /// Resume: the session the token belongs to (optional; must match it when sent).
     pub session_id: Option<String>,
     /// Resume: the token of the pause being answered.

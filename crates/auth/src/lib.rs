@@ -12,7 +12,7 @@ pub mod api_keys;
 pub mod jwt;
 
 use http::{header, HeaderMap};
-use sandcall_config::Config;
+use sandcall_config::{Config, Isolation};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -52,12 +52,33 @@ pub struct Principal(pub String);
 /// The principal of local mode.
 pub const LOCAL: &str = "local";
 
+/// What every JWT principal begins with (no API key principal has `:`).
+const JWT_PREFIX: &str = "jwt:";
+
 impl Principal {
     /// The principal of a LibreChat user: the pair (tenant, sub). `jwt` refuses control
     /// characters in both, so the file store's `principal \0 session \0 id` keys stay
     /// unambiguous.
     pub fn of_jwt_user(tenant: &str, sub: &str) -> Principal {
-        Principal(format!("jwt:{}", serde_json::Value::from(vec![tenant, sub])))
+        Principal(format!("{JWT_PREFIX}{}", serde_json::Value::from(vec![tenant, sub])))
+    }
+}
+
+impl Tiers {
+    fn new(config: &Config) -> Tiers {
+        let default = config.host.isolation;
+        let mut api_keys = std::collections::HashMap::new();
+        for key in &config.auth.api_keys {
+            // One pinned key pins its principal.
+            let tier = key.isolation.unwrap_or(default).max(default);
+            let entry = api_keys.entry(key.principal.clone()).or_insert(default);
+            *entry = (*entry).max(tier);
+        }
+        Tiers {
+            default,
+            api_keys,
+            jwt: config.auth.jwt.isolation.unwrap_or(default).max(default),
+        }
     }
 }
 
@@ -70,6 +91,16 @@ pub struct Auth {
     /// Off when `allow_unauthenticated` opens it to a network, whose clients name the
     /// server as they like.
     loopback_hosts_only: bool,
+    /// Each principal's isolation tier (`Auth::isolation`).
+    tiers: Arc<Tiers>,
+}
+
+/// The isolation tier of each principal: the server's `isolation`, or a stronger one its
+/// API key (`[[api_keys]] isolation`) or the JWTs (`[jwt] isolation`) pin it to.
+struct Tiers {
+    default: Isolation,
+    api_keys: std::collections::HashMap<String, Isolation>,
+    jwt: Isolation,
 }
 
 impl Auth {
@@ -80,7 +111,18 @@ impl Auth {
             api_keys: api_keys::ApiKeys::new(config),
             jwt: jwt::JwtVerifier::load(&config.auth.jwt)?.map(Arc::new),
             loopback_hosts_only: !exposed_without_credentials(config),
+            tiers: Arc::new(Tiers::new(config)),
         })
+    }
+
+    /// The isolation tier `principal`'s runs are in, at least: a request may ask for a
+    /// stronger one, never a weaker one.
+    pub fn isolation(&self, principal: &Principal) -> Isolation {
+        let t = &self.tiers;
+        if principal.0.starts_with(JWT_PREFIX) {
+            return t.jwt;
+        }
+        t.api_keys.get(&principal.0).copied().unwrap_or(t.default)
     }
 
     /// Local mode on loopback: only loopback host names may be served.
@@ -187,12 +229,51 @@ mod tests {
     use super::*;
     use sandcall_config::{key_hash, ApiKey};
 
+    /// A principal's tier is the server's, or the stronger one its key or the JWTs pin
+    /// it to; a pin never weakens it.
+    #[test]
+    fn a_principals_tier_is_the_servers_or_a_stronger_pin() {
+        let key = |principal: &str, isolation| ApiKey {
+            principal: principal.into(),
+            sha256: key_hash(&format!("{principal}-key-1234567890")),
+            isolation,
+        };
+        for default in Isolation::ALL {
+            let mut c = Config::default();
+            c.host.isolation = default;
+            c.auth.api_keys = vec![
+                key("plain", None),
+                key("pinned", Some(Isolation::Gvisor)),
+                key("weaker", Some(Isolation::Namespace)),
+                key("mixed", None),
+                key("mixed", Some(Isolation::Gvisor)),
+            ];
+            c.auth.jwt.hs256_secret = Some("a-secret-of-thirty-two-bytes-or-more!".into());
+            c.auth.jwt.allowed_algs = vec!["HS256".into()];
+            c.auth.jwt.isolation = Some(Isolation::Gvisor);
+            let a = Auth::new(&c).unwrap();
+            let tier = |p: &str| a.isolation(&Principal(p.into()));
+            assert_eq!(tier("plain"), default);
+            assert_eq!(tier("pinned"), Isolation::Gvisor);
+            assert_eq!(tier("weaker"), default, "a pin never weakens");
+            assert_eq!(tier("mixed"), Isolation::Gvisor, "one pinned key pins its principal");
+            assert_eq!(a.isolation(&Principal::of_jwt_user("t", "u")), Isolation::Gvisor);
+        }
+        assert_eq!(
+            Auth::new(&Config::default())
+                .unwrap()
+                .isolation(&Principal(LOCAL.into())),
+            Isolation::Namespace
+        );
+    }
+
     fn auth() -> Auth {
         let c = Config {
             auth: sandcall_config::AuthConfig {
                 api_keys: vec![ApiKey {
                     principal: "alice".into(),
                     sha256: key_hash("alice-key-1234567890"),
+                    isolation: None,
                 }],
                 ..Default::default()
             },
@@ -230,6 +311,7 @@ mod tests {
                     vec![ApiKey {
                         principal: "alice".into(),
                         sha256: key_hash("alice-key-1234567890"),
+                        isolation: None,
                     }]
                 } else {
                     Vec::new()
@@ -370,6 +452,7 @@ mod tests {
         c.auth.api_keys = vec![ApiKey {
             principal: "a".into(),
             sha256: key_hash("k"),
+            isolation: None,
         }];
         assert!(check_listen(&c, &Auth::new(&c).unwrap()).is_ok());
     }

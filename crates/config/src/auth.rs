@@ -58,6 +58,11 @@ impl AuthConfig {
 pub struct ApiKey {
     pub principal: String,
     pub sha256: String,
+    /// Pins the key's principal to this isolation tier, or a stronger one: with
+    /// `gvisor`, its runs are in the gvisor tier whatever the server's `isolation`.
+    /// File only. Default none: the server's `isolation`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<crate::Isolation>,
 }
 
 /// LibreChat's JWTs (`[jwt]`). Every key also comes from its `CODEAPI_JWT_*` variable,
@@ -101,6 +106,10 @@ pub struct JwtConfig {
     /// The tenant of a token without `tenant_id`. CODEAPI_JWT_SINGLE_TENANT_ID. Default
     /// `legacy`, what LibreChat sends when it has no tenants.
     pub single_tenant_id: String,
+    /// Pins every principal a JWT names (each LibreChat user) to this isolation tier, or
+    /// a stronger one. Default none: the server's `isolation`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<crate::Isolation>,
 }
 
 impl Default for JwtConfig {
@@ -118,6 +127,7 @@ impl Default for JwtConfig {
             clock_skew_seconds: 30,
             max_ttl_seconds: 300,
             single_tenant_id: "legacy".into(),
+            isolation: None,
         }
     }
 }

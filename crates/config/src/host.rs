@@ -32,8 +32,8 @@ pub struct HostConfig {
     pub runsc_path: Option<PathBuf>,
 }
 
-/// An isolation tier (`isolation`).
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+/// An isolation tier (`isolation`), weakest first: `Ord` says which is stronger.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[serde(rename_all = "lowercase")]
 pub enum Isolation {
     #[default]
@@ -42,11 +42,18 @@ pub enum Isolation {
 }
 
 impl Isolation {
+    pub const ALL: [Isolation; 2] = [Isolation::Namespace, Isolation::Gvisor];
+
     pub fn name(self) -> &'static str {
         match self {
             Isolation::Namespace => "namespace",
             Isolation::Gvisor => "gvisor",
         }
+    }
+
+    /// The tier a name names (`namespace`, `gvisor`), in any case.
+    pub fn parse(name: &str) -> Option<Isolation> {
+        Isolation::ALL.into_iter().find(|i| i.name().eq_ignore_ascii_case(name))
     }
 }
 

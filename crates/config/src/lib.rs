@@ -182,6 +182,15 @@ impl Config {
         self.auth.has_credentials()
     }
 
+    /// Whether some principal's runs are in the gvisor tier whatever a request asks:
+    /// the server's `isolation`, or a key's pin.
+    pub fn pins_gvisor(&self) -> bool {
+        let gvisor = |i: Option<Isolation>| i == Some(Isolation::Gvisor);
+        self.host.isolation == Isolation::Gvisor
+            || self.auth.api_keys.iter().any(|k| gvisor(k.isolation))
+            || (self.auth.jwt.has_key_source() && gvisor(self.auth.jwt.isolation))
+    }
+
     /// The default wall-clock budget of a run, in ms.
     pub fn default_run_timeout_ms(&self) -> u64 {
         self.limits.default_run_timeout_ms()
@@ -298,6 +307,7 @@ pub fn parse_env_keys(value: &str) -> Result<Vec<ApiKey>, ConfigError> {
             Some((principal, key)) if auth::valid_principal(principal) && key.len() >= 16 => Ok(ApiKey {
                 principal: principal.to_owned(),
                 sha256: key_hash(key),
+                isolation: None,
             }),
             _ => Err(ConfigError::Invalid(
                 "SANDCALL_API_KEYS must be principal:key pairs separated by commas, keys of 16 characters or more"
@@ -696,7 +706,8 @@ mod tests {
             c.auth.api_keys,
             vec![ApiKey {
                 principal: "alice".into(),
-                sha256: key_hash(&key)
+                sha256: key_hash(&key),
+                isolation: None,
             }]
         );
         std::fs::remove_dir_all(&dir).unwrap();

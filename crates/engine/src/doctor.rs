@@ -4,7 +4,7 @@ use crate::host;
 use crate::runner::{RunSpec, Runner, RunnerSettings};
 use crate::runtime;
 use sandcall_api::Language;
-use sandcall_config::Config;
+use sandcall_config::{Config, Isolation};
 use std::fmt::Write as _;
 use std::fs;
 use std::path::Path;
@@ -292,7 +292,7 @@ pub async fn run(config: &Config) -> Report {
     checks.push(check_toolchains(config));
     checks.push(check_python_runtime(config));
     checks.push(check_npm_packages(config));
-    if config.host.isolation == sandcall_config::Isolation::Gvisor {
+    if config.pins_gvisor() || crate::gvisor::find_runsc(config.host.runsc_path.as_deref()).is_ok() {
         checks.push(check_gvisor(config));
     }
     let data_dir = host::data_dir(config);
@@ -324,44 +324,59 @@ pub async fn run(config: &Config) -> Report {
     Report { checks }
 }
 
-/// Builds a real sandbox and runs a program in each language.
+/// Builds a real sandbox and runs a program in each language, in each isolation tier a
+/// principal may be pinned to (the server's own `isolation`, and `gvisor` when a key
+/// pins one to it).
 async fn trial_run(config: &Config) -> Check {
     let fix = "run `sandcall doctor` as the same user as the server and read the detail above; SANDCALL_LOG=debug shows the helper's errors";
+    let failed = |detail: String| Check {
+        name: "sandbox trial run",
+        ok: false,
+        detail,
+        fix,
+    };
     let host = match host::prepare(config) {
         Ok(h) => h,
-        Err(e) => {
-            return Check {
-                name: "sandbox trial run",
-                ok: false,
-                detail: e.to_string(),
-                fix,
-            }
-        }
+        Err(e) => return failed(e.to_string()),
     };
-    let (_tx, rx) = tokio::sync::watch::channel(false);
     let exe = match std::env::current_exe() {
         Ok(exe) => exe,
-        Err(e) => {
-            return Check {
-                name: "sandbox trial run",
-                ok: false,
-                detail: format!("current_exe: {e}"),
-                fix,
-            }
-        }
+        Err(e) => return failed(format!("current_exe: {e}")),
     };
     let gvisor = match crate::gvisor::for_config(config, &host, &exe) {
         Ok(g) => g,
-        Err(e) => {
-            return Check {
-                name: "sandbox trial run",
-                ok: false,
-                detail: e.to_string(),
-                fix,
-            }
-        }
+        Err(e) => return failed(e.to_string()),
     };
-    let runner = Runner::new(RunnerSettings::new(config, &host, exe, gvisor), rx);
+    let mut tiers = vec![config.host.isolation];
+    if config.pins_gvisor() && !tiers.contains(&Isolation::Gvisor) {
+        tiers.push(Isolation::Gvisor);
+    }
+    let mut ran = Vec::new();
+    for isolation in &tiers {
+        let gvisor = gvisor.clone().filter(|_| *isolation == Isolation::Gvisor);
+        let (_tx, rx) = tokio::sync::watch::channel(false);
+        let runner = Runner::new(RunnerSettings::new(config, &host, exe.clone(), gvisor), rx);
+        ran = match trial_in(config, &runner).await {
+            Ok(ran) => ran,
+            Err(detail) => return failed(format!("{} tier: {detail}", isolation.name())),
+        };
+    }
+    let tiers: Vec<&str> = tiers.iter().map(|i| i.name()).collect();
+    Check {
+        name: "sandbox trial run",
+        ok: true,
+        detail: format!(
+            "{} ran in a sandbox of the {} tier",
+            ran.join(", "),
+            tiers.join(" and the ")
+        ),
+        fix,
+    }
+}
+
+/// The trial programs, one per language installed, in sandboxes of `runner`; the
+/// languages that ran, or what went wrong.
+async fn trial_in(config: &Config, runner: &Runner) -> Result<Vec<&'static str>, String> {
     let mut ran = Vec::new();
     for (language, code, expected) in [
         (Language::Bash, "echo sandcall-ok", "sandcall-ok\n"),
@@ -378,39 +393,17 @@ async fn trial_run(config: &Config) -> Check {
         let interpreter = runtime::languages::interpreter(language, config);
         let mut launch = runtime::launch(language, interpreter, &[]);
         launch.env.extend(runtime::languages::config_env(language, config));
-        let limits = match crate::exec::resolve_limits(config, None) {
-            Ok(l) => l,
-            Err(e) => {
-                return Check {
-                    name: "sandbox trial run",
-                    ok: false,
-                    detail: e.message,
-                    fix,
-                }
-            }
-        };
+        let limits = crate::exec::resolve_limits(config, None).map_err(|e| e.message)?;
         let spec = RunSpec::new(sandcall_api::ids::new_id(), code.into(), launch, 20_000, limits);
         match runner.run(spec, ()).await {
             Ok(r) if r.stdout == expected && r.exit_code == Some(0) => {}
             Ok(r) => {
-                return Check {
-                    name: "sandbox trial run",
-                    ok: false,
-                    detail: format!(
-                        "{language:?} printed {:?}, stderr {:?}, exit {:?}, signal {:?}",
-                        r.stdout, r.stderr, r.exit_code, r.signal
-                    ),
-                    fix,
-                }
+                return Err(format!(
+                    "{language:?} printed {:?}, stderr {:?}, exit {:?}, signal {:?}",
+                    r.stdout, r.stderr, r.exit_code, r.signal
+                ))
             }
-            Err(e) => {
-                return Check {
-                    name: "sandbox trial run",
-                    ok: false,
-                    detail: e.to_string(),
-                    fix,
-                }
-            }
+            Err(e) => return Err(e.to_string()),
         }
     }
     // Helpers answer before they finish tearing down; let them finish, so that nothing
@@ -419,14 +412,5 @@ async fn trial_run(config: &Config) -> Check {
     while runner.active() > 0 && std::time::Instant::now() < deadline {
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
-    Check {
-        name: "sandbox trial run",
-        ok: true,
-        detail: format!(
-            "{} ran in a sandbox of the {} tier",
-            ran.join(", "),
-            config.host.isolation.name()
-        ),
-        fix,
-    }
+    Ok(ran)
 }

@@ -22,6 +22,8 @@ pub struct ExecCommand {
     pub custom_limits: bool,
     /// The caller's workspace the run starts in and saves to (`workspaces` on).
     pub workspace: Option<String>,
+    /// The isolation tier the request asked for (`Tiers::pick` decides).
+    pub isolation: Option<sandcall_config::Isolation>,
 }
 
 /// The request's language (Python by default). A name that is not declared, or a
@@ -119,6 +121,7 @@ pub fn parse_exec(req: ExecRequest, config: &Config) -> Result<ExecCommand, Engi
     let timeout_ms = timeout(req.run_timeout, req.timeout, config)?;
     let limits = resolve_limits(config, req.limits.as_ref())?;
     let workspace = parse_workspace(req.workspace_id, req.runtime_session_hint, config)?;
+    let isolation = crate::isolation::parse_isolation(req.isolation.as_deref())?;
     Ok(ExecCommand {
         language,
         code,
@@ -129,6 +132,7 @@ pub fn parse_exec(req: ExecRequest, config: &Config) -> Result<ExecCommand, Engi
         files: req.files.unwrap_or_default(),
         custom_limits: req.limits.is_some_and(|l| l != RequestLimits::default()),
         workspace,
+        isolation,
     })
 }
 

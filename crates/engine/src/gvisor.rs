@@ -56,17 +56,20 @@ pub enum GvisorError {
     },
 }
 
-/// The `gvisor` tier of a server with `config` on `host` (None for the `namespace`
-/// tier): `runsc` found, its bundle written, an earlier server's leftovers swept.
+/// The `gvisor` tier of a server with `config` on `host`: `runsc` found, its bundle
+/// written, an earlier server's leftovers swept. None when `runsc` is not there and
+/// nothing needs it; an error when something does (the server's `isolation`, a pinned
+/// principal, or a `runsc_path`).
 pub fn for_config(
     config: &sandcall_config::Config,
     host: &crate::host::Host,
     helper_exe: &Path,
 ) -> Result<Option<std::sync::Arc<Gvisor>>, GvisorError> {
-    if config.host.isolation != sandcall_config::Isolation::Gvisor {
-        return Ok(None);
-    }
-    let runsc = find_runsc(config.host.runsc_path.as_deref())?;
+    let runsc = match find_runsc(config.host.runsc_path.as_deref()) {
+        Ok(runsc) => runsc,
+        Err(e) if config.pins_gvisor() || config.host.runsc_path.is_some() => return Err(e),
+        Err(_) => return Ok(None),
+    };
     let writable = [host.runs_dir.as_path(), host.outbox_dir.as_path()];
     let gvisor = Gvisor::prepare(runsc, &host.data_dir, helper_exe, host.cgroups.clone(), &writable)?;
     Ok(Some(std::sync::Arc::new(gvisor)))

@@ -3,10 +3,13 @@
 //! these, so that another tier can stand behind them without touching sessions, files
 //! or HTTP, and so that tests can drive a session with a scripted sandbox.
 
+use crate::error::EngineError;
 use crate::run::{RunError, RunSpec};
 use async_trait::async_trait;
 use sandcall_api::Language;
+use sandcall_config::Isolation;
 use sandcall_sandbox::protocol::{Command, Event, RunResult};
+use std::sync::Arc;
 
 /// The session driver's view of one running sandbox: the program's events, and the
 /// commands (tool replies) it takes.
@@ -84,4 +87,152 @@ pub trait IsolationTier: Send + Sync {
 
     /// Notes a sandbox that failed, for the health route.
     fn record_failure(&self, error: &RunError);
+}
+
+/// The isolation tiers a server has (docs/isolation.md), and which one a run gets: its
+/// principal's (`sandcall_auth::Auth::isolation`), or a stronger one its request asks for.
+#[derive(Clone, Default)]
+pub struct Tiers {
+    namespace: Option<Arc<dyn IsolationTier>>,
+    gvisor: Option<Arc<dyn IsolationTier>>,
+}
+
+impl Tiers {
+    /// A server with no tier yet; `with` adds them.
+    pub fn new() -> Tiers {
+        Tiers::default()
+    }
+
+    pub fn with(mut self, isolation: Isolation, tier: Arc<dyn IsolationTier>) -> Tiers {
+        match isolation {
+            Isolation::Namespace => self.namespace = Some(tier),
+            Isolation::Gvisor => self.gvisor = Some(tier),
+        }
+        self
+    }
+
+    pub fn get(&self, isolation: Isolation) -> Option<&Arc<dyn IsolationTier>> {
+        match isolation {
+            Isolation::Namespace => self.namespace.as_ref(),
+            Isolation::Gvisor => self.gvisor.as_ref(),
+        }
+    }
+
+    /// The tiers this server has, weakest first.
+    pub fn present(&self) -> impl Iterator<Item = (Isolation, &Arc<dyn IsolationTier>)> {
+        Isolation::ALL.into_iter().filter_map(|i| self.get(i).map(|t| (i, t)))
+    }
+
+    /// The tier of a run whose principal's tier is `principal` and whose request asked
+    /// for `requested`: the stronger of the two. A request for a weaker tier is refused,
+    /// and so is one for a tier this server lacks.
+    pub fn pick(
+        &self,
+        principal: Isolation,
+        requested: Option<Isolation>,
+    ) -> Result<(Isolation, Arc<dyn IsolationTier>), EngineError> {
+        if let Some(asked) = requested.filter(|asked| *asked < principal) {
+            return Err(EngineError::bad_request(format!(
+                "`isolation` \"{}\" is weaker than this caller's tier, \"{}\": a request may ask for a \
+                 stronger tier, never a weaker one",
+                asked.name(),
+                principal.name()
+            )));
+        }
+        let chosen = requested.unwrap_or(principal).max(principal);
+        match self.get(chosen) {
+            Some(tier) => Ok((chosen, tier.clone())),
+            None => Err(EngineError {
+                code: Some(sandcall_api::error_code::UNSUPPORTED_CAPABILITY),
+                ..EngineError::bad_request(format!(
+                    "this server has no \"{}\" isolation tier (docs/isolation.md); retrying will not work",
+                    chosen.name()
+                ))
+            }),
+        }
+    }
+
+    /// Why some tier cannot build sandboxes now, since its last failure; None when all can.
+    pub fn failing(&self) -> Option<String> {
+        self.present().find_map(|(_, t)| t.failing())
+    }
+}
+
+/// A request's `isolation` field: a tier's name, or absent.
+pub fn parse_isolation(field: Option<&str>) -> Result<Option<Isolation>, EngineError> {
+    field
+        .map(|name| {
+            Isolation::parse(name).ok_or_else(|| {
+                EngineError::bad_request(format!("`isolation` must be \"namespace\" or \"gvisor\", not {name:?}"))
+            })
+        })
+        .transpose()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+
+    /// A tier that is never asked for a sandbox: `pick` only chooses.
+    struct Unused;
+
+    #[async_trait]
+    impl IsolationTier for Unused {
+        async fn take_warm(&self, _: Language, _: &str) -> Option<Box<dyn WarmSandbox>> {
+            None
+        }
+        async fn start(&self, _: RunSpec) -> Result<Box<dyn HelperChannel>, RunError> {
+            Err(RunError::Protocol("unused".into()))
+        }
+        async fn run(
+            &self,
+            _: Option<Box<dyn WarmSandbox>>,
+            _: RunSpec,
+            _: Box<dyn std::any::Any + Send>,
+        ) -> Result<RunResult, RunError> {
+            Err(RunError::Protocol("unused".into()))
+        }
+        fn failing(&self) -> Option<String> {
+            None
+        }
+        fn record_failure(&self, _: &RunError) {}
+    }
+
+    #[test]
+    fn a_run_gets_its_principals_tier_or_a_stronger_one_it_asks_for() {
+        use Isolation::{Gvisor, Namespace};
+        let both = Tiers::new()
+            .with(Namespace, Arc::new(Unused))
+            .with(Gvisor, Arc::new(Unused));
+        let chosen = |p, r| {
+            both.pick(p, r)
+                .map(|(i, _)| i)
+                .map_err(|e| (e.kind, e.error_type, e.code))
+        };
+        assert_eq!(chosen(Namespace, None), Ok(Namespace));
+        assert_eq!(chosen(Namespace, Some(Gvisor)), Ok(Gvisor));
+        assert_eq!(chosen(Gvisor, None), Ok(Gvisor));
+        assert_eq!(chosen(Gvisor, Some(Gvisor)), Ok(Gvisor));
+        let weaker = both.pick(Gvisor, Some(Namespace)).err().unwrap();
+        assert_eq!(
+            (weaker.kind, weaker.error_type, weaker.code),
+            (ErrorKind::Invalid, "invalid_request", None)
+        );
+        assert!(weaker.message.contains("weaker"), "{}", weaker.message);
+
+        let namespace_only = Tiers::new().with(Namespace, Arc::new(Unused));
+        let missing = namespace_only.pick(Namespace, Some(Gvisor)).err().unwrap();
+        assert_eq!(missing.kind, ErrorKind::Invalid);
+        assert_eq!(missing.code, Some("unsupported_capability"));
+        assert!(namespace_only.pick(Namespace, None).is_ok());
+    }
+
+    #[test]
+    fn a_requests_isolation_names_a_tier() {
+        assert_eq!(parse_isolation(None).unwrap(), None);
+        assert_eq!(parse_isolation(Some("gVisor")).unwrap(), Some(Isolation::Gvisor));
+        assert_eq!(parse_isolation(Some("namespace")).unwrap(), Some(Isolation::Namespace));
+        assert!(parse_isolation(Some("vm")).unwrap_err().message.contains("\"vm\""));
+    }
 }

@@ -45,9 +45,11 @@ pub struct Engine {
     pub runner: Runner,
     pub admission: Admission,
     pub sessions: programmatic::session::Sessions,
+    /// The warm pool of the server's own tier (`isolation`), for the health route.
     pub pool: pool::Pool,
-    /// Where runs get their sandboxes (`helper_tier::HelperTier` over `runner` and `pool`).
-    pub tier: Arc<dyn isolation::IsolationTier>,
+    /// Where runs get their sandboxes: one `helper_tier::HelperTier` per tier this
+    /// server has.
+    pub tiers: isolation::Tiers,
     /// A health check's trial run is under way.
     pub probing: Arc<std::sync::atomic::AtomicBool>,
     pub files: Arc<dyn files::FileStore>,
@@ -59,7 +61,7 @@ impl Engine {
     /// Whether sandboxes can be built: after a failure, a trial run (outside admission
     /// control, so a full queue cannot hide a recovery) decides. Returns the reason when not.
     pub async fn sandbox_unavailable(&self) -> Option<String> {
-        let failing = self.tier.failing()?;
+        let failing = self.tiers.failing()?;
         // One trial at a time, however many health checks arrive meanwhile.
         if self.probing.swap(true, std::sync::atomic::Ordering::SeqCst) {
             return Some(failing);
@@ -70,21 +72,26 @@ impl Engine {
     }
 
     async fn probe(&self) -> Option<String> {
-        let launch = runtime::launch(sandcall_api::Language::Bash, &self.config.languages.bash, &[]);
-        let limits = exec::resolve_limits(&self.config, None).ok()?;
-        let spec = RunSpec::new(sandcall_api::ids::new_id(), "exit 0".into(), launch, 10_000, limits);
-        let _ = self.tier.run(None, spec, Box::new(())).await;
-        self.tier.failing()
+        for (_, tier) in self.tiers.present().filter(|(_, t)| t.failing().is_some()) {
+            let launch = runtime::launch(sandcall_api::Language::Bash, &self.config.languages.bash, &[]);
+            let limits = exec::resolve_limits(&self.config, None).ok()?;
+            let spec = RunSpec::new(sandcall_api::ids::new_id(), "exit 0".into(), launch, 10_000, limits);
+            let _ = tier.run(None, spec, Box::new(())).await;
+        }
+        self.tiers.failing()
     }
 
     /// Runs a validated exec command: stages its files, waits for a slot, runs, stores
     /// its output files, maps the outcome.
     /// Also says whether the run had a warm sandbox.
+    /// `tier` is the principal's isolation tier; the request may ask for a stronger one.
     pub async fn execute(
         &self,
         principal: &sandcall_auth::Principal,
+        tier: sandcall_config::Isolation,
         cmd: exec::ExecCommand,
     ) -> Result<(ExecResponse, bool), EngineError> {
+        let (_, tier) = self.tiers.pick(tier, cmd.isolation)?;
         // A run in a workspace holds it until its outputs are stored (files::workspace).
         let mut cmd = cmd;
         let workspace = match cmd.workspace.clone() {
@@ -114,7 +121,7 @@ impl Engine {
         let warm = if cmd.custom_limits {
             None
         } else {
-            self.tier.take_warm(cmd.language, &cmd.code).await
+            tier.take_warm(cmd.language, &cmd.code).await
         };
         let session_id = warm
             .as_ref()
@@ -143,9 +150,9 @@ impl Engine {
                 let (go, files) = runtime::warm_go(cmd.language, &cmd.args, None);
                 spec.go = Some(go);
                 spec.support_files.extend(files);
-                self.tier.run(Some(helper), spec, Box::new(slot)).await
+                tier.run(Some(helper), spec, Box::new(slot)).await
             }
-            None => self.tier.run(None, spec, Box::new(slot)).await,
+            None => tier.run(None, spec, Box::new(slot)).await,
         };
         tracing::debug!(
             warm = was_warm,

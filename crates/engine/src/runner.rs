@@ -375,7 +375,7 @@ impl Runner {
             parsing: None,
             hash_seed: None,
             outer,
-            running: false,
+            running: None,
             _guard: guard,
         };
 
@@ -446,6 +446,28 @@ fn spawn_with(mut command: Command, stdin: OwnedFd, stdout: OwnedFd) -> Result<t
     // the helper's stdout close.
     drop(command);
     Ok(child)
+}
+
+/// How often a gVisor sandbox's host cgroup is checked for its memory limit.
+const MEMORY_WATCH: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Ends a running gVisor sandbox once its host cgroup reaches its memory limit. gVisor's
+/// kernel answers an allocation the host refuses with a failed allocation, which a
+/// program may retry for ever; the host kernel ends the run there in the `namespace`
+/// tier, and so does this in the `gvisor` tier (the run is reported out of memory:
+/// `Helper::outer_end`). Stops when the cgroup is gone.
+async fn end_at_memory_limit(watch: sandcall_sandbox::cgroup::CgroupWatch) {
+    let mut tick = tokio::time::interval(MEMORY_WATCH);
+    loop {
+        tick.tick().await;
+        if !watch.exists() {
+            return;
+        }
+        if watch.memory_limit_hit() {
+            let _ = tokio::task::spawn_blocking(move || watch.kill()).await;
+            return;
+        }
+    }
 }
 
 /// The run message of a spec.
@@ -533,8 +555,8 @@ pub struct Helper {
     /// The host cgroup of the helper's gVisor sandbox (the `gvisor` tier), removed once
     /// the helper is reaped.
     outer: Option<RunCgroup>,
-    /// The program was sent its `Run`.
-    running: bool,
+    /// When the program was sent its `Run`.
+    running: Option<std::time::Instant>,
     _guard: ActiveGuard,
 }
 
@@ -616,7 +638,10 @@ impl Helper {
     /// Sends the run's program its `Run`.
     async fn send_run(&mut self, spec: RunSpec) -> Result<(), RunError> {
         self.send(&run_message(spec)).await?;
-        self.running = true;
+        self.running = Some(std::time::Instant::now());
+        if let Some(outer) = &self.outer {
+            tokio::spawn(end_at_memory_limit(outer.watch()));
+        }
         Ok(())
     }
 
@@ -626,11 +651,12 @@ impl Helper {
     /// killed (what it printed went with the sandbox). Before that, the sandbox failed.
     fn outer_end(&self) -> Option<RunResult> {
         let usage = self.outer.as_ref()?.usage();
-        (usage.memory_limit_hit || self.running).then(|| RunResult {
+        (usage.memory_limit_hit || self.running.is_some()).then(|| RunResult {
             oom_killed: usage.memory_limit_hit,
             signal: Some("SIGKILL".into()),
             cpu_time_ms: usage.cpu_time_ms,
             memory_peak_bytes: usage.memory_peak_bytes,
+            wall_time_ms: self.running.map_or(0, |t| t.elapsed().as_millis() as u64),
             ..RunResult::default()
         })
     }

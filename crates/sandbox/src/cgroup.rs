@@ -369,6 +369,51 @@ fn remove_when_empty(dir: &Path, wait: Duration) -> Result<(), CgroupError> {
     }
 }
 
+/// Watches a cgroup from outside while its processes run (a gVisor sandbox's host
+/// cgroup): whether its memory limit was reached, and a way to kill what runs in it.
+/// Holds paths only; the `RunCgroup` it came from still owns the cgroup.
+#[derive(Debug, Clone)]
+pub struct CgroupWatch {
+    placement: CgroupPlacement,
+}
+
+impl CgroupWatch {
+    /// The memory limit was reached at least once: an allocation had to wait for
+    /// reclaim or failed (v1 `memory.failcnt`, v2 `memory.events` `max`), or the kernel
+    /// killed a process for it (`oom_kill`; on v1 the only sign, where a charge that
+    /// ends in the OOM killer is not counted as a failure).
+    pub fn memory_limit_hit(&self) -> bool {
+        let (hits, kills) = match &self.placement {
+            CgroupPlacement::V1 { memory, .. } => (
+                read_u64(&memory.join("memory.failcnt")),
+                read_keyed(&memory.join("memory.oom_control"), "oom_kill"),
+            ),
+            CgroupPlacement::V2 { path } => {
+                let events = path.join("memory.events");
+                (read_keyed(&events, "max"), read_keyed(&events, "oom_kill"))
+            }
+        };
+        hits.unwrap_or(0) > 0 || kills.unwrap_or(0) > 0
+    }
+
+    /// Whether the cgroup is still there.
+    pub fn exists(&self) -> bool {
+        match &self.placement {
+            CgroupPlacement::V1 { memory, .. } => memory.is_dir(),
+            CgroupPlacement::V2 { path } => path.is_dir(),
+        }
+    }
+
+    /// Kills every process in the cgroup.
+    pub fn kill(&self) {
+        let dir = match &self.placement {
+            CgroupPlacement::V1 { pids, .. } => pids,
+            CgroupPlacement::V2 { path } => path,
+        };
+        kill_all(dir);
+    }
+}
+
 /// One run's cgroup, created with its limits.
 #[derive(Debug)]
 pub struct RunCgroup {
@@ -516,6 +561,13 @@ impl RunCgroup {
         }
     }
 
+    /// A handle that watches this cgroup from outside while it lives.
+    pub fn watch(&self) -> CgroupWatch {
+        CgroupWatch {
+            placement: self.placement.clone(),
+        }
+    }
+
     /// The `cgroup.procs` file of each of its directories: writing `0` to each moves the
     /// writer into the cgroup (a process about to exec, say).
     pub fn procs_files(&self) -> Vec<PathBuf> {
@@ -573,26 +625,21 @@ impl RunCgroup {
     }
 
     pub fn usage(&self) -> Usage {
-        let (memory_peak_bytes, oom_kills, limit_hits) = match &self.placement {
+        let (memory_peak_bytes, oom_kills) = match &self.placement {
             CgroupPlacement::V1 { memory, .. } => (
                 read_u64(&memory.join("memory.max_usage_in_bytes")).unwrap_or(0),
                 read_keyed(&memory.join("memory.oom_control"), "oom_kill").unwrap_or(0),
-                read_u64(&memory.join("memory.failcnt")).unwrap_or(0),
             ),
-            CgroupPlacement::V2 { path } => {
-                let events = path.join("memory.events");
-                (
-                    read_u64(&path.join("memory.peak")).unwrap_or(0),
-                    read_keyed(&events, "oom_kill").unwrap_or(0),
-                    read_keyed(&events, "max").unwrap_or(0),
-                )
-            }
+            CgroupPlacement::V2 { path } => (
+                read_u64(&path.join("memory.peak")).unwrap_or(0),
+                read_keyed(&path.join("memory.events"), "oom_kill").unwrap_or(0),
+            ),
         };
         Usage {
             cpu_time_ms: self.cpu_time_ms(),
             memory_peak_bytes,
             oom_killed: oom_kills > 0,
-            memory_limit_hit: limit_hits > 0 || oom_kills > 0,
+            memory_limit_hit: oom_kills > 0 || self.watch().memory_limit_hit(),
         }
     }
 

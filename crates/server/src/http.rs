@@ -96,7 +96,7 @@ pub(crate) async fn exec_route(
     JsonBody(req): JsonBody<ExecRequest>,
 ) -> Result<Response, ApiError> {
     let cmd = exec::parse_exec(req, &state.config)?;
-    let (result, warm) = state.execute(&principal, cmd).await?;
+    let (result, warm) = state.execute(&principal, state.auth.isolation(&principal), cmd).await?;
     let mut response = Json(result).into_response();
     // (extension) Which kind of sandbox ran the program, for benchmarks and tests.
     let kind = if warm { "warm" } else { "cold" };
@@ -179,7 +179,10 @@ pub(crate) async fn programmatic_route(
                 .await
                 .map_err(|e| ApiError::internal(error_type::INTERNAL, &format!("declaring tools: {e}")))??;
             cmd.request_id = request_id;
-            state.sessions.start(&principal, cmd).await?
+            state
+                .sessions
+                .start(&principal, state.auth.isolation(&principal), cmd)
+                .await?
         }
     };
     // Already JSON: a pause's answer is serialized once, off the async workers.

@@ -27,6 +27,7 @@ use sandcall_store as store;
 
 use config::Config;
 use runner::{Runner, RunnerSettings};
+use sandcall_engine::isolation::Tiers;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -86,7 +87,8 @@ async fn run(config: Config, frontend: Frontend) -> Result<(), ServeError> {
     telemetry::install().map_err(|e| ServeError::Preflight(e.to_string()))?;
     warn_if_sandboxes_outgrow_memory(&config);
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
-    let (state, runner, sessions_at_exit) = start(&config, &host, auth, shutdown_rx.clone()).await?;
+    let (state, runners, sessions_at_exit) = start(&config, &host, auth, shutdown_rx.clone()).await?;
+    let active = || runners.iter().map(Runner::active).sum::<usize>();
     if frontend == Frontend::McpStdio {
         // stdout is the protocol's: nothing else may be written there.
         tracing::info!(cgroup = host.cgroups.version(), data_dir = %host.data_dir.display(), "sandcall serving MCP on stdio");
@@ -97,7 +99,7 @@ async fn run(config: Config, frontend: Frontend) -> Result<(), ServeError> {
         }
         let _ = shutdown_tx.send(true);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while runner.active() > 0 && tokio::time::Instant::now() < deadline {
+        while active() > 0 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         host.cgroups.close();
@@ -124,7 +126,7 @@ async fn run(config: Config, frontend: Frontend) -> Result<(), ServeError> {
     .await;
     // In-flight requests have been answered; make sure every helper is gone too.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while runner.active() > 0 && tokio::time::Instant::now() < deadline {
+    while active() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // Every session's driver done (a paused one dormant in the store), and with many
@@ -133,6 +135,18 @@ async fn run(config: Config, frontend: Frontend) -> Result<(), ServeError> {
     let left = host.cgroups.close();
     tracing::info!(left, "stopped");
     Ok(())
+}
+
+/// The isolation tiers a server has, its own (`isolation`) first: with `namespace`, also
+/// `gvisor` when `runsc` is there (for the principals pinned to it, and the requests that
+/// ask for it); with `gvisor`, that alone (no principal or request may have less).
+fn tiers_of(config: &Config, has_runsc: bool) -> Vec<config::Isolation> {
+    use config::Isolation::{Gvisor, Namespace};
+    match config.host.isolation {
+        Namespace if has_runsc => vec![Namespace, Gvisor],
+        Namespace => vec![Namespace],
+        Gvisor => vec![Gvisor],
+    }
 }
 
 /// The checks before anything starts: credentials load and fit the listening address
@@ -173,11 +187,21 @@ async fn start(
     host: &host::Host,
     auth: sandcall_auth::Auth,
     shutdown_rx: tokio::sync::watch::Receiver<bool>,
-) -> Result<(AppState, Runner, programmatic::session::Sessions), ServeError> {
+) -> Result<(AppState, Vec<Runner>, programmatic::session::Sessions), ServeError> {
+    // One runner per isolation tier this server has (`tiers_of`), the server's own first.
     let exe = std::env::current_exe()?;
     let gvisor = gvisor::for_config(config, host, &exe).map_err(|e| ServeError::Preflight(e.to_string()))?;
-    let runner = Runner::new(RunnerSettings::new(config, host, exe, gvisor), shutdown_rx.clone());
-    runner.start_launcher().await;
+    let mut runners = Vec::new();
+    for isolation in tiers_of(config, gvisor.is_some()) {
+        let gvisor = gvisor.clone().filter(|_| isolation == config::Isolation::Gvisor);
+        let runner = Runner::new(
+            RunnerSettings::new(config, host, exe.clone(), gvisor),
+            shutdown_rx.clone(),
+        );
+        runner.start_launcher().await;
+        runners.push((isolation, runner));
+    }
+    let runner = runners[0].1.clone();
     let admission = sandcall_engine::admission::Admission::new(
         config.limits.max_concurrent_runs,
         config.queue_length(),
@@ -212,23 +236,37 @@ async fn start(
     let _ = std::fs::remove_dir_all(&outbox_dir);
     std::fs::create_dir_all(&outbox_dir)?;
     let default_limits = exec::resolve_limits(config, None).map_err(|e| ServeError::Preflight(e.message))?;
-    let pool = pool::Pool::start(
-        runner.clone(),
-        shared_config.clone(),
-        default_limits,
-        programmatic::tool_channel(config),
-        shutdown_rx.clone(),
-    );
-    // Where runs and sessions get their sandboxes.
-    let tier: Arc<dyn sandcall_engine::isolation::IsolationTier> = Arc::new(
-        sandcall_engine::helper_tier::HelperTier::new(runner.clone(), pool.clone()),
-    );
+    // Where runs and sessions get their sandboxes: each tier's runner with a warm pool of
+    // its own. A gvisor tier that only requests may ask for (no principal is pinned to
+    // it) keeps no warm sandboxes: its runs start cold.
+    let mut tiers = Tiers::new();
+    let mut pools = Vec::new();
+    for (isolation, tier_runner) in &runners {
+        let pool_config = if *isolation == config.host.isolation || config.pins_gvisor() {
+            shared_config.clone()
+        } else {
+            let mut cold = config.clone();
+            cold.languages.warm_pool_size = 0;
+            Arc::new(cold)
+        };
+        let pool = pool::Pool::start(
+            tier_runner.clone(),
+            pool_config,
+            default_limits.clone(),
+            programmatic::tool_channel(config),
+            shutdown_rx.clone(),
+        );
+        let tier = sandcall_engine::helper_tier::HelperTier::new(tier_runner.clone(), pool.clone());
+        tiers = tiers.with(*isolation, Arc::new(tier));
+        pools.push(pool);
+    }
+    let pool = pools[0].clone();
     let sessions = programmatic::session::Sessions::new(
         key,
         shared_config.clone(),
         shutdown_rx.clone(),
         programmatic::session::Backing {
-            tier: tier.clone(),
+            tiers: tiers.clone(),
             admission: admission.clone(),
             files: store.clone(),
             outbox_dir: outbox_dir.clone(),
@@ -246,7 +284,7 @@ async fn start(
             config: shared_config,
             runner: runner.clone(),
             pool,
-            tier,
+            tiers,
             probing: Default::default(),
             admission,
             sessions,
@@ -268,7 +306,8 @@ async fn start(
         state.outbox_dir.clone(),
         stale_outbox,
     ));
-    Ok((state, runner, sessions_at_exit))
+    let runners = runners.into_iter().map(|(_, r)| r).collect();
+    Ok((state, runners, sessions_at_exit))
 }
 
 /// Paused sessions keep their sandboxes, and each may hold `memory_limit_mb`: say so at

@@ -94,6 +94,7 @@ pub fn parse_start(req: ProgrammaticRequest, config: &Config) -> Result<StartCom
         custom_limits,
         loop_timeout_ms,
         request_id: None,
+        isolation: crate::isolation::parse_isolation(request.isolation.as_deref())?,
         request,
     })
 }

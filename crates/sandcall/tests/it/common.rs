@@ -29,6 +29,18 @@ pub fn gvisor_pass() -> bool {
     std::env::var("SANDCALL_TEST_ISOLATION").as_deref() == Ok("gvisor")
 }
 
+/// The most a run with a memory limit of `limit_mib` may be seen to peak at: the limit
+/// (and a page of slack) in the `namespace` tier; in the `gvisor` tier the limit plus
+/// what gVisor's own kernel may take (`gvisor::KERNEL_MEMORY`), which its peak counts.
+pub fn memory_bound(limit_mib: u64) -> u64 {
+    let gvisor = if gvisor_pass() {
+        sandcall_engine::gvisor::KERNEL_MEMORY
+    } else {
+        0
+    };
+    (limit_mib << 20) + gvisor + (1 << 20)
+}
+
 /// Fails loudly when the tests cannot do what they claim to test.
 pub fn require_root() {
     assert!(
@@ -501,6 +513,19 @@ pub fn processes_matching(needle: &str) -> Vec<u32> {
         }
     }
     out
+}
+
+/// Whether a program of `s` whose command line holds `marker` runs: on the host (the
+/// `namespace` tier), or, in the `gvisor` tier, where the host sees only gVisor's kernel,
+/// whether a gVisor sandbox of `s` runs.
+pub fn program_running(s: &Server, marker: &str) -> bool {
+    if !gvisor_pass() {
+        return !processes_matching(marker).is_empty();
+    }
+    let state = s.data_dir.join("gvisor").join("state");
+    processes_matching(&state.to_string_lossy())
+        .into_iter()
+        .any(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with(b"runsc-sandbox\0")))
 }
 
 /// Run cgroups of this server's instance, across every hierarchy.

@@ -258,7 +258,10 @@ impl SandcallMcp {
             ..Default::default()
         };
         let cmd = exec::parse_exec(req, &self.state.config)?;
-        let (response, _warm) = self.state.execute(&principal, cmd).await?;
+        let (response, _warm) = self
+            .state
+            .execute(&principal, self.state.auth.isolation(&principal), cmd)
+            .await?;
         let files: Vec<FileEntry> = response
             .files
             .iter()

@@ -15,6 +15,8 @@ pub(super) struct DriverSpec {
     pub(super) max_tool_calls: u64,
     pub(super) language: sandcall_api::Language,
     pub(super) outbox: PathBuf,
+    /// The isolation tier the session's sandbox is from.
+    pub(super) tier: Arc<dyn IsolationTier>,
     /// When the whole loop must have ended, waits included (`loop_timeout`, or
     /// `timeout` with `programmatic_timeout_scope = "loop"`). The program's own
     /// running time is the helper's clock, which stops while it waits.
@@ -92,6 +94,7 @@ pub(super) struct Driver {
     max_tool_calls: u64,
     language: sandcall_api::Language,
     outbox: PathBuf,
+    tier: Arc<dyn IsolationTier>,
     helper: Box<dyn HelperChannel>,
     commands: mpsc::UnboundedReceiver<DriverCommand>,
     config: Arc<Config>,
@@ -165,6 +168,7 @@ impl Driver {
             max_tool_calls,
             language,
             outbox,
+            tier,
             loop_deadline,
             replay,
             state,
@@ -172,6 +176,7 @@ impl Driver {
         let config = sessions.inner.config.clone();
         let (mcp_tx, mcp_rx) = mpsc::unbounded_channel::<(u64, ToolReply)>();
         Driver {
+            tier,
             paused_count: Some(Paused::new(sessions.inner.clone())),
             store: sessions.inner.store.clone(),
             shutdown: sessions.inner.shutdown.clone(),
@@ -951,7 +956,7 @@ impl Driver {
     }
 
     fn failure(&self, e: &RunError) -> ProgrammaticResponse {
-        self.sessions.inner.tier.record_failure(e);
+        self.tier.record_failure(e);
         tracing::error!(session = %self.session.id, error = %e, "programmatic session failed");
         ProgrammaticResponse::Error {
             session_id: self.session.id.clone(),

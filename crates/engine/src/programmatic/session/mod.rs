@@ -21,13 +21,13 @@ use crate::admission::{Admission, Held, PerPrincipal, Slot};
 use crate::error::EngineError;
 use crate::error::ErrorKind;
 use crate::files::{now_ms, ops, FileStore};
-use crate::isolation::IsolationTier;
+use crate::isolation::{IsolationTier, Tiers};
 use crate::runner::{RunError, RunSpec};
 use bytes::Bytes;
 use sandcall_api::ids;
 use sandcall_api::{error_type, OutputFile, ProgrammaticResponse, SkippedFile, ToolArguments, ToolCall, ToolResult};
 use sandcall_auth::Principal;
-use sandcall_config::Config;
+use sandcall_config::{Config, Isolation};
 use sandcall_sandbox::protocol::{Command, Event, RunResult, ToolReply};
 use sandcall_store::{JournalEntry, SessionStart, SessionState, SessionStore};
 use serde_json::Value;
@@ -300,8 +300,11 @@ pub struct StartCommand {
     pub loop_timeout_ms: Option<u64>,
     /// The start's `X-LibreChat-Code-Request-ID`.
     pub request_id: Option<String>,
-    /// The request as the session journal keeps it (no resume fields).
+    /// The request as the session journal keeps it (no resume fields); its
+    /// `isolation` becomes the tier the session runs in, so that a replay finds it.
     pub request: sandcall_api::ProgrammaticRequest,
+    /// The isolation tier the request asked for (`Tiers::pick` decides).
+    pub isolation: Option<sandcall_config::Isolation>,
 }
 
 #[derive(Clone)]
@@ -321,7 +324,7 @@ struct Inner {
     requests: Mutex<HashMap<(String, String), String>>,
     key: TokenKey,
     /// Where sessions' sandboxes come from.
-    tier: Arc<dyn IsolationTier>,
+    tiers: Tiers,
     config: Arc<Config>,
     slots: Arc<Semaphore>,
     /// Sessions per principal (`max_sessions_per_principal`).
@@ -353,8 +356,8 @@ struct Inner {
 
 /// What sessions run on, shared with the rest of the server.
 pub struct Backing {
-    /// Where sandboxes come from (`helper_tier::HelperTier` in the server).
-    pub tier: Arc<dyn IsolationTier>,
+    /// Where sandboxes come from (`helper_tier::HelperTier`s in the server).
+    pub tiers: Tiers,
     pub admission: Admission,
     pub files: Arc<dyn FileStore>,
     /// Where helpers put a run's output files before the store takes them.
@@ -375,7 +378,7 @@ const STORE_UNAVAILABLE: &str = "the session store is unavailable";
 impl Sessions {
     pub fn new(key: TokenKey, config: Arc<Config>, shutdown: watch::Receiver<bool>, backing: Backing) -> Self {
         let Backing {
-            tier,
+            tiers,
             admission,
             files,
             outbox_dir,
@@ -392,7 +395,7 @@ impl Sessions {
                 map: Mutex::new(HashMap::new()),
                 requests: Mutex::new(HashMap::new()),
                 key,
-                tier,
+                tiers,
                 config,
                 slots,
                 per_principal,
@@ -424,9 +427,14 @@ impl Sessions {
 
     /// Starts the program and answers with its first pause or its end.
     /// Answers the JSON of the response, which every request for it shares.
-    pub async fn start(&self, principal: &Principal, cmd: StartCommand) -> Result<Bytes, EngineError> {
+    /// Starts a session for `principal`, whose isolation tier is `tier` (a request may
+    /// ask for a stronger one: `Tiers::pick`).
+    pub async fn start(&self, principal: &Principal, tier: Isolation, cmd: StartCommand) -> Result<Bytes, EngineError> {
         let mut spec = cmd.spec;
+        let mut request = cmd.request;
         let inner = &self.inner;
+        let (isolation, tier) = inner.tiers.pick(tier, cmd.isolation)?;
+        request.isolation = Some(isolation.name().to_owned());
         spec.inputs = ops::resolve_inputs(&*inner.files, &principal.0, &cmd.files, spec.limits.workspace_bytes).await?;
         let slot = self.take_session_slot(principal).await?;
         // The program runs from the start: it needs a run slot like any /v1/exec run.
@@ -436,7 +444,7 @@ impl Sessions {
         let warm = if cmd.custom_limits {
             None
         } else {
-            inner.tier.take_warm(cmd.language, &spec.code).await
+            tier.take_warm(cmd.language, &spec.code).await
         };
         if let Some(helper) = &warm {
             spec.run_id = helper.run_id().to_owned();
@@ -456,7 +464,7 @@ impl Sessions {
         let hash_seed = warm.as_ref().and_then(|w| w.hash_seed()).unwrap_or_else(rand::random);
         let record = SessionStart {
             principal: principal.0.clone(),
-            request: cmd.request,
+            request,
             seed,
             hash_seed,
             loop_deadline_ms: cmd.loop_timeout_ms.map(|ms| now_ms() + ms),
@@ -491,13 +499,13 @@ impl Sessions {
             }
             None => {
                 seed_run(&mut spec, cmd.language, seed, Some(hash_seed));
-                self.inner.tier.start(spec).await
+                tier.start(spec).await
             }
         };
         let helper = match started {
             Ok(h) => h,
             Err(e) => {
-                self.inner.tier.record_failure(&e);
+                tier.record_failure(&e);
                 let _ = inner.store.remove(&id).await;
                 return Err(EngineError::internal(error_type::SANDBOX_FAILURE, &e.to_string()));
             }
@@ -525,6 +533,7 @@ impl Sessions {
             max_tool_calls: cmd.max_tool_calls,
             language: cmd.language,
             outbox,
+            tier,
             loop_deadline,
             replay: None,
             state: SessionState::default(),

@@ -159,6 +159,14 @@ impl Sessions {
             .await
             .map_err(|e| e.to_string())?
             .map_err(|e| e.message)?;
+        // The tier the session started in (its journalled request names it; a journal
+        // from before tiers, the server's).
+        let isolation = cmd.isolation.unwrap_or(inner.config.host.isolation);
+        let tier = inner
+            .tiers
+            .get(isolation)
+            .cloned()
+            .ok_or_else(|| format!("this server has no \"{}\" isolation tier", isolation.name()))?;
         let mut spec = cmd.spec;
         spec.inputs = ops::resolve_inputs(
             &*inner.files,
@@ -177,7 +185,7 @@ impl Sessions {
         let warm = if cmd.custom_limits || !hashes {
             None
         } else {
-            inner.tier.take_warm(cmd.language, &spec.code).await
+            tier.take_warm(cmd.language, &spec.code).await
         };
         let warm = match warm {
             Some(helper) if helper.hash_seed().is_none_or(|s| s == journal.start.hash_seed) => Some(helper),
@@ -214,11 +222,11 @@ impl Sessions {
                     journal.start.seed,
                     Some(journal.start.hash_seed),
                 );
-                inner.tier.start(spec).await
+                tier.start(spec).await
             }
         };
         let helper = started.map_err(|e| {
-            inner.tier.record_failure(&e);
+            tier.record_failure(&e);
             e.to_string()
         })?;
         let loop_deadline = journal
@@ -232,6 +240,7 @@ impl Sessions {
             max_tool_calls: cmd.max_tool_calls,
             language: cmd.language,
             outbox,
+            tier,
             loop_deadline,
             replay: Some(replay),
             state,

@@ -214,7 +214,7 @@ fn harness(tool_call_timeout_ms: u64, session_expiry_s: u64) -> Harness {
     });
     let key = TokenKey::load(Some(&"ab".repeat(32)), &dir).unwrap();
     let backing = Backing {
-        tier: tier.clone(),
+        tiers: crate::isolation::Tiers::new().with(Isolation::Namespace, tier.clone()),
         admission: Admission::new(4, 16, Duration::from_secs(5), 4),
         files: Arc::new(MemoryFileStore::new(dir.join("files"))),
         outbox_dir: dir.join("outbox"),
@@ -270,7 +270,7 @@ fn parse(json: &Bytes) -> Value {
 async fn start_paused(h: &mut Harness, keys: &[u64]) -> (Value, Program) {
     let sessions = h.sessions.clone();
     let cmd = start_command(h);
-    let started = tokio::spawn(async move { sessions.start(&principal(), cmd).await });
+    let started = tokio::spawn(async move { sessions.start(&principal(), Isolation::Namespace, cmd).await });
     let program = h.programs.recv().await.unwrap();
     for key in keys {
         program.call(*key, "get", json!({"n": key}));

@@ -54,7 +54,7 @@ fn js_memory_bomb_is_oom_killed() {
     assert_eq!(r["status"], "killed", "{r}");
     assert_eq!(r["oom_killed"], true, "{r}");
     let peak = r["memory_peak"].as_u64().unwrap();
-    assert!(peak <= 129 << 20, "memory_peak {peak}");
+    assert!(peak <= crate::common::memory_bound(128), "memory_peak {peak}");
     assert_js_still_runs(&s);
 }
 

@@ -5,7 +5,7 @@ use super::support::{
     assert_api_error, assert_paused_shape, background_sleep, ok_result, rate_tool, resume, session_id, start, state,
     wait_until_reclaimed, ROUTE,
 };
-use crate::common::{processes_matching, run_cgroups, Server, NO_POOL};
+use crate::common::{run_cgroups, Server, NO_POOL};
 use serde_json::json;
 use std::time::Duration;
 
@@ -27,7 +27,7 @@ fn cancel_kills_the_program() {
     let id = session_id(&first);
     assert!(run_cgroups(&s.instance()) > 0, "a paused session keeps its run cgroup");
     assert!(
-        !processes_matching(&marker).is_empty(),
+        crate::common::program_running(&s, &marker),
         "the program's own child is running"
     );
 

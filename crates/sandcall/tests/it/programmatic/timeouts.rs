@@ -6,7 +6,7 @@ use super::support::{
     assert_api_error, assert_completed_shape, assert_paused_shape, background_sleep, drive, ok, ok_result, rate_tool,
     resume, session_id, src, start, tool, wait_for_outcome, wait_until_reclaimed, Answer, ROUTE,
 };
-use crate::common::{descendants, processes_matching, run_cgroups, Server, NO_POOL};
+use crate::common::{descendants, run_cgroups, Server, NO_POOL};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
@@ -29,7 +29,7 @@ fn never_resumed_session_is_reclaimed() {
     assert!(run_cgroups(&s.instance()) > 0, "a paused session keeps its run cgroup");
     assert!(!descendants(s.pid()).is_empty(), "a paused session keeps its program");
     assert!(
-        !processes_matching(&marker).is_empty(),
+        crate::common::program_running(&s, &marker),
         "the program's own child is running"
     );
 
