@@ -551,6 +551,19 @@ EVICTED_MARK = "<!-- bench.py --evicted writes from here on -->"
 TIERS_MARK = "<!-- bench.py --tiers writes from here on -->"
 
 
+def replace_section(path, mark, text):
+    """Writes `text` (which begins with `mark`) as its section of the document at `path`:
+    in place of the section that `mark` begins, up to the next one another run writes,
+    or at the end."""
+    doc = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
+    at = doc.find(mark)
+    end = doc.find("\n<!-- bench.py", at + len(mark)) if at >= 0 else -1
+    rest = doc[end:] if end >= 0 else ""
+    doc = (doc[:at].rstrip("\n") if at >= 0 else doc.rstrip("\n")) + "\n\n" + text.rstrip("\n") + "\n" + rest
+    with open(path, "w") as f:
+        f.write(doc)
+
+
 def kept_runtimes_section(path):
     try:
         text = open(path).read()

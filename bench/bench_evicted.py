@@ -173,12 +173,12 @@ def main(args, b):
     full["evicted"] = out
     with open(results, "w") as f:
         json.dump(full, f, indent=1)
-    write_section(out, args.out, b.EVICTED_MARK)
+    write_section(b, out, args.out, b.EVICTED_MARK)
     text = open(args.out).read()
     print(text[text.find(b.EVICTED_MARK):])
 
 
-def write_section(r, path, mark):
+def write_section(b, r, path, mark):
     la, lb = r["load_average_before"], r["load_average_after"]
     s = r["replay_resume_ms"]
     text = f"""{mark}
@@ -205,11 +205,4 @@ baseline is the PSS of a session paused with its sandbox, measured in the same r
 | sessions started and paused per second (8 clients) | {r['starts_per_second']:.0f} |
 | resume of an evicted session (replay), p50 / p90 ms | {s['p50']:.0f} / {s['p90']:.0f} |
 """
-    # Replaces its own section, up to the next one another run writes.
-    doc = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
-    at = doc.find(mark)
-    end = doc.find("\n<!-- bench.py", at + len(mark)) if at >= 0 else -1
-    rest = doc[end:] if end >= 0 else ""
-    doc = (doc[:at].rstrip("\n") if at >= 0 else doc.rstrip("\n")) + "\n\n" + text.rstrip("\n") + "\n" + rest
-    with open(path, "w") as f:
-        f.write(doc)
+    b.replace_section(path, mark, text)

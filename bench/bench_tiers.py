@@ -100,12 +100,12 @@ def main(args, b):
             "idle_sandbox_mib": r["idle_sandbox_mib"],
             "warm_idle": r["warm_idle"],
         }
-    write_section(out, args.out, b.TIERS_MARK)
+    write_section(b, out, args.out, b.TIERS_MARK)
     text = open(args.out).read()
     print(text[text.find(b.TIERS_MARK):])
 
 
-def write_section(r, path, mark):
+def write_section(b, r, path, mark):
     ns, gv = r["namespace"], r["gvisor"]
     la, lb = r["load_before"], r["load_after"]
 
@@ -146,10 +146,4 @@ before and {lb[0]:.2f} {lb[1]:.2f} {lb[2]:.2f} after.
   ({ns['warm_idle']} idle). A principal that runs nothing keeps nothing in either tier: a
   gVisor sandbox holds one run and ends with it.
 """
-    doc = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
-    at = doc.find(mark)
-    end = doc.find("\n<!-- bench.py", at + len(mark)) if at >= 0 else -1
-    rest = doc[end:] if end >= 0 else ""
-    doc = (doc[:at].rstrip("\n") if at >= 0 else doc.rstrip("\n")) + "\n\n" + text.rstrip("\n") + "\n" + rest
-    with open(path, "w") as f:
-        f.write(doc)
+    b.replace_section(path, mark, text)
