@@ -3,7 +3,7 @@
 //! sandbox outlives its run, a killed run or a killed server. The suites that run twice
 //! (`.ci/run`'s gvisor pass) check that everything else works the same in the tier.
 
-use crate::common::{processes_matching, run_cgroups, settle, Server, NO_POOL};
+use crate::common::{mount_count, processes_matching, run_cgroups, settle, Server, NO_POOL};
 use serde_json::json;
 use std::time::Duration;
 
@@ -158,7 +158,8 @@ fn a_run_whose_gvisor_sandbox_dies_ends_as_a_killed_run_and_the_next_run_works()
     s.assert_healthy();
 }
 
-/// Runs, a run cut off by its timeout, and a run whose client goes away leave nothing;
+/// Runs, a run cut off by its timeout, and a run whose client goes away leave nothing
+/// (no `runsc` state, process, host cgroup or mount);
 /// then a server SIGKILLed with runs in flight leaves gVisor sandboxes, which the next
 /// server on the same data directory sweeps at start. `SANDCALL_GVISOR_LEAK_RUNS` runs
 /// (default 50; `.ci/run` runs 1,000 in its group of tests that run alone).
@@ -175,6 +176,7 @@ fn gvisor_sandboxes_leave_nothing_after_runs_a_killed_run_or_a_killed_server() {
         none,
         "(state files, processes, cgroups) before"
     );
+    let mounts = mount_count();
     let threads: Vec<_> = (0..2)
         .map(|t| {
             let (base, n) = (s.base.clone(), runs / 2 + (runs % 2) * (1 - t));
@@ -206,6 +208,11 @@ fn gvisor_sandboxes_leave_nothing_after_runs_a_killed_run_or_a_killed_server() {
         none,
         "(state files, processes, cgroups) after {runs} runs"
     );
+    assert_eq!(
+        settle(mount_count, mounts),
+        mounts,
+        "the host's mounts after {runs} runs"
+    );
 
     // Runs in flight when the server is SIGKILLed.
     let base = s.base.clone();
@@ -227,6 +234,11 @@ fn gvisor_sandboxes_leave_nothing_after_runs_a_killed_run_or_a_killed_server() {
         settle(|| leftovers(&s), none),
         none,
         "(state files, processes, cgroups) after a SIGKILLed server's successor started"
+    );
+    assert_eq!(
+        settle(mount_count, mounts),
+        mounts,
+        "the host's mounts after the restart"
     );
     s.assert_healthy();
 }

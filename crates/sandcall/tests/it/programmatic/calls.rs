@@ -308,7 +308,11 @@ fn fifty_concurrent_sessions() {
         "",
     );
     std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..50i64)
+        // In the gvisor tier each session starts a gVisor sandbox, and Python in it, from
+        // nothing, several times the CPU of a namespace sandbox's start: fifty at once
+        // outlast the client's wait on two cores, twelve load them about as much.
+        let sessions = if crate::common::gvisor_pass() { 12 } else { 50 };
+        let handles: Vec<_> = (0..sessions)
             .map(|i| {
                 let s = &s;
                 scope.spawn(move || {
@@ -331,7 +335,7 @@ fn fifty_concurrent_sessions() {
             .collect();
         for h in handles {
             let (i, out) = h.join().unwrap();
-            assert_eq!(out.rounds, 10, "session {i}");
+            assert_eq!(out.rounds, 10, "session {i}: {}", out.last);
             let seen: Vec<i64> = out
                 .calls
                 .iter()
