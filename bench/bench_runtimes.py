@@ -317,11 +317,11 @@ def main(args, b):
     full["runtimes"] = out
     with open(args.json, "w") as f:
         json.dump(full, f, indent=1)
-    write_section(out, args.out, b.RUNTIMES_MARK)
+    write_section(b, out, args.out, b.RUNTIMES_MARK)
     print(open(args.out).read()[open(args.out).read().find(b.RUNTIMES_MARK):])
 
 
-def write_section(r, path, mark):
+def write_section(b, r, path, mark):
     s, q = r["summaries"], r["ratios"]
     m = r["memory"]
 
@@ -381,18 +381,7 @@ Memory (PSS: each shared page counted once, split between the processes that map
   {m['paused_session_data_stack_mib']:.1f} MiB each.
 """
     text += MISSES
-    try:
-        with open(path) as f:
-            doc = f.read()
-    except FileNotFoundError:
-        doc = "# Benchmarks\n"
-    # Replaces its own section, up to the next one another run writes (`--evicted`).
-    at = doc.find(mark)
-    end = doc.find("\n<!-- bench.py", at + len(mark)) if at >= 0 else -1
-    rest = doc[end:] if end >= 0 else ""
-    doc = (doc[:at].rstrip("\n") if at >= 0 else doc.rstrip("\n")) + "\n\n" + text.rstrip("\n") + "\n" + rest
-    with open(path, "w") as f:
-        f.write(doc)
+    b.replace_section(path, mark, text)
 
 
 # Where the time goes, and why a goal is missed; kept true by hand against the figures

@@ -8,9 +8,8 @@
 //!
 //! gVisor's kernel does not enforce a memory cgroup's limit, so each gVisor sandbox (its
 //! kernel, its file proxy and `runsc` itself) runs in a host cgroup of its own with the
-//! run's memory limit plus `KERNEL_MEMORY`: when the run outgrows it, the host kernel
-//! kills the sandbox and the run ends as out of memory (`Runner`'s helper reads the
-//! cgroup's OOM count).
+//! run's memory limit plus `KERNEL_MEMORY`: when the run reaches it, the runner ends the
+//! sandbox and reports the run out of memory (`runner::end_at_memory_limit`).
 
 use sandcall_sandbox::cgroup::{CgroupRoot, RunCgroup};
 use sandcall_sandbox::protocol::Limits;
@@ -21,7 +20,7 @@ use std::process::Stdio;
 
 /// Memory a gVisor sandbox needs beside its program's: its kernel (the Sentry), its
 /// file proxy (the Gofer) and `runsc`. Measured idle at about 52 MiB together
-/// (docs/benchmarks.md, "The gvisor tier").
+/// (ARCHITECTURE.md, "Isolation tiers").
 pub const KERNEL_MEMORY: u64 = 96 << 20;
 /// Host tasks a gVisor sandbox needs beside its program's count: the Go runtime's
 /// threads of the Sentry, the Gofer and `runsc`. The program's own are held by the pids
@@ -282,16 +281,6 @@ impl Gvisor {
         let _ = fs::remove_dir_all(&self.state);
         ids.len()
     }
-
-    /// gVisor sandboxes `runsc` has state for now (a leak count, for the tests).
-    pub fn sandboxes(&self) -> usize {
-        fs::read_dir(&self.state).map_or(0, |entries| {
-            entries
-                .flatten()
-                .filter(|e| e.file_name().to_str().and_then(state_file_id).is_some())
-                .count()
-        })
-    }
 }
 
 /// The flags every `runsc` call of a sandbox's start gets: the `systrap` platform (no
@@ -315,7 +304,7 @@ fn container_id(id: &str) -> String {
 }
 
 /// `runsc` keeps a container's state in `<sandbox id>_sandbox:<container id>.state`
-/// (a lock file and the control socket beside it); here both ids are the run's.
+/// (a lock file and the control socket beside it); here both are `container_id`'s.
 fn state_file_id(name: &str) -> Option<&str> {
     let stem = name.strip_suffix(".state")?;
     let id = stem.rsplit_once(':').map_or(stem, |(_, id)| id);

@@ -349,7 +349,7 @@ impl Runner {
         let ends = HelperPipes::new().map_err(RunError::Spawn)?;
         let mut command = Command::new(&self.settings.helper_exe);
         command.arg("sandbox-helper").env_clear();
-        let child = spawn_with(command, ends.helper_stdin, ends.helper_stdout)?;
+        let child = spawn_with(command, ends.helper_stdin, ends.helper_stdout).map_err(RunError::Spawn)?;
         Ok((Process::Spawned(child), ends.stdin, ends.stdout, None))
     }
 
@@ -416,10 +416,7 @@ async fn spawn_in_gvisor(
         .map_err(RunError::Spawn)?;
     let started = HelperPipes::new().and_then(|ends| {
         let command = gvisor.command(&prepare.run_id, &cgroup)?;
-        let child = spawn_with(command, ends.helper_stdin, ends.helper_stdout).map_err(|e| match e {
-            RunError::Spawn(e) => e,
-            other => std::io::Error::other(other.to_string()),
-        })?;
+        let child = spawn_with(command, ends.helper_stdin, ends.helper_stdout)?;
         Ok((child, ends.stdin, ends.stdout))
     });
     match started {
@@ -433,7 +430,7 @@ async fn spawn_in_gvisor(
 
 /// Spawns `command` as a helper with the given ends of its pipes as its stdin and
 /// stdout.
-fn spawn_with(mut command: Command, stdin: OwnedFd, stdout: OwnedFd) -> Result<tokio::process::Child, RunError> {
+fn spawn_with(mut command: Command, stdin: OwnedFd, stdout: OwnedFd) -> std::io::Result<tokio::process::Child> {
     command
         .stdin(Stdio::from(stdin))
         .stdout(Stdio::from(stdout))
@@ -441,7 +438,7 @@ fn spawn_with(mut command: Command, stdin: OwnedFd, stdout: OwnedFd) -> Result<t
     // Spawned from an async worker, never from a blocking-pool thread: the helper's
     // parent-death signal fires when the *thread* that spawned it exits, and idle
     // blocking threads do exit.
-    let child = command.spawn().map_err(RunError::Spawn)?;
+    let child = command.spawn()?;
     // The command holds the helper's ends: the server must not, or it would never see
     // the helper's stdout close.
     drop(command);

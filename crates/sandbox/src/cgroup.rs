@@ -383,6 +383,13 @@ impl CgroupWatch {
     /// killed a process for it (`oom_kill`; on v1 the only sign, where a charge that
     /// ends in the OOM killer is not counted as a failure).
     pub fn memory_limit_hit(&self) -> bool {
+        let (hits, kills) = self.memory_events();
+        hits > 0 || kills > 0
+    }
+
+    /// How many times the memory limit was reached, and how many processes the kernel
+    /// killed for it.
+    fn memory_events(&self) -> (u64, u64) {
         let (hits, kills) = match &self.placement {
             CgroupPlacement::V1 { memory, .. } => (
                 read_u64(&memory.join("memory.failcnt")),
@@ -393,7 +400,7 @@ impl CgroupWatch {
                 (read_keyed(&events, "max"), read_keyed(&events, "oom_kill"))
             }
         };
-        hits.unwrap_or(0) > 0 || kills.unwrap_or(0) > 0
+        (hits.unwrap_or(0), kills.unwrap_or(0))
     }
 
     /// Whether the cgroup is still there.
@@ -625,21 +632,17 @@ impl RunCgroup {
     }
 
     pub fn usage(&self) -> Usage {
-        let (memory_peak_bytes, oom_kills) = match &self.placement {
-            CgroupPlacement::V1 { memory, .. } => (
-                read_u64(&memory.join("memory.max_usage_in_bytes")).unwrap_or(0),
-                read_keyed(&memory.join("memory.oom_control"), "oom_kill").unwrap_or(0),
-            ),
-            CgroupPlacement::V2 { path } => (
-                read_u64(&path.join("memory.peak")).unwrap_or(0),
-                read_keyed(&path.join("memory.events"), "oom_kill").unwrap_or(0),
-            ),
+        let watch = self.watch();
+        let memory_peak_bytes = match &self.placement {
+            CgroupPlacement::V1 { memory, .. } => read_u64(&memory.join("memory.max_usage_in_bytes")),
+            CgroupPlacement::V2 { path } => read_u64(&path.join("memory.peak")),
         };
+        let (limit_hits, oom_kills) = watch.memory_events();
         Usage {
             cpu_time_ms: self.cpu_time_ms(),
-            memory_peak_bytes,
+            memory_peak_bytes: memory_peak_bytes.unwrap_or(0),
             oom_killed: oom_kills > 0,
-            memory_limit_hit: oom_kills > 0 || self.watch().memory_limit_hit(),
+            memory_limit_hit: limit_hits > 0 || oom_kills > 0,
         }
     }
 

@@ -522,10 +522,16 @@ pub fn program_running(s: &Server, marker: &str) -> bool {
     if !gvisor_pass() {
         return !processes_matching(marker).is_empty();
     }
+    !gvisor_kernels(s).is_empty()
+}
+
+/// The gVisor kernels (`runsc-sandbox` processes) of `s`'s gVisor sandboxes running now.
+pub fn gvisor_kernels(s: &Server) -> Vec<u32> {
     let state = s.data_dir.join("gvisor").join("state");
     processes_matching(&state.to_string_lossy())
         .into_iter()
-        .any(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with(b"runsc-sandbox\0")))
+        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with(b"runsc-sandbox\0")))
+        .collect()
 }
 
 /// Run cgroups of this server's instance, across every hierarchy.

@@ -3,7 +3,7 @@
 //! sandbox outlives its run, a killed run or a killed server. The suites that run twice
 //! (`.ci/run`'s gvisor pass) check that everything else works the same in the tier.
 
-use crate::common::{mount_count, processes_matching, run_cgroups, settle, Server, NO_POOL};
+use crate::common::{gvisor_kernels, mount_count, processes_matching, run_cgroups, settle, Server, NO_POOL};
 use serde_json::json;
 use std::time::Duration;
 
@@ -130,22 +130,18 @@ fn a_run_whose_gvisor_sandbox_dies_ends_as_a_killed_run_and_the_next_run_works()
             .into_json()
             .unwrap()
     });
-    let state = s.data_dir.join("gvisor").join("state");
-    let kernels = || -> Vec<u32> {
-        processes_matching(&state.to_string_lossy())
-            .into_iter()
-            .filter(|pid| {
-                std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with(b"runsc-sandbox\0"))
-            })
-            .collect()
-    };
+    let kernels = || gvisor_kernels(&s);
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let mut found = kernels();
     while found.is_empty() && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
         found = kernels();
     }
-    assert!(!found.is_empty(), "no gVisor kernel running under {}", state.display());
+    assert!(
+        !found.is_empty(),
+        "no gVisor kernel running under {}",
+        s.data_dir.display()
+    );
     // Let the program start, then kill gVisor's kernel.
     std::thread::sleep(Duration::from_millis(1500));
     for pid in found {
@@ -378,7 +374,6 @@ fn a_principal_pinned_to_gvisor_runs_there_and_may_ask_for_no_less() {
 #[test]
 fn runs_of_two_principals_are_in_different_gvisor_sandboxes() {
     let s = pinned_server();
-    let state = s.data_dir.join("gvisor").join("state");
     let runs: Vec<_> = [ALICE_KEY, BOB_KEY]
         .into_iter()
         .map(|key| {
@@ -393,14 +388,7 @@ fn runs_of_two_principals_are_in_different_gvisor_sandboxes() {
             })
         })
         .collect();
-    let kernels = || {
-        processes_matching(&state.to_string_lossy())
-            .into_iter()
-            .filter(|pid| {
-                std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with(b"runsc-sandbox\0"))
-            })
-            .count()
-    };
+    let kernels = || gvisor_kernels(&s).len();
     assert_eq!(settle(|| kernels().min(2), 2), 2, "two gVisor kernels while both run");
     let answers: Vec<serde_json::Value> = runs.into_iter().map(|t| t.join().unwrap()).collect();
     for r in &answers {
