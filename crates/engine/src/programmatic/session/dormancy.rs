@@ -237,7 +237,7 @@ impl Sessions {
             if let Some(session) = &here {
                 let mut shared = session.lock();
                 shared.dormant = None;
-                shared.phase = Phase::Done;
+                shared.phase = Phase::Expired;
                 drop(shared);
                 self.remove(session);
             }

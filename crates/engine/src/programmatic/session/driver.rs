@@ -624,7 +624,7 @@ impl Driver {
             Timer::ToolCall => self.on_tool_call_timeout().await,
             Timer::Expiry => {
                 self.paused_at = None;
-                if !self.session.unpause() {
+                if !self.session.leave_pause(Phase::Expired) {
                     self.results_on_their_way = true;
                     return;
                 }
@@ -641,7 +641,8 @@ impl Driver {
                 if self.ending == Ending::Normal {
                     self.ending = Ending::LoopTimeout;
                 }
-                self.session.unpause();
+                // A resume that comes while the sandbox stops answers the ending.
+                self.session.leave_pause(Phase::Ending);
                 self.helper.abort();
             }
         }
@@ -783,7 +784,7 @@ impl Driver {
         );
         if self.ending == Ending::Expired {
             // An expired session is gone: resuming it gets 404.
-            self.session.publish(Phase::Done, response);
+            self.session.publish(Phase::Expired, response);
             self.sessions.remove(&self.session);
             return;
         }

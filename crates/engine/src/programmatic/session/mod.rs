@@ -4,7 +4,8 @@
 //! ```text
 //! start ──> Running ──(program blocks on calls)──> Paused{pause n} ──(resume, token n)──> Running ...
 //!             │                                      │  tool_call_timeout: TimeoutError in the program ──> Running
-//!             │                                      │  session_expiry: sandbox killed ──> gone (404)
+//!             │                                      │  session_expiry ──> Expired (404 at once) ──> gone
+//!             │                                      │  loop_timeout ──> Ending (a resume waits) ──> Done
 //!             └──(program ends / timeout / cancel)──> Done
 //! Paused{n} ──(idle for session_idle_evict_s, or shutdown)──> Paused{n}, dormant (sandbox freed;
 //!             journalled) ──(resume with token n, or tool_call_timeout)──> Running, by replay
@@ -211,16 +212,26 @@ impl Session {
 
     /// Leaves the pause because a timer ran out, unless a resume got there first.
     fn unpause(&self) -> bool {
+        self.leave_pause(Phase::Running)
+    }
+
+    /// Leaves the pause for `phase` (running again, ending, or expired), unless a
+    /// resume got there first.
+    fn leave_pause(&self, phase: Phase) -> bool {
         let mut shared = self.lock();
         if !matches!(shared.phase, Phase::Paused { .. }) {
             return false;
         }
-        shared.phase = Phase::Running;
+        shared.phase = phase;
         shared.response = ProgrammaticResponse::Running {
             session_id: self.id.clone(),
         }
         .into();
         true
+    }
+
+    fn expired(&self) -> bool {
+        matches!(self.lock().phase, Phase::Expired)
     }
 
     fn current(&self) -> ProgrammaticResponse {
@@ -418,11 +429,17 @@ impl Sessions {
 
     /// The session, if it exists and belongs to `principal`; anyone else gets 404.
     fn get(&self, id: &str, principal: &Principal) -> Result<Arc<Session>, EngineError> {
-        self.map()
-            .get(id)
-            .filter(|s| s.principal == principal.0)
-            .cloned()
-            .ok_or_else(not_found)
+        self.held(id, principal)?.ok_or_else(not_found)
+    }
+
+    /// The session if it is held here and belongs to `principal`; 404 if it is held
+    /// here but expired (its store entry may outlive it for a moment: it is not read).
+    fn held(&self, id: &str, principal: &Principal) -> Result<Option<Arc<Session>>, EngineError> {
+        let session = self.map().get(id).filter(|s| s.principal == principal.0).cloned();
+        match session {
+            Some(session) if session.expired() => Err(not_found()),
+            session => Ok(session),
+        }
     }
 
     /// Starts the program and answers with its first pause or its end.
@@ -658,6 +675,7 @@ impl Sessions {
                         // in between.
                         Again::Wait => Step::Wait(*session.version.borrow()),
                         Again::Used => return Err(token_used()),
+                        Again::Gone => return Err(not_found()),
                     },
                 }
             };
@@ -765,9 +783,9 @@ impl Sessions {
     pub async fn status(&self, principal: &Principal, id: &str) -> Result<Bytes, EngineError> {
         let mut looked_twice = false;
         let session = loop {
-            let missing = match self.get(id, principal) {
-                Ok(session) => break session,
-                Err(missing) => missing,
+            let missing = match self.held(id, principal)? {
+                Some(session) => break session,
+                None => not_found(),
             };
             // Not held here: a dormant session's pause is in the store.
             match self.inner.store.entry(id).await.map_err(|e| journal_failed(&e))? {
@@ -845,8 +863,10 @@ impl Sessions {
         loop {
             let (seen, dormant) = {
                 let mut shared = session.lock();
-                if matches!(shared.phase, Phase::Done) {
-                    return Ok(shared.response.response.clone());
+                match shared.phase {
+                    Phase::Done => return Ok(shared.response.response.clone()),
+                    Phase::Expired => return Err(not_found()),
+                    _ => {}
                 }
                 (*session.version.borrow(), shared.dormant.take().is_some())
             };

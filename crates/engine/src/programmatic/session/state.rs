@@ -12,6 +12,13 @@ pub(super) enum Phase {
         pause: u64,
         calls: Vec<(String, u64)>,
     },
+    /// Out of its pause because the loop's time ran out, until the sandbox has stopped
+    /// and the ending is published: a resume that comes now waits for the ending and
+    /// answers it, as a resume of an ended session does.
+    Ending,
+    /// Its pause outlived `session_expiry`: gone for every request from this moment,
+    /// though the registry and the sandbox let go of it a little later.
+    Expired,
     Done,
 }
 
@@ -91,6 +98,8 @@ pub(super) enum Again {
     Wait,
     /// 409.
     Used,
+    /// 404: the session expired.
+    Gone,
     /// The answer is the pause of a dormant session, kept only in the store.
     Stored,
 }
@@ -113,10 +122,13 @@ pub(super) fn answer_again(shared: &mut Shared, version: u64, pause: u64, digest
             None => Again::Wait,
         };
     }
-    if matches!(shared.phase, Phase::Done) {
-        return Again::Answer(published_json(&mut shared.response));
+    match shared.phase {
+        Phase::Done => Again::Answer(published_json(&mut shared.response)),
+        // The ending is on its way.
+        Phase::Ending => Again::Wait,
+        Phase::Expired => Again::Gone,
+        Phase::Running | Phase::Paused { .. } => Again::Used,
     }
-    Again::Used
 }
 
 /// A published response's JSON, serialized at most once.

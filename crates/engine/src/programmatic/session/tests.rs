@@ -78,6 +78,8 @@ struct FakeHelper {
     abort_signal: tokio::sync::Notify,
     /// Whether the `Finished` that follows an abort was given.
     ended: bool,
+    /// Whether an abort waits for the program's next event before the run ends.
+    linger: bool,
 }
 
 #[async_trait]
@@ -102,6 +104,10 @@ impl HelperChannel for FakeHelper {
         // Aborted: the program is killed, as a real helper's is, and its run ends.
         if self.ended {
             return std::future::pending().await;
+        }
+        // A sandbox that takes its time to stop: it ends when the test's program says.
+        if self.linger {
+            let _ = self.events.recv().await;
         }
         self.ended = true;
         let result = RunResult {
@@ -135,6 +141,8 @@ impl HelperChannel for FakeHelper {
 struct FakeTier {
     programs: mpsc::UnboundedSender<Program>,
     started: AtomicUsize,
+    /// Sandboxes stop only when their program sends one more event after an abort.
+    linger: AtomicBool,
 }
 
 #[async_trait]
@@ -161,6 +169,7 @@ impl IsolationTier for FakeTier {
             aborted,
             abort_signal: tokio::sync::Notify::new(),
             ended: false,
+            linger: self.linger.load(Ordering::SeqCst),
         }))
     }
 
@@ -211,6 +220,7 @@ fn harness(tool_call_timeout_ms: u64, session_expiry_s: u64) -> Harness {
     let tier = Arc::new(FakeTier {
         programs: programs_tx,
         started: AtomicUsize::new(0),
+        linger: AtomicBool::new(false),
     });
     let key = TokenKey::load(Some(&"ab".repeat(32)), &dir).unwrap();
     let backing = Backing {
@@ -433,4 +443,50 @@ async fn a_paused_session_nobody_resumes_expires() {
     let missing = h.sessions.status(&principal(), &id).await.unwrap_err();
     assert_eq!(missing.kind, ErrorKind::NotFound);
     assert_eq!(h.sessions.entries(), 0);
+}
+
+#[tokio::test]
+async fn between_its_expiry_and_its_removal_a_session_answers_not_found() {
+    let mut h = harness(60_000, 3600);
+    let (paused, mut program) = start_paused(&mut h, &[1]).await;
+    let id = paused["session_id"].as_str().unwrap().to_owned();
+    let session = h.sessions.map().get(&id).cloned().unwrap();
+    // What the expiry timer does first; the registry lets go of the session after.
+    assert!(session.leave_pause(Phase::Expired));
+    assert_eq!(h.sessions.entries(), 1, "still held here");
+    let status = h.sessions.status(&principal(), &id).await.unwrap_err();
+    assert_eq!(status.kind, ErrorKind::NotFound, "GET answers 404, not running");
+    let late = resume(&h, &paused, vec![result(&call_id(&paused, 0), json!(1))]);
+    assert_eq!(late.await.unwrap().unwrap_err().kind, ErrorKind::NotFound);
+    let cancel = h.sessions.cancel(&principal(), &id).await.unwrap_err();
+    assert_eq!(cancel.kind, ErrorKind::NotFound);
+    assert!(program.no_reply(), "no result reaches the program");
+}
+
+#[tokio::test]
+async fn a_resume_that_arrives_as_the_loop_ends_answers_the_ending() {
+    tokio::time::pause();
+    let mut h = harness(3_600_000, 3600);
+    h.tier.linger.store(true, Ordering::SeqCst);
+    let sessions = h.sessions.clone();
+    let mut cmd = start_command(&h);
+    cmd.loop_timeout_ms = Some(5_000);
+    let started = tokio::spawn(async move { sessions.start(&principal(), Isolation::Namespace, cmd).await });
+    let program = h.programs.recv().await.unwrap();
+    program.call(1, "get", json!({"n": 1}));
+    program.block("before\n");
+    let paused = parse(&within(started).await.unwrap().unwrap());
+    // The loop's time runs out while paused: the sandbox is told to stop, and takes
+    // its time.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(program.aborted());
+    let late = resume(&h, &paused, vec![result(&call_id(&paused, 0), json!(1))]);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !late.is_finished(),
+        "the resume waits for the ending (it used to get 409)"
+    );
+    program.finish("");
+    let answer = parse(&late.await.unwrap().unwrap().0);
+    assert_eq!(answer["error_type"], error_type::TIMEOUT, "{answer}");
 }
