@@ -222,8 +222,11 @@ fn calls_against_the_largest_allowed_schema_keep_health_fast() {
         "largest schema: {answered} calls passed, health at most {slowest:?}, RSS growth {} KiB",
         growth >> 10
     );
+    // A stall guard only: the checks run on blocking threads (were they on the async
+    // workers, health would wait seconds here, and the time-budget test could not cut
+    // a check off). Measured at under 10 ms; a loaded CI machine has been seen at 113.
     assert!(
-        slowest < Duration::from_millis(100),
+        slowest < Duration::from_millis(500),
         "/v1/health took {slowest:?} while calls were checked"
     );
     assert!(growth < 64 << 20, "the server grew by {} MiB", growth >> 20);
