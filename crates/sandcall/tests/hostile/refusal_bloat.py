@@ -4,9 +4,9 @@
 #         an object, 40 of `count` whose integer `n` is a 1 MB string (under
 #         max_tool_call_bytes, so the schema check quotes it);
 #   fill: argv[2] calls of `count` with a 2 KB string `n`: each reason over 1 KiB.
-# Writes them straight to the tool socket, 100 at a time, and reads every answer.
+# Writes them straight to the tool socket, 100 unanswered at most, and reads every answer.
 # Expect: long names refused by the helper; every reason the program gets is short.
-import json, os, socket, sys
+import json, os, socket, sys, threading
 
 mode = sys.argv[1] if len(sys.argv) > 1 else "big"
 
@@ -31,31 +31,33 @@ sock.connect("/run/sandcall/tools.sock")
 
 replies, refused, longest, over_128, buf = 0, 0, 0, 0, b""
 sock.settimeout(60)
+# At most 100 calls unanswered, under the helper's bound on calls waiting for an answer;
+# written on a thread, so that long answers are read while calls are written.
+window = threading.Semaphore(100)
+total = 120 if mode == "big" else int(sys.argv[2])
 
-def read(until):
-    """Reads answers until `until` have come."""
-    global replies, refused, longest, over_128, buf
-    while replies < until:
-        chunk = sock.recv(1 << 16)
-        if not chunk:
-            raise SystemExit("the tool socket closed")
-        buf += chunk
-        *done, buf = buf.split(b"\n")
-        for line in done:
-            reply = json.loads(line)
-            replies += 1
-            refused += reply.get("kind") == "refused"
-            error = reply.get("error") or ""
-            longest = max(longest, len(error.encode()))
-            over_128 += "over 128 characters" in error
+def write():
+    try:
+        for line in calls():
+            window.acquire()
+            sock.sendall(line)
+    except OSError:
+        pass
 
-# In batches of 100, under the helper's bound on calls waiting for an answer.
-sent = 0
-for line in calls():
-    sock.sendall(line)
-    sent += 1
-    if sent % 100 == 0:
-        read(sent)
-read(sent)
+threading.Thread(target=write, daemon=True).start()
+while replies < total:
+    chunk = sock.recv(1 << 16)
+    if not chunk:
+        break
+    buf += chunk
+    *done, buf = buf.split(b"\n")
+    for line in done:
+        reply = json.loads(line)
+        replies += 1
+        window.release()
+        refused += reply.get("kind") == "refused"
+        error = reply.get("error") or ""
+        longest = max(longest, len(error.encode()))
+        over_128 += "over 128 characters" in error
 print(json.dumps({"replies": replies, "refused": refused, "longest_error": longest, "over_128": over_128}), flush=True)
 os._exit(0)
