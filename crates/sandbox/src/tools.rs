@@ -830,7 +830,11 @@ mod tests {
         }
         for id in [2, 3] {
             let e = reply_line(c);
-            assert_eq!((&e["id"], &e["kind"]), (&serde_json::json!(id), &serde_json::json!("refused")), "{e}");
+            assert_eq!(
+                (&e["id"], &e["kind"]),
+                (&serde_json::json!(id), &serde_json::json!("refused")),
+                "{e}"
+            );
             let error = e["error"].as_str().unwrap();
             assert!(error.contains("over 128 characters") && error.len() < 200, "{error}");
         }

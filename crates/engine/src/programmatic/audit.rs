@@ -123,9 +123,7 @@ fn refusal_kind(reason: &str) -> &'static str {
 impl Audit {
     fn push(&mut self, record: Record) {
         let weight = record.weight();
-        while !self.records.is_empty()
-            && (self.records.len() >= MAX_RECORDS || self.bytes + weight > MAX_TRAIL_BYTES)
-        {
+        while !self.records.is_empty() && (self.records.len() >= MAX_RECORDS || self.bytes + weight > MAX_TRAIL_BYTES) {
             let settled = self.records.iter().position(|r| r.call.outcome.is_settled());
             let gone = self.records.remove(settled.unwrap_or(0));
             self.bytes -= gone.weight();
@@ -361,7 +359,10 @@ mod tests {
         assert!(cut_text.len() <= 1024, "{}", cut_text.len());
         assert!(cut_text.len() > 900, "{}", cut_text.len());
         assert!(cut_text.starts_with("€€€"));
-        assert!(cut_text.ends_with(&format!("[cut: {} bytes in all]", long.len())), "{cut_text}");
+        assert!(
+            cut_text.ends_with(&format!("[cut: {} bytes in all]", long.len())),
+            "{cut_text}"
+        );
         // A bound under the note's length gives the note alone.
         assert!(cut(&long, 3).starts_with("… [cut:"));
     }
@@ -376,7 +377,10 @@ mod tests {
         assert!(calls[0].name.len() <= MAX_RECORD_NAME_BYTES, "{}", calls[0].name.len());
         let kept = reason_of(&audit, 0);
         assert!(kept.len() <= MAX_REASON_BYTES, "{}", kept.len());
-        assert!(kept.starts_with("unknown tool \"nnn") && kept.contains("[cut: "), "{kept}");
+        assert!(
+            kept.starts_with("unknown tool \"nnn") && kept.contains("[cut: "),
+            "{kept}"
+        );
         assert!(audit.bytes() < 4 << 10, "{}", audit.bytes());
     }
 

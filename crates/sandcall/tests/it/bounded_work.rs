@@ -187,7 +187,8 @@ fn ended_sessions_hold_a_bounded_amount() {
             "tools": [tool], "max_tool_calls": CALLS, "timeout": 120000});
         let r = ok(&c.post_json(ROUTE, &body));
         assert_eq!(r["status"], "completed", "{}", shown(&r));
-        let out: Value = serde_json::from_str(r["stdout"].as_str().unwrap().trim()).unwrap_or_else(|e| panic!("{e}: {r}"));
+        let out: Value =
+            serde_json::from_str(r["stdout"].as_str().unwrap().trim()).unwrap_or_else(|e| panic!("{e}: {r}"));
         assert_eq!(out["refused"], CALLS, "{out}");
         sessions.push(r["session_id"].as_str().unwrap().to_owned());
         let trail = ok(&c.get(&format!("{ROUTE}/{}/calls", sessions[i])));

@@ -117,7 +117,9 @@ impl Sessions {
             ended.trails.push_back((Arc::downgrade(session), weight));
             ended.bytes += weight;
             while ended.bytes > cap {
-                let Some((oldest, weight)) = ended.trails.pop_front() else { break };
+                let Some((oldest, weight)) = ended.trails.pop_front() else {
+                    break;
+                };
                 ended.bytes -= weight;
                 released.push(oldest);
             }

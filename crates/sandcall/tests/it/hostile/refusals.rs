@@ -37,7 +37,11 @@ fn long_names_and_values_in_refused_calls_are_not_kept() {
     let out: Value = serde_json::from_str(r["stdout"].as_str().unwrap().trim()).unwrap_or_else(|e| panic!("{e}: {r}"));
     let after = rss_kib(&s);
     let growth = after.saturating_sub(before);
-    eprintln!("refused calls: the server's RSS {} -> {} MiB", before >> 10, after >> 10);
+    eprintln!(
+        "refused calls: the server's RSS {} -> {} MiB",
+        before >> 10,
+        after >> 10
+    );
     assert!(
         growth < MAX_GROWTH_MIB << 10,
         "the server kept {} MiB after the refusals (RSS {} -> {} MiB)",
@@ -48,8 +52,15 @@ fn long_names_and_values_in_refused_calls_are_not_kept() {
 
     // Every call was answered, refused, and the program was told a short reason; the
     // 40 long names by the helper itself.
-    assert_eq!((out["replies"].as_u64(), out["refused"].as_u64()), (Some(120), Some(120)), "{out}");
-    assert!(out["longest_error"].as_u64().unwrap() <= MAX_REASON_BYTES as u64, "{out}");
+    assert_eq!(
+        (out["replies"].as_u64(), out["refused"].as_u64()),
+        (Some(120), Some(120)),
+        "{out}"
+    );
+    assert!(
+        out["longest_error"].as_u64().unwrap() <= MAX_REASON_BYTES as u64,
+        "{out}"
+    );
     assert_eq!(out["over_128"], 40, "{out}");
 
     // The trail lists the 80 calls that reached the server, each with a bounded reason;
