@@ -346,8 +346,14 @@ pub struct ProgrammaticRequest {
 pub struct CallsResponse {
     pub session_id: String,
     pub calls: Vec<AuditCall>,
-    /// Records that gave way to newer ones (a session keeps its latest 10,000).
+    /// Records that gave way to newer ones (a session keeps its latest 10,000, and at
+    /// most 2 MiB of them), and those let go with a released trail.
     pub calls_dropped: u64,
+    /// (extension) The session has ended and its trail was let go before its
+    /// `session_expiry_s` was up: ended sessions held more than `max_ended_session_bytes`.
+    /// `calls` is then empty; the log (target `sandcall::audit`) keeps the whole trail.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub trail_released: bool,
 }
 
 /// One tool call of a session, as the audit trail keeps it.

@@ -57,6 +57,11 @@ pub struct SessionsConfig {
     /// past it a new one gets 429 `principal_at_capacity`. Default: `max_sessions` / 4
     /// (at least 1) with credentials, `max_sessions` in local mode.
     pub max_sessions_per_principal: Option<usize>,
+    /// Programmatic sessions: bytes the audit trails of ended sessions (kept readable
+    /// for `session_expiry_s` after their end) may hold in memory, all together; past it
+    /// the trails of the sessions that ended first are let go (`GET .../calls` then says
+    /// `trail_released`). 0: an ended session keeps no trail. Default 67108864 (64 MiB).
+    pub max_ended_session_bytes: u64,
 }
 
 impl Default for SessionsConfig {
@@ -76,6 +81,7 @@ impl Default for SessionsConfig {
             max_tool_result_bytes: 5 << 20,
             programmatic_timeout_scope: TimeoutScope::Run,
             max_sessions_per_principal: None,
+            max_ended_session_bytes: 64 << 20,
         }
     }
 }

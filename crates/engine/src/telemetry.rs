@@ -44,6 +44,8 @@ pub const SESSIONS_DORMANT: &str = "sandcall_sessions_dormant";
 /// Sessions this node keeps an entry of in memory (live ones, ended ones still readable);
 /// a dormant session has none.
 pub const SESSIONS_IN_MEMORY: &str = "sandcall_sessions_in_memory";
+/// Bytes the audit trails of ended sessions still readable hold (`max_ended_session_bytes`).
+pub const ENDED_TRAIL_BYTES: &str = "sandcall_ended_session_trail_bytes";
 /// Sessions evicted (their sandbox freed while paused).
 pub const EVICTIONS: &str = "sandcall_sessions_evicted_total";
 /// Tool calls handed out to callers, by `language`.
@@ -112,6 +114,10 @@ fn describe() {
     describe_gauge!(SESSIONS_PAUSED, "Live programmatic sessions paused on tool calls.");
     describe_gauge!(SESSIONS_DORMANT, "Paused sessions kept only in the session store.");
     describe_gauge!(SESSIONS_IN_MEMORY, "Programmatic sessions this node keeps in memory.");
+    describe_gauge!(
+        ENDED_TRAIL_BYTES,
+        "Bytes the audit trails of ended sessions still readable hold."
+    );
     describe_counter!(EVICTIONS, "Paused sessions evicted from their sandbox.");
     describe_counter!(TOOL_CALLS, "Tool calls handed out to callers.");
     describe_counter!(TOOL_CALLS_REFUSED, "Tool calls refused by the server, by reason.");

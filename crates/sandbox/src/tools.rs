@@ -52,6 +52,10 @@ const READ_PAUSE_BYTES: usize = 1 << 20;
 const MAX_PENDING_CALLS: usize = 1024;
 /// The longest call id a program may use (its id comes back in the reply).
 const MAX_ID_BYTES: usize = 256;
+/// The longest tool name, in characters: the limit on declared names, so a longer one
+/// names no tool. Refused here, so that the server never holds (or logs, or lists in
+/// the audit trail) a name of megabytes.
+pub const MAX_NAME_CHARS: usize = 128;
 /// What a connection's unfinished line may hold without a share of the input budget:
 /// every call of the Python runner's and Bash's small calls fit, so only long calls
 /// ever wait for a share.
@@ -484,6 +488,14 @@ impl ToolHub {
                     self.send(slot, refusal(Some(&id), "malformed tool message: a call needs a name"));
                     return Handled::Done;
                 };
+                // Four bytes a character at most: a longer name is over without counting.
+                if name.len() > 4 * MAX_NAME_CHARS || name.chars().count() > MAX_NAME_CHARS {
+                    let message = format!(
+                        "unknown tool: its name is over {MAX_NAME_CHARS} characters, the longest a declared tool may have"
+                    );
+                    self.send(slot, refusal(Some(&id), &message));
+                    return Handled::Done;
+                }
                 if let Some(argv) = message.argv {
                     if let Err(e) = serde_json::from_str::<StringArray>(argv.get()) {
                         self.send(slot, refusal(Some(&id), &format!("malformed tool message: argv: {e}")));
@@ -795,6 +807,37 @@ mod tests {
             (&errors[2]["id"], &errors[3]["id"]),
             (&serde_json::json!(3), &serde_json::json!(4))
         );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn names_over_128_characters_are_refused_here() {
+        let (mut hub, mut clients, dir) = hub(1);
+        let c = &mut clients[0];
+        // 128 characters of two bytes each pass on; 129 characters, or 100 KiB, do not.
+        let longest = "é".repeat(MAX_NAME_CHARS);
+        let lines = format!(
+            "{{\"op\":\"call\",\"id\":1,\"name\":\"{longest}\"}}\n{{\"op\":\"call\",\"id\":2,\"name\":\"{}\"}}\n{{\"op\":\"call\",\"id\":3,\"name\":\"{}\"}}\n",
+            "x".repeat(MAX_NAME_CHARS + 1),
+            "y".repeat(100 << 10),
+        );
+        c.write_all(lines.as_bytes()).unwrap();
+        let events = read_all(&mut hub);
+        assert_eq!(events.len(), 1);
+        match serde_json::from_slice::<Event>(&events[0]).unwrap() {
+            Event::ToolCall { name, .. } => assert_eq!(name, longest),
+            other => panic!("{other:?}"),
+        }
+        for id in [2, 3] {
+            let e = reply_line(c);
+            assert_eq!(
+                (&e["id"], &e["kind"]),
+                (&serde_json::json!(id), &serde_json::json!("refused")),
+                "{e}"
+            );
+            let error = e["error"].as_str().unwrap();
+            assert!(error.contains("over 128 characters") && error.len() < 200, "{error}");
+        }
         let _ = std::fs::remove_dir_all(dir);
     }
 

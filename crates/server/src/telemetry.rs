@@ -73,6 +73,7 @@ pub async fn scrape(State(state): State<crate::AppState>) -> Result<Response, Ap
         metrics::gauge!(SESSIONS_DORMANT).set(dormant as f64);
     }
     metrics::gauge!(SESSIONS_IN_MEMORY).set(state.sessions.entries() as f64);
+    metrics::gauge!(ENDED_TRAIL_BYTES).set(state.sessions.ended_trail_bytes() as f64);
     let Some(text) = render() else {
         return Err(ApiError::internal(
             error_type::INTERNAL,

@@ -20,6 +20,35 @@ use std::time::{Instant, SystemTime};
 /// memory.
 const MAX_RECORDS: usize = 10_000;
 
+/// Bytes of records kept per session at most (`Record::weight`), besides their count:
+/// past it the oldest give way as past `MAX_RECORDS`. 2 MiB holds about 5,000 records of
+/// short names and reasons.
+pub const MAX_TRAIL_BYTES: usize = 2 << 20;
+
+/// The longest refusal reason kept, sent to the program or logged, in bytes: a reason
+/// quotes what was refused (an undeclared name, a value off the schema), which the
+/// program chose and may have made megabytes long.
+pub const MAX_REASON_BYTES: usize = 1 << 10;
+
+/// The longest tool name a record keeps, in bytes: four bytes for each of the 128
+/// characters a declared name may have. The helper refuses longer names before they get
+/// here; this holds if it did not.
+const MAX_RECORD_NAME_BYTES: usize = 4 * super::tools::MAX_NAME_CHARS;
+
+/// `text`, or its first bytes up to a character boundary followed by a note that it was
+/// cut, `max` bytes at most in all (a `max` under the note's length gives the note alone).
+pub fn cut(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if text.len() <= max {
+        return text.into();
+    }
+    let note = format!("… [cut: {} bytes in all]", text.len());
+    let mut end = max.saturating_sub(note.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{note}", &text[..end]).into()
+}
+
 struct Record {
     /// The helper's key of the call in the current run (none once its run has ended).
     key: Option<u64>,
@@ -27,10 +56,35 @@ struct Record {
     call: AuditCall,
 }
 
+impl Record {
+    /// What the record holds in memory, near enough: its fixed part, its strings, and
+    /// room for the id and time its answer adds.
+    fn weight(&self) -> usize {
+        let c = &self.call;
+        let reason = match &c.outcome {
+            AuditOutcome::Refused { reason } => reason.len(),
+            _ => 0,
+        };
+        const LATER: usize = 64; // call_id and answered_at, once set
+        std::mem::size_of::<Record>()
+            + LATER
+            + c.name.len()
+            + c.arguments_sha256.as_ref().map_or(0, String::len)
+            + c.requested_at.len()
+            + c.mcp_server.as_ref().map_or(0, String::len)
+            + reason
+    }
+}
+
 #[derive(Default)]
 pub struct Audit {
     records: Vec<Record>,
     dropped: u64,
+    /// The records' weight, all together (`Record::weight`).
+    bytes: usize,
+    /// The records were let go by `release` (an ended session's, past
+    /// `max_ended_session_bytes`).
+    released: bool,
 }
 
 /// Milliseconds since the epoch, as RFC 3339.
@@ -68,12 +122,34 @@ fn refusal_kind(reason: &str) -> &'static str {
 
 impl Audit {
     fn push(&mut self, record: Record) {
-        if self.records.len() >= MAX_RECORDS {
+        let weight = record.weight();
+        while !self.records.is_empty() && (self.records.len() >= MAX_RECORDS || self.bytes + weight > MAX_TRAIL_BYTES) {
             let settled = self.records.iter().position(|r| r.call.outcome.is_settled());
-            self.records.remove(settled.unwrap_or(0));
+            let gone = self.records.remove(settled.unwrap_or(0));
+            self.bytes -= gone.weight();
             self.dropped += 1;
         }
+        self.bytes += weight;
         self.records.push(record);
+    }
+
+    /// What the records hold in memory, near enough (see `Record::weight`).
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Lets every record go, counting them in `dropped`: an ended session's trail, when
+    /// ended sessions hold more than `max_ended_session_bytes`.
+    pub fn release(&mut self) {
+        self.dropped += self.records.len() as u64;
+        self.records = Vec::new();
+        self.bytes = 0;
+        self.released = true;
+    }
+
+    /// The records were let go by `release`.
+    pub fn released(&self) -> bool {
+        self.released
     }
 
     fn by_key(&mut self, key: u64) -> Option<&mut Record> {
@@ -100,8 +176,13 @@ impl Audit {
         });
     }
 
-    /// A call the server refused (unknown tool, arguments off the schema, a budget).
+    /// A call the server refused (unknown tool, arguments off the schema, a budget). The
+    /// name and the reason are kept, and logged, cut to their bounds.
     pub fn refused(&mut self, session: &str, name: &str, reason: &str) {
+        let name = cut(name, MAX_RECORD_NAME_BYTES);
+        let reason = cut(reason, MAX_REASON_BYTES);
+        let name = name.as_ref();
+        let reason = reason.as_ref();
         let call = AuditCall {
             call_id: None,
             name: name.to_owned(),
@@ -228,32 +309,111 @@ impl Audit {
     /// was requested.
     pub fn restore(kept: sandcall_store::DormantAudit) -> Audit {
         let now = SystemTime::now();
-        let records = kept
-            .calls
-            .into_iter()
-            .map(|call| {
-                let handed_out = call.call_id.as_ref().map(|_| {
-                    let ago = humantime::parse_rfc3339(&call.requested_at)
-                        .ok()
-                        .and_then(|at| now.duration_since(at).ok())
-                        .unwrap_or_default();
-                    Instant::now().checked_sub(ago).unwrap_or_else(Instant::now)
-                });
-                Record {
-                    key: None,
-                    handed_out,
-                    call,
-                }
-            })
-            .collect();
-        Audit {
-            records,
+        let mut audit = Audit {
             dropped: kept.dropped,
+            ..Audit::default()
+        };
+        // Through `push`: a trail kept by an earlier version is held to today's bounds.
+        for call in kept.calls {
+            let handed_out = call.call_id.as_ref().map(|_| {
+                let ago = humantime::parse_rfc3339(&call.requested_at)
+                    .ok()
+                    .and_then(|at| now.duration_since(at).ok())
+                    .unwrap_or_default();
+                Instant::now().checked_sub(ago).unwrap_or_else(Instant::now)
+            });
+            audit.push(Record {
+                key: None,
+                handed_out,
+                call,
+            });
         }
+        audit
     }
 
     /// The records, oldest first, and how many gave way to newer ones.
     pub fn list(&self) -> (Vec<AuditCall>, u64) {
         (self.records.iter().map(|r| r.call.clone()).collect(), self.dropped)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reason_of(audit: &Audit, i: usize) -> String {
+        match &audit.list().0[i].outcome {
+            AuditOutcome::Refused { reason } => reason.clone(),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn cut_keeps_short_text_and_cuts_long_text_on_a_char_boundary() {
+        assert_eq!(cut("short", 1024), "short");
+        let exact = "x".repeat(1024);
+        assert_eq!(cut(&exact, 1024), exact);
+        // Three-byte characters: the cut cannot fall inside one.
+        let long = "€".repeat(1 << 20);
+        let cut_text = cut(&long, 1024);
+        assert!(cut_text.len() <= 1024, "{}", cut_text.len());
+        assert!(cut_text.len() > 900, "{}", cut_text.len());
+        assert!(cut_text.starts_with("€€€"));
+        assert!(
+            cut_text.ends_with(&format!("[cut: {} bytes in all]", long.len())),
+            "{cut_text}"
+        );
+        // A bound under the note's length gives the note alone.
+        assert!(cut(&long, 3).starts_with("… [cut:"));
+    }
+
+    #[test]
+    fn refusals_keep_a_cut_name_and_reason() {
+        let mut audit = Audit::default();
+        let name = "n".repeat(2 << 20);
+        let reason = format!("unknown tool {name:?}: it was not declared for this run");
+        audit.refused("s", &name, &reason);
+        let (calls, _) = audit.list();
+        assert!(calls[0].name.len() <= MAX_RECORD_NAME_BYTES, "{}", calls[0].name.len());
+        let kept = reason_of(&audit, 0);
+        assert!(kept.len() <= MAX_REASON_BYTES, "{}", kept.len());
+        assert!(
+            kept.starts_with("unknown tool \"nnn") && kept.contains("[cut: "),
+            "{kept}"
+        );
+        assert!(audit.bytes() < 4 << 10, "{}", audit.bytes());
+    }
+
+    #[test]
+    fn a_trail_is_held_to_its_byte_budget() {
+        let mut audit = Audit::default();
+        let reason = "r".repeat(MAX_REASON_BYTES);
+        for i in 0..5_000 {
+            audit.refused("s", &format!("tool_{i}"), &reason);
+            assert!(audit.bytes() <= MAX_TRAIL_BYTES, "{} after {i}", audit.bytes());
+        }
+        let (calls, dropped) = audit.list();
+        // Each record weighs over 1 KiB: the budget, not the count, bound them.
+        assert!(calls.len() < 2_048, "{}", calls.len());
+        assert_eq!(calls.len() as u64 + dropped, 5_000);
+        // The newest are kept.
+        assert_eq!(calls.last().unwrap().name, "tool_4999");
+        let kept: usize = audit.records.iter().map(Record::weight).sum();
+        assert_eq!(kept, audit.bytes());
+    }
+
+    #[test]
+    fn release_lets_every_record_go_and_says_so() {
+        let mut audit = Audit::default();
+        for i in 0..10 {
+            audit.refused("s", &format!("t{i}"), "no");
+        }
+        assert!(!audit.released());
+        audit.release();
+        assert!(audit.released());
+        assert_eq!(audit.bytes(), 0);
+        let (calls, dropped) = audit.list();
+        assert!(calls.is_empty());
+        assert_eq!(dropped, 10);
     }
 }

@@ -117,8 +117,8 @@ pub struct Checked {
     pub size: u64,
 }
 
-/// The longest tool name, in characters.
-pub const MAX_NAME_CHARS: usize = 128;
+/// The longest tool name, in characters; the helper refuses a call under a longer name.
+pub const MAX_NAME_CHARS: usize = sandcall_sandbox::tools::MAX_NAME_CHARS;
 
 fn valid_name(name: &str) -> bool {
     (1..=MAX_NAME_CHARS).contains(&name.chars().count()) && !name.chars().any(char::is_control)

@@ -160,6 +160,76 @@ fn the_largest_request_of_each_route_costs_a_bounded_amount() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// What ended sessions keep of their audit trails is held to `max_ended_session_bytes`:
+/// sessions run one after another, each filling its trail to its 2 MiB budget with
+/// refusals whose reasons are cut at 1 KiB. The trails of the first ones are let go and
+/// say so; the server's memory stops growing with the number of sessions.
+#[test]
+fn ended_sessions_hold_a_bounded_amount() {
+    const CAP: u64 = 4 << 20;
+    /// Refusals per session: over the 2 MiB a trail may hold (each record weighs about
+    /// 1.3 KiB), so each trail is full.
+    const CALLS: u64 = 1700;
+    const SESSIONS: usize = 12;
+    /// What the server's RSS may grow by from the third session's end to the last's.
+    /// Kept whole, the nine more trails would be 18 MiB and more.
+    const MAX_GROWTH_MIB: u64 = 8;
+    let s = Server::start_with(
+        &[],
+        &format!("max_tool_calls = {CALLS}\nmax_ended_session_bytes = {CAP}\n"),
+    );
+    let c = Client::anonymous(&s);
+    let tool = json!({"name": "count", "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}}});
+    let mut sessions = Vec::new();
+    let mut rss_after_warm = 0;
+    for i in 0..SESSIONS {
+        let body = json!({"code": crate::common::hostile("refusal_bloat.py"), "args": ["fill", CALLS.to_string()],
+            "tools": [tool], "max_tool_calls": CALLS, "timeout": 120000});
+        let r = ok(&c.post_json(ROUTE, &body));
+        assert_eq!(r["status"], "completed", "{}", shown(&r));
+        let out: Value =
+            serde_json::from_str(r["stdout"].as_str().unwrap().trim()).unwrap_or_else(|e| panic!("{e}: {r}"));
+        assert_eq!(out["refused"], CALLS, "{out}");
+        sessions.push(r["session_id"].as_str().unwrap().to_owned());
+        let trail = ok(&c.get(&format!("{ROUTE}/{}/calls", sessions[i])));
+        let listed = trail["calls"].as_array().unwrap().len() as u64;
+        assert!(listed > 1000 && listed < CALLS, "{listed} records in a full trail");
+        assert_eq!(listed + trail["calls_dropped"].as_u64().unwrap(), CALLS);
+        if i == 2 {
+            rss_after_warm = status_kib(s.pid(), "VmRSS");
+        }
+    }
+    let rss_end = status_kib(s.pid(), "VmRSS");
+    let scrape = crate::metrics::scrape(&c);
+    let held = crate::metrics::value(&scrape, "sandcall_ended_session_trail_bytes", &[]) as u64;
+    eprintln!(
+        "bounded work: {SESSIONS} ended sessions hold {} KiB of trails; RSS {} -> {} MiB",
+        held >> 10,
+        rss_after_warm >> 10,
+        rss_end >> 10
+    );
+    assert!(held <= CAP && held > CAP / 4, "ended trails hold {held} bytes");
+    // The first sessions' trails were let go, and say so; the last one's is whole.
+    for id in &sessions[..SESSIONS - 2] {
+        let trail = ok(&c.get(&format!("{ROUTE}/{id}/calls")));
+        assert_eq!(trail["trail_released"], true, "{}", shown(&trail));
+        assert_eq!(trail["calls"], json!([]));
+        assert_eq!(trail["calls_dropped"], CALLS);
+    }
+    let last = ok(&c.get(&format!("{ROUTE}/{}/calls", sessions[SESSIONS - 1])));
+    assert!(last.get("trail_released").is_none(), "{}", shown(&last));
+    assert!(!last["calls"].as_array().unwrap().is_empty());
+    // Their endings are still there to GET.
+    assert_eq!(ok(&c.get(&format!("{ROUTE}/{}", sessions[0])))["status"], "completed");
+    let growth = rss_end.saturating_sub(rss_after_warm);
+    assert!(
+        growth < MAX_GROWTH_MIB << 10,
+        "the server grew by {} MiB over {} more ended sessions",
+        growth >> 10,
+        SESSIONS - 3
+    );
+}
+
 /// Every route once, small, so that first-use allocations are not counted by the
 /// measured requests.
 fn warm_every_route(c: &Client) {

@@ -342,12 +342,15 @@ impl Driver {
         let checked = match verdict {
             Ok(checked) => checked,
             Err(reason) => {
+                // The reason may quote megabytes the program sent (a name, a value off
+                // the schema): the program, the trail and the log get it cut.
+                let reason = crate::programmatic::audit::cut(&reason, crate::programmatic::audit::MAX_REASON_BYTES);
                 // A replay meets again the refusals the first run met
                 // before its last journalled call: listed once.
                 if self.replay.as_ref().is_none_or(|r| r.calls.is_empty()) {
                     self.session.audit().refused(&self.id, &name, &reason);
                 }
-                let reply = ToolReply::error("refused", reason);
+                let reply = ToolReply::error("refused", reason.into_owned());
                 let _ = self.helper.send(&Command::Reply { key, reply }).await;
                 return;
             }
@@ -791,12 +794,15 @@ impl Driver {
         self.session.publish(Phase::Done, response);
         // The ended session stays readable (GET) for a while, then goes; at shutdown at
         // once (nothing serves a GET then), so that the server's wait for its drivers
-        // is not a wait for these.
+        // is not a wait for these. Its trail meanwhile counts against
+        // `max_ended_session_bytes`.
+        self.sessions.keep_ended_trail(&self.session);
         let mut shutdown = self.sessions.inner.shutdown.clone();
         tokio::select! {
             _ = tokio::time::sleep(self.expiry) => {}
             _ = shutdown.wait_for(|stop| *stop) => {}
         }
+        self.sessions.forget_ended_trail(&self.session);
         self.sessions.remove(&self.session);
     }
 

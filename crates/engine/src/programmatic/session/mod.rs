@@ -363,6 +363,8 @@ struct Inner {
     /// Every session's driver task: at shutdown the server waits for them, so that each
     /// paused session is marked dormant and gives its lease up before the process ends.
     drivers: tokio_util::task::TaskTracker,
+    /// The audit trails of ended sessions still readable (`max_ended_session_bytes`).
+    ended: Mutex<EndedTrails>,
 }
 
 /// What sessions run on, shared with the rest of the server.
@@ -423,6 +425,7 @@ impl Sessions {
                 node,
                 lease_ms,
                 drivers: tokio_util::task::TaskTracker::new(),
+                ended: Mutex::default(),
             }),
         }
     }
@@ -576,11 +579,13 @@ impl Sessions {
     pub async fn calls(&self, principal: &Principal, id: &str) -> Result<sandcall_api::CallsResponse, EngineError> {
         let held = self.get(id, principal).ok();
         if let Some(session) = held.filter(|s| s.lock().dormant.is_none()) {
-            let (calls, calls_dropped) = session.audit().list();
+            let audit = session.audit();
+            let (calls, calls_dropped) = audit.list();
             return Ok(sandcall_api::CallsResponse {
                 session_id: session.id.clone(),
                 calls,
                 calls_dropped,
+                trail_released: audit.released(),
             });
         }
         let store = &self.inner.store;
@@ -598,6 +603,7 @@ impl Sessions {
             session_id: id.to_owned(),
             calls: kept.calls,
             calls_dropped: kept.dropped,
+            trail_released: false,
         })
     }
 

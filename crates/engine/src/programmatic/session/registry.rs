@@ -1,7 +1,18 @@
-//! The sessions this node holds in memory, their request ids, and the places (session
-//! slots) they take.
+//! The sessions this node holds in memory, their request ids, the places (session
+//! slots) they take, and what ended ones keep of their audit trails.
 
 use super::*;
+use std::collections::VecDeque;
+use std::sync::Weak;
+
+/// The audit trails ended sessions keep while they stay readable (`session_expiry_s`),
+/// in the order the sessions ended, and their weight all together
+/// (`Audit::bytes`): held to `max_ended_session_bytes` by letting the oldest go.
+#[derive(Default)]
+pub(super) struct EndedTrails {
+    trails: VecDeque<(Weak<Session>, usize)>,
+    bytes: usize,
+}
 
 /// A session's place among `max_sessions` and among its principal's sessions.
 pub(super) struct SessionSlot {
@@ -92,6 +103,50 @@ impl Sessions {
             _permit: permit,
             _held: held,
         })
+    }
+
+    /// `session` has ended and stays readable for a while: its trail is counted among
+    /// the ended sessions', and the trails of the sessions that ended first are let go
+    /// while they all weigh more than `max_ended_session_bytes`.
+    pub(super) fn keep_ended_trail(&self, session: &Arc<Session>) {
+        let cap = usize::try_from(self.inner.config.sessions.max_ended_session_bytes).unwrap_or(usize::MAX);
+        let weight = session.audit().bytes();
+        let mut released = Vec::new();
+        {
+            let mut ended = self.inner.ended.lock().unwrap_or_else(|p| p.into_inner());
+            ended.trails.push_back((Arc::downgrade(session), weight));
+            ended.bytes += weight;
+            while ended.bytes > cap {
+                let Some((oldest, weight)) = ended.trails.pop_front() else {
+                    break;
+                };
+                ended.bytes -= weight;
+                released.push(oldest);
+            }
+        }
+        // Outside the ledger's lock: a session's audit lock is never taken under it.
+        for session in released.iter().filter_map(Weak::upgrade) {
+            tracing::info!(session = %session.id, "an ended session's audit trail was let go (max_ended_session_bytes)");
+            session.audit().release();
+        }
+    }
+
+    /// `session` is gone (its `session_expiry_s` after its end is up, or the server
+    /// stops): its trail no longer counts.
+    pub(super) fn forget_ended_trail(&self, session: &Arc<Session>) {
+        let mut ended = self.inner.ended.lock().unwrap_or_else(|p| p.into_inner());
+        let at = ended
+            .trails
+            .iter()
+            .position(|(s, _)| std::ptr::eq(s.as_ptr(), Arc::as_ptr(session)));
+        if let Some((_, weight)) = at.and_then(|i| ended.trails.remove(i)) {
+            ended.bytes -= weight;
+        }
+    }
+
+    /// What the trails of ended sessions still readable hold, all together.
+    pub fn ended_trail_bytes(&self) -> usize {
+        self.inner.ended.lock().unwrap_or_else(|p| p.into_inner()).bytes
     }
 
     /// The sessions this node keeps an entry of in memory (a dormant one has none).
