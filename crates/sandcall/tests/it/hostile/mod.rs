@@ -250,6 +250,7 @@ fn background_processes_die_with_the_run() {
 // Attacks on the server's own resources rather than the sandbox: each file holds the
 // tests of one family, each test reproduces one attack and checks a bound.
 mod admission;
+mod auth_errors;
 mod collection;
 mod compiled;
 mod connections;
