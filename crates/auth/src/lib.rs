@@ -96,6 +96,18 @@ pub struct Auth {
     loopback_hosts_only: bool,
     /// Each principal's isolation tier (`Auth::isolation`).
     tiers: Arc<Tiers>,
+    /// Hex SHA-256 of `metrics_token`: the operator's credential. Compared as a hash, as
+    /// the API keys are, so the comparison's time says nothing about the token.
+    metrics_token: Option<String>,
+}
+
+/// Who may read `GET /metrics`, and who gets the server-wide `GET /v1/health`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operator {
+    /// The caller sent `metrics_token`.
+    Token,
+    /// Local mode with no `metrics_token`: the one local principal is the operator.
+    Local,
 }
 
 /// The isolation tier of each principal: the server's `isolation`, or a stronger one its
@@ -115,7 +127,31 @@ impl Auth {
             jwt: jwt::JwtVerifier::load(&config.auth.jwt)?.map(Arc::new),
             loopback_hosts_only: !exposed_without_credentials(config),
             tiers: Arc::new(Tiers::new(config)),
+            metrics_token: config.auth.metrics_token.as_deref().map(sandcall_config::key_hash),
         })
+    }
+
+    /// The operator, or why not. With `metrics_token` set, only `Authorization: Bearer
+    /// <metrics_token>` is; without it, only local mode's one principal is, and a server
+    /// with any credential configured has no operator (its `/metrics` stays closed).
+    pub fn operator(&self, headers: &HeaderMap) -> Result<Operator, AuthError> {
+        let refused = |m: &str| AuthError::Unauthorized(m.to_owned());
+        let Some(hash) = &self.metrics_token else {
+            return if self.local_mode() {
+                Ok(Operator::Local)
+            } else {
+                Err(refused(
+                    "GET /metrics is closed on a server with credentials until metrics_token is set; \
+                     a tenant's API key or JWT does not open it",
+                ))
+            };
+        };
+        match bearer(headers) {
+            Some(token) if sandcall_config::key_hash(token) == *hash => Ok(Operator::Token),
+            _ => Err(refused(
+                "GET /metrics needs the operator's token: send `Authorization: Bearer <metrics_token>`",
+            )),
+        }
     }
 
     /// The isolation tier `principal`'s runs are in, at least: a request may ask for a
@@ -158,13 +194,7 @@ impl Auth {
             return Ok(Principal(LOCAL.into()));
         }
         let unauthorized = |m: &str| AuthError::Unauthorized(m.to_owned());
-        let bearer = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-            .map(str::trim)
-            .filter(|k| !k.is_empty());
-        if let Some(token) = bearer {
+        if let Some(token) = bearer(headers) {
             if let Some(principal) = self.api_keys.principal(token) {
                 return Ok(principal);
             }
@@ -203,6 +233,16 @@ impl Auth {
             .principal(key)
             .ok_or_else(|| unauthorized("the API key is not valid"))
     }
+}
+
+/// The value of `Authorization: Bearer`, if any.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
 }
 
 /// Local mode only on loopback: otherwise anyone who can reach the port runs code.

@@ -10,33 +10,57 @@ use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sandcall_api::error_type;
+use sandcall_auth::Operator;
 use std::net::SocketAddr;
 
 /// Middleware: resolves the principal, or answers 401. In local mode it first refuses
 /// what only a web page would send (`local_request_refusal`). `GET /v1/health` without
 /// credentials passes with no principal (load balancers and probes have no key); with
 /// credentials that are not valid it is 401 like every other route.
+///
+/// `/metrics` is the operator's alone (`Auth::operator`): no principal opens it. On
+/// `/v1/health` the operator's `metrics_token` stands in for a principal and gets the
+/// server-wide figures.
 pub async fn authenticate(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     if state.auth.local_mode() {
         if let Some(refusal) = local_request_refusal(&req, state.auth.loopback_hosts_only()) {
             return refusal.into_response();
         }
-    } else if is_health(&req) && !has_credentials(req.headers()) {
-        return next.run(req).await;
+    }
+    if req.uri().path() == "/metrics" {
+        return match state.auth.operator(req.headers()) {
+            Ok(operator) => {
+                req.extensions_mut().insert(operator);
+                next.run(req).await
+            }
+            Err(e) => unauthorized(e),
+        };
+    }
+    if is_health(&req) {
+        if let Ok(operator @ Operator::Token) = state.auth.operator(req.headers()) {
+            req.extensions_mut().insert(operator);
+            return next.run(req).await;
+        }
+        if !state.auth.local_mode() && !has_credentials(req.headers()) {
+            return next.run(req).await;
+        }
     }
     match state.auth.principal(req.headers()) {
         Ok(principal) => {
             req.extensions_mut().insert(principal);
             next.run(req).await
         }
-        Err(e) => {
-            let mut response = ApiError::from(e).into_response();
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, axum::http::HeaderValue::from_static("Bearer"));
-            response
-        }
+        Err(e) => unauthorized(e),
     }
+}
+
+/// 401 with `WWW-Authenticate: Bearer`.
+fn unauthorized(e: sandcall_auth::AuthError) -> Response {
+    let mut response = ApiError::from(e).into_response();
+    response
+        .headers_mut()
+        .insert(header::WWW_AUTHENTICATE, axum::http::HeaderValue::from_static("Bearer"));
+    response
 }
 
 fn is_health(req: &Request) -> bool {

@@ -28,12 +28,16 @@ use sandcall_auth::Principal;
     tag = "health",
     security(()),
     responses(
-        (status = 200, description = "Programs can run. Without credentials on a server with API keys, only `status` and `version`.", body = Health),
+        (status = 200, description = "Programs can run. Without credentials on a server with API keys, only `status` and `version`; with a tenant's credentials, its own runs and sessions; with `metrics_token` (or in local mode), the server's.", body = Health),
         (status = 503, description = "Sandboxes cannot be built now; `reason` says why.", body = Health),
         (status = 401, description = "`unauthorized`: credentials were sent and are not valid (none at all is fine).", body = ErrorBody),
     ),
 )]
-pub(crate) async fn health(State(state): State<AppState>, principal: Option<Extension<Principal>>) -> Response {
+pub(crate) async fn health(
+    State(state): State<AppState>,
+    principal: Option<Extension<Principal>>,
+    operator: Option<Extension<sandcall_auth::Operator>>,
+) -> Response {
     let reason = state.sandbox_unavailable().await;
     let code = if reason.is_some() {
         StatusCode::SERVICE_UNAVAILABLE
@@ -54,20 +58,35 @@ pub(crate) async fn health(State(state): State<AppState>, principal: Option<Exte
         max_sessions: None,
         warm_idle: None,
     };
-    // What the server holds and how busy it is is for its callers only.
-    if principal.is_some() {
+    // What the server holds and how busy it is is the operator's (the metrics token, or
+    // local mode's one principal); a tenant sees its own figures only, never what other
+    // tenants are doing.
+    let local = principal.as_ref().is_some_and(|p| p.0 .0 == sandcall_auth::LOCAL);
+    if operator.is_some() || local {
+        server_figures(&state, &mut body).await;
+    } else if let Some(Extension(principal)) = principal {
         body.cgroup = Some(state.runner.settings().cgroups.version().into());
-        body.active_runs = Some(state.admission.active());
         body.max_concurrent_runs = Some(state.admission.capacity());
-        body.warm_idle = Some(state.pool.idle());
-        body.queued_runs = Some(state.admission.queued());
-        let (sessions, paused) = state.sessions.counts();
-        body.sessions = Some(sessions);
-        body.paused_sessions = Some(paused);
-        body.dormant_sessions = state.sessions.dormant_count().await;
         body.max_sessions = Some(state.config.sessions.max_sessions);
+        body.active_runs = Some(state.admission.active_of(&principal.0));
+        body.sessions = Some(state.sessions.held_by(&principal));
+        body.dormant_sessions = state.sessions.dormant_count_of(Some(&principal.0)).await;
     }
     (code, Json(body)).into_response()
+}
+
+/// The server-wide figures of health, for the operator.
+async fn server_figures(state: &AppState, body: &mut Health) {
+    body.cgroup = Some(state.runner.settings().cgroups.version().into());
+    body.active_runs = Some(state.admission.active());
+    body.max_concurrent_runs = Some(state.admission.capacity());
+    body.warm_idle = Some(state.pool.idle());
+    body.queued_runs = Some(state.admission.queued());
+    let (sessions, paused) = state.sessions.counts();
+    body.sessions = Some(sessions);
+    body.paused_sessions = Some(paused);
+    body.dormant_sessions = state.sessions.dormant_count().await;
+    body.max_sessions = Some(state.config.sessions.max_sessions);
 }
 
 /// Runs a program to its end and answers with its outcome.

@@ -258,5 +258,6 @@ mod helper_buffers;
 mod inotify;
 mod local_mode;
 mod node;
+mod operator_data;
 mod pauses;
 mod schemas;
