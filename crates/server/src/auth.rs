@@ -27,6 +27,15 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
             return refusal.into_response();
         }
     }
+    if let Some(pass) = req.headers().get(crate::cluster::FORWARDED_HEADER) {
+        return match forwarded_principal(&state, pass, &req) {
+            Ok(principal) => {
+                req.extensions_mut().insert(principal);
+                next.run(req).await
+            }
+            Err(e) => unauthorized(e),
+        };
+    }
     if req.uri().path() == "/metrics" {
         return match state.auth.operator(req.headers()) {
             Ok(operator) => {
@@ -52,6 +61,32 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
         }
         Err(e) => unauthorized(e),
     }
+}
+
+/// A request forwarded by another node of the cluster: the principal that node
+/// authenticated, from the pass it carries instead of the caller's credentials. Any
+/// credentials it also carries are ignored; a node that is not in a cluster takes none.
+fn forwarded_principal(
+    state: &AppState,
+    pass: &axum::http::HeaderValue,
+    req: &Request,
+) -> Result<sandcall_auth::Principal, sandcall_auth::AuthError> {
+    let refused = |m: String| sandcall_auth::AuthError::Unauthorized(m);
+    let Some(cluster) = &state.cluster else {
+        return Err(refused(
+            "forwarded requests are taken only from the nodes of a cluster".into(),
+        ));
+    };
+    let pass = pass
+        .to_str()
+        .map_err(|_| refused("the forward's pass is malformed".into()))?;
+    cluster
+        .accept(pass, req.method().as_str(), req.uri().path())
+        .map(sandcall_auth::Principal)
+        .map_err(|e| {
+            tracing::warn!(error = %e, path = %req.uri().path(), "a forwarded request was refused");
+            refused(e.to_string())
+        })
 }
 
 /// 401 with `WWW-Authenticate: Bearer`.

@@ -240,8 +240,16 @@ async fn at_owner(
                     return Ok(None);
                 };
                 let bytes = body().map_err(|e| ApiError::internal(error_type::INTERNAL, &e.to_string()))?;
-                match cluster.forward(&owner, method.clone(), path, headers, bytes).await {
-                    Ok(answer) => return Ok(Some(answer)),
+                match cluster
+                    .forward(&owner, &principal.0, method.clone(), path, headers, bytes)
+                    .await
+                {
+                    Ok(mut answer) => {
+                        if !state.config.cluster.node_header {
+                            answer.headers_mut().remove(crate::cluster::NODE_HEADER);
+                        }
+                        return Ok(Some(answer));
+                    }
                     Err(crate::cluster::ForwardError::Unreachable(e)) => {
                         tracing::info!(session = %id, %owner, error = %e, "the session's owner cannot be reached; waiting for its lease to run out");
                         state.sessions.wait_out_lease(id, &owner).await?;
@@ -271,8 +279,12 @@ async fn read_at_owner(
     .await
 }
 
-/// Many nodes: names the node that served the answer (`sandcall-node`).
+/// Many nodes, with `node_header = true`: names the node that served the answer
+/// (`sandcall-node`). Off by default: node URLs are internal.
 fn tag_node(state: &AppState, mut response: Response) -> Response {
+    if !state.config.cluster.node_header {
+        return response;
+    }
     if let Some(node) = state.sessions.node() {
         if let Ok(value) = axum::http::HeaderValue::from_str(node) {
             response.headers_mut().insert(crate::cluster::NODE_HEADER, value);
