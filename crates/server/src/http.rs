@@ -61,8 +61,8 @@ pub(crate) async fn health(
     // What the server holds and how busy it is is the operator's (the metrics token, or
     // local mode's one principal); a tenant sees its own figures only, never what other
     // tenants are doing.
-    let local = principal.as_ref().is_some_and(|p| p.0 .0 == sandcall_auth::LOCAL);
-    if operator.is_some() || local {
+    // (Local mode, not the principal's name: an API key's principal may be called `local`.)
+    if operator.is_some() || (principal.is_some() && state.auth.local_mode()) {
         server_figures(&state, &mut body).await;
     } else if let Some(Extension(principal)) = principal {
         body.cgroup = Some(state.runner.settings().cgroups.version().into());

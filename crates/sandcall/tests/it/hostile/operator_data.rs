@@ -10,7 +10,9 @@ use crate::principals::start_paused;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::{json, Value};
 
-const KEYS: &str = "alice:key-a-0123456789abcdef,bob:key-b-0123456789abcdef";
+/// `local` is also the one principal of local mode: a tenant of that name is still a
+/// tenant.
+const KEYS: &str = "alice:key-a-0123456789abcdef,bob:key-b-0123456789abcdef,local:key-l-0123456789abcdef";
 const ALICE: &str = "key-a-0123456789abcdef";
 const BOB: &str = "key-b-0123456789abcdef";
 const HS_SECRET: &str = "a-development-secret-of-32-bytes-or-more";
@@ -112,6 +114,9 @@ fn health_shows_a_tenant_its_own_figures_only() {
         assert!(mine.get(global).is_none(), "alice sees the server's {global}: {mine}");
     }
     assert_eq!(health(&Client::bearer(&s, &jwt("carol")))["sessions"], 0);
+    let named_local = health(&Client::bearer(&s, "key-l-0123456789abcdef"));
+    assert_eq!(named_local["sessions"], 0, "{named_local}");
+    assert!(named_local.get("warm_idle").is_none(), "{named_local}");
     assert_eq!(health(&bob)["sessions"], 1, "bob sees his own");
     // The operator sees the server's.
     let all = health(&operator(&s));
