@@ -5,7 +5,8 @@
 //! here and answers the refusal.
 //!
 //! jsonwebtoken checks the signatures; the header and the claims are read here, so that
-//! each refusal can say which rule the token broke.
+//! each refusal can say which rule the token broke (to the log; the caller is told only
+//! its class, `Refusal::class`).
 
 use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 use base64::Engine as _;
