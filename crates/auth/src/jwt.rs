@@ -5,7 +5,8 @@
 //! here and answers the refusal.
 //!
 //! jsonwebtoken checks the signatures; the header and the claims are read here, so that
-//! each refusal can say which rule the token broke.
+//! each refusal can say which rule the token broke (to the log; the caller is told only
+//! its class, `Refusal::class`).
 
 use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 use base64::Engine as _;
@@ -148,6 +149,33 @@ pub enum Refusal {
     JtiTooLong(usize),
     #[error("its principal_source {0} is not one of librechat_jwt, openid_reuse")]
     PrincipalSource(String),
+}
+
+impl Refusal {
+    /// What the caller is told: the class of failure only. The full reason (`Display`)
+    /// names key ids, key types, the allowed algorithms and the expected issuer and
+    /// audience, which an unauthenticated caller must not learn: it goes to the log.
+    /// Unknown kid, wrong algorithm, wrong key type and a bad signature are one class,
+    /// so that which kids exist cannot be probed.
+    pub fn class(&self) -> &'static str {
+        use Refusal::*;
+        match self {
+            TooLong | Segments(_) | Encoding(_) | NoAlg | Typ(_) | NoKid | Missing(_) | Malformed(..) => {
+                "it is malformed"
+            }
+            UnsupportedAlg(_) | AlgNotAllowed(..) | UnknownKid(_) | KeyAlgMismatch { .. } | Signature(_) => {
+                "its signature is not valid"
+            }
+            Expired { .. } => "it has expired",
+            NotYetValid { .. } | IssuedInFuture { .. } => "it is not valid yet",
+            Issuer { .. }
+            | Audience(_)
+            | ExpNotAfterIat { .. }
+            | LifetimeTooLong(..)
+            | JtiTooLong(_)
+            | PrincipalSource(_) => "it is not accepted by this server",
+        }
+    }
 }
 
 /// The keys and the rules, loaded once at start.

@@ -41,6 +41,9 @@ pub enum ListenError {
     OpenWithoutCredentials(SocketAddr),
 }
 
+/// Most characters of a JWT refusal's reason written to the log.
+const MAX_LOGGED_REASON: usize = 300;
+
 /// The principal a request acts for. Sessions and files belong to one.
 ///
 /// The string is what the stores key by: an API key's principal name (letters, digits,
@@ -93,6 +96,18 @@ pub struct Auth {
     loopback_hosts_only: bool,
     /// Each principal's isolation tier (`Auth::isolation`).
     tiers: Arc<Tiers>,
+    /// Hex SHA-256 of `metrics_token`: the operator's credential. Compared as a hash, as
+    /// the API keys are, so the comparison's time says nothing about the token.
+    metrics_token: Option<String>,
+}
+
+/// Who may read `GET /metrics`, and who gets the server-wide `GET /v1/health`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operator {
+    /// The caller sent `metrics_token`.
+    Token,
+    /// Local mode with no `metrics_token`: the one local principal is the operator.
+    Local,
 }
 
 /// The isolation tier of each principal: the server's `isolation`, or a stronger one its
@@ -112,7 +127,31 @@ impl Auth {
             jwt: jwt::JwtVerifier::load(&config.auth.jwt)?.map(Arc::new),
             loopback_hosts_only: !exposed_without_credentials(config),
             tiers: Arc::new(Tiers::new(config)),
+            metrics_token: config.auth.metrics_token.as_deref().map(sandcall_config::key_hash),
         })
+    }
+
+    /// The operator, or why not. With `metrics_token` set, only `Authorization: Bearer
+    /// <metrics_token>` is; without it, only local mode's one principal is, and a server
+    /// with any credential configured has no operator (its `/metrics` stays closed).
+    pub fn operator(&self, headers: &HeaderMap) -> Result<Operator, AuthError> {
+        let refused = |m: &str| AuthError::Unauthorized(m.to_owned());
+        let Some(hash) = &self.metrics_token else {
+            return if self.local_mode() {
+                Ok(Operator::Local)
+            } else {
+                Err(refused(
+                    "GET /metrics is closed on a server with credentials until metrics_token is set; \
+                     a tenant's API key or JWT does not open it",
+                ))
+            };
+        };
+        match bearer(headers) {
+            Some(token) if sandcall_config::key_hash(token) == *hash => Ok(Operator::Token),
+            _ => Err(refused(
+                "GET /metrics needs the operator's token: send `Authorization: Bearer <metrics_token>`",
+            )),
+        }
     }
 
     /// The isolation tier `principal`'s runs are in, at least: a request may ask for a
@@ -155,13 +194,7 @@ impl Auth {
             return Ok(Principal(LOCAL.into()));
         }
         let unauthorized = |m: &str| AuthError::Unauthorized(m.to_owned());
-        let bearer = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-            .map(str::trim)
-            .filter(|k| !k.is_empty());
-        if let Some(token) = bearer {
+        if let Some(token) = bearer(headers) {
             if let Some(principal) = self.api_keys.principal(token) {
                 return Ok(principal);
             }
@@ -169,8 +202,12 @@ impl Auth {
                 return match verifier.verify(token, jwt::now()) {
                     Ok(user) => Ok(Principal::of_jwt_user(&user.tenant, &user.sub)),
                     Err(refusal) => {
-                        tracing::debug!(%refusal, "JWT refused");
-                        Err(unauthorized(&format!("the JWT was refused: {refusal}")))
+                        // The reason names kids, issuer and audience: the log has it
+                        // (cut, as it may quote a caller's kid or iss), the caller gets
+                        // its class only.
+                        let reason: String = refusal.to_string().chars().take(MAX_LOGGED_REASON).collect();
+                        tracing::info!(%reason, "JWT refused");
+                        Err(unauthorized(&format!("the JWT was refused: {}", refusal.class())))
                     }
                 };
             }
@@ -196,6 +233,16 @@ impl Auth {
             .principal(key)
             .ok_or_else(|| unauthorized("the API key is not valid"))
     }
+}
+
+/// The value of `Authorization: Bearer`, if any.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
 }
 
 /// Local mode only on loopback: otherwise anyone who can reach the port runs code.
@@ -368,14 +415,10 @@ mod tests {
         // X-API-Key is always an API key.
         let refused = auth.principal(&headers("x-api-key", &token)).unwrap_err();
         assert_eq!(refused.to_string(), "the API key is not valid");
-        // A JWT-shaped value that is not a valid JWT says which rule it broke.
+        // A JWT-shaped value that is not a valid JWT says which class of rule it broke.
         let refused = auth.principal(&headers("authorization", "Bearer a.b")).unwrap_err();
         assert!(matches!(refused, AuthError::Unauthorized(_)));
-        assert!(
-            refused.to_string().contains("three segments"),
-            "{}",
-            refused.to_string()
-        );
+        assert!(refused.to_string().contains("malformed"), "{}", refused.to_string());
         let refused = auth
             .principal(&headers("authorization", "Bearer wrong-key"))
             .unwrap_err();

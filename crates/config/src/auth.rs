@@ -22,6 +22,12 @@ pub struct AuthConfig {
     /// `[jwt]` table, or the Code Interpreter API's `CODEAPI_JWT_*` variables). With no key
     /// source set, JWTs are off.
     pub jwt: JwtConfig,
+    /// The operator's credential for `GET /metrics` (and for `GET /v1/health` with the
+    /// server-wide figures): a bearer token of at least 16 visible characters, sent as
+    /// `Authorization: Bearer <metrics_token>`. No tenant's API key or JWT opens
+    /// `/metrics`. Default none: `/metrics` is refused whenever any credential (an API
+    /// key or a JWT key source) is configured, and open only in local mode.
+    pub metrics_token: Option<String>,
 }
 
 /// An authentication setting that cannot be used.
@@ -31,7 +37,12 @@ pub enum AuthConfigError {
     Principal(String),
     #[error("api_keys: sha256 of {0:?} must be 64 hex characters")]
     KeyHash(String),
+    #[error("metrics_token must be at least {MIN_METRICS_TOKEN_CHARS} visible ASCII characters, without spaces")]
+    MetricsToken,
 }
+
+/// Shortest `metrics_token`.
+pub const MIN_METRICS_TOKEN_CHARS: usize = 16;
 
 impl AuthConfig {
     pub fn validate(&self) -> Result<(), AuthConfigError> {
@@ -41,6 +52,11 @@ impl AuthConfig {
             }
             if key.sha256.len() != 64 || !key.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
                 return Err(AuthConfigError::KeyHash(key.principal.clone()));
+            }
+        }
+        if let Some(token) = &self.metrics_token {
+            if token.len() < MIN_METRICS_TOKEN_CHARS || !token.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(AuthConfigError::MetricsToken);
             }
         }
         Ok(())

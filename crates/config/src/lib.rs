@@ -94,6 +94,11 @@ pub enum ConfigError {
     Cluster(#[from] ClusterError),
     #[error("configuration: session_store = redis://... needs node_url: how the other nodes reach this one")]
     RedisWithoutNodeUrl,
+    #[error(
+        "configuration: session_store = redis://... needs peer_urls: the node_url of every node, the only \
+         URLs a request is forwarded to"
+    )]
+    RedisWithoutPeerUrls,
 }
 
 /// The top-level keys, for filtering the environment: only `SANDCALL_<KEY>` variables
@@ -174,6 +179,9 @@ impl Config {
         self.languages.validate()?;
         if self.sessions.in_redis() && self.cluster.node_url.is_none() {
             return Err(ConfigError::RedisWithoutNodeUrl);
+        }
+        if self.sessions.in_redis() && self.cluster.peer_urls.is_empty() {
+            return Err(ConfigError::RedisWithoutPeerUrls);
         }
         Ok(())
     }
@@ -383,6 +391,7 @@ mod tests {
                 },
                 cluster: ClusterConfig {
                     node_url: node.map(str::to_owned),
+                    peer_urls: vec!["http://10.0.0.1:8080".into(), "http://10.0.0.2:8080".into()],
                     ..Default::default()
                 },
                 ..Config::default()
@@ -403,6 +412,26 @@ mod tests {
             let err = with(store, node, secret).unwrap_err().to_string();
             assert!(err.contains(says), "{err}");
         }
+        // A cluster node names its peers: the only URLs it forwards to.
+        let mut c = Config {
+            sessions: SessionsConfig {
+                session_store: redis.map(str::to_owned),
+                token_secret: Some(secret.clone()),
+                ..Default::default()
+            },
+            cluster: ClusterConfig {
+                node_url: Some("http://10.0.0.1:8080".into()),
+                ..Default::default()
+            },
+            ..Config::default()
+        };
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("peer_urls"), "{err}");
+        c.cluster.peer_urls = vec!["http://10.0.0.2:8080/x".into()];
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("peer_urls"), "{err}");
+        c.cluster.peer_urls = vec!["http://10.0.0.2:8080".into()];
+        assert!(c.validate().is_ok());
     }
 
     #[test]

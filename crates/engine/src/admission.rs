@@ -166,6 +166,11 @@ impl Admission {
         self.inner.capacity - self.inner.slots.available_permits() + self.inner.overflow.load(Ordering::SeqCst)
     }
 
+    /// `principal`'s programs running or waiting for a slot now.
+    pub fn active_of(&self, principal: &str) -> usize {
+        self.inner.principals.held(principal)
+    }
+
     /// Requests waiting for a slot now.
     pub fn queued(&self) -> usize {
         self.inner.waiting.load(Ordering::SeqCst)

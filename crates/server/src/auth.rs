@@ -10,33 +10,92 @@ use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sandcall_api::error_type;
+use sandcall_auth::Operator;
 use std::net::SocketAddr;
 
 /// Middleware: resolves the principal, or answers 401. In local mode it first refuses
 /// what only a web page would send (`local_request_refusal`). `GET /v1/health` without
 /// credentials passes with no principal (load balancers and probes have no key); with
 /// credentials that are not valid it is 401 like every other route.
+///
+/// `/metrics` is the operator's alone (`Auth::operator`): no principal opens it. On
+/// `/v1/health` the operator's `metrics_token` stands in for a principal and gets the
+/// server-wide figures.
 pub async fn authenticate(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     if state.auth.local_mode() {
         if let Some(refusal) = local_request_refusal(&req, state.auth.loopback_hosts_only()) {
             return refusal.into_response();
         }
-    } else if is_health(&req) && !has_credentials(req.headers()) {
-        return next.run(req).await;
+    }
+    if let Some(pass) = req.headers().get(crate::cluster::FORWARDED_HEADER) {
+        return match forwarded_principal(&state, pass, &req) {
+            Ok(principal) => {
+                req.extensions_mut().insert(principal);
+                next.run(req).await
+            }
+            Err(e) => unauthorized(e),
+        };
+    }
+    if req.uri().path() == "/metrics" {
+        return match state.auth.operator(req.headers()) {
+            Ok(operator) => {
+                req.extensions_mut().insert(operator);
+                next.run(req).await
+            }
+            Err(e) => unauthorized(e),
+        };
+    }
+    if is_health(&req) {
+        if let Ok(operator @ Operator::Token) = state.auth.operator(req.headers()) {
+            req.extensions_mut().insert(operator);
+            return next.run(req).await;
+        }
+        if !state.auth.local_mode() && !has_credentials(req.headers()) {
+            return next.run(req).await;
+        }
     }
     match state.auth.principal(req.headers()) {
         Ok(principal) => {
             req.extensions_mut().insert(principal);
             next.run(req).await
         }
-        Err(e) => {
-            let mut response = ApiError::from(e).into_response();
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, axum::http::HeaderValue::from_static("Bearer"));
-            response
-        }
+        Err(e) => unauthorized(e),
     }
+}
+
+/// A request forwarded by another node of the cluster: the principal that node
+/// authenticated, from the pass it carries instead of the caller's credentials. Any
+/// credentials it also carries are ignored; a node that is not in a cluster takes none.
+fn forwarded_principal(
+    state: &AppState,
+    pass: &axum::http::HeaderValue,
+    req: &Request,
+) -> Result<sandcall_auth::Principal, sandcall_auth::AuthError> {
+    let refused = |m: String| sandcall_auth::AuthError::Unauthorized(m);
+    let Some(cluster) = &state.cluster else {
+        return Err(refused(
+            "forwarded requests are taken only from the nodes of a cluster".into(),
+        ));
+    };
+    let pass = pass
+        .to_str()
+        .map_err(|_| refused("the forward's pass is malformed".into()))?;
+    cluster
+        .accept(pass, req.method().as_str(), req.uri().path())
+        .map(sandcall_auth::Principal)
+        .map_err(|e| {
+            tracing::warn!(error = %e, path = %req.uri().path(), "a forwarded request was refused");
+            refused(e.to_string())
+        })
+}
+
+/// 401 with `WWW-Authenticate: Bearer`.
+fn unauthorized(e: sandcall_auth::AuthError) -> Response {
+    let mut response = ApiError::from(e).into_response();
+    response
+        .headers_mut()
+        .insert(header::WWW_AUTHENTICATE, axum::http::HeaderValue::from_static("Bearer"));
+    response
 }
 
 fn is_health(req: &Request) -> bool {

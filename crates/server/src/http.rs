@@ -28,12 +28,16 @@ use sandcall_auth::Principal;
     tag = "health",
     security(()),
     responses(
-        (status = 200, description = "Programs can run. Without credentials on a server with API keys, only `status` and `version`.", body = Health),
+        (status = 200, description = "Programs can run. Without credentials on a server with API keys, only `status` and `version`; with a tenant's credentials, its own runs and sessions; with `metrics_token` (or in local mode), the server's.", body = Health),
         (status = 503, description = "Sandboxes cannot be built now; `reason` says why.", body = Health),
         (status = 401, description = "`unauthorized`: credentials were sent and are not valid (none at all is fine).", body = ErrorBody),
     ),
 )]
-pub(crate) async fn health(State(state): State<AppState>, principal: Option<Extension<Principal>>) -> Response {
+pub(crate) async fn health(
+    State(state): State<AppState>,
+    principal: Option<Extension<Principal>>,
+    operator: Option<Extension<sandcall_auth::Operator>>,
+) -> Response {
     let reason = state.sandbox_unavailable().await;
     let code = if reason.is_some() {
         StatusCode::SERVICE_UNAVAILABLE
@@ -54,20 +58,35 @@ pub(crate) async fn health(State(state): State<AppState>, principal: Option<Exte
         max_sessions: None,
         warm_idle: None,
     };
-    // What the server holds and how busy it is is for its callers only.
-    if principal.is_some() {
+    // What the server holds and how busy it is is the operator's (the metrics token, or
+    // local mode's one principal); a tenant sees its own figures only, never what other
+    // tenants are doing.
+    // (Local mode, not the principal's name: an API key's principal may be called `local`.)
+    if operator.is_some() || (principal.is_some() && state.auth.local_mode()) {
+        server_figures(&state, &mut body).await;
+    } else if let Some(Extension(principal)) = principal {
         body.cgroup = Some(state.runner.settings().cgroups.version().into());
-        body.active_runs = Some(state.admission.active());
         body.max_concurrent_runs = Some(state.admission.capacity());
-        body.warm_idle = Some(state.pool.idle());
-        body.queued_runs = Some(state.admission.queued());
-        let (sessions, paused) = state.sessions.counts();
-        body.sessions = Some(sessions);
-        body.paused_sessions = Some(paused);
-        body.dormant_sessions = state.sessions.dormant_count().await;
         body.max_sessions = Some(state.config.sessions.max_sessions);
+        body.active_runs = Some(state.admission.active_of(&principal.0));
+        body.sessions = Some(state.sessions.held_by(&principal));
+        body.dormant_sessions = state.sessions.dormant_count_of(Some(&principal.0)).await;
     }
     (code, Json(body)).into_response()
+}
+
+/// The server-wide figures of health, for the operator.
+async fn server_figures(state: &AppState, body: &mut Health) {
+    body.cgroup = Some(state.runner.settings().cgroups.version().into());
+    body.active_runs = Some(state.admission.active());
+    body.max_concurrent_runs = Some(state.admission.capacity());
+    body.warm_idle = Some(state.pool.idle());
+    body.queued_runs = Some(state.admission.queued());
+    let (sessions, paused) = state.sessions.counts();
+    body.sessions = Some(sessions);
+    body.paused_sessions = Some(paused);
+    body.dormant_sessions = state.sessions.dormant_count().await;
+    body.max_sessions = Some(state.config.sessions.max_sessions);
 }
 
 /// Runs a program to its end and answers with its outcome.
@@ -221,8 +240,16 @@ async fn at_owner(
                     return Ok(None);
                 };
                 let bytes = body().map_err(|e| ApiError::internal(error_type::INTERNAL, &e.to_string()))?;
-                match cluster.forward(&owner, method.clone(), path, headers, bytes).await {
-                    Ok(answer) => return Ok(Some(answer)),
+                match cluster
+                    .forward(&owner, &principal.0, method.clone(), path, headers, bytes)
+                    .await
+                {
+                    Ok(mut answer) => {
+                        if !state.config.cluster.node_header {
+                            answer.headers_mut().remove(crate::cluster::NODE_HEADER);
+                        }
+                        return Ok(Some(answer));
+                    }
                     Err(crate::cluster::ForwardError::Unreachable(e)) => {
                         tracing::info!(session = %id, %owner, error = %e, "the session's owner cannot be reached; waiting for its lease to run out");
                         state.sessions.wait_out_lease(id, &owner).await?;
@@ -252,8 +279,12 @@ async fn read_at_owner(
     .await
 }
 
-/// Many nodes: names the node that served the answer (`sandcall-node`).
+/// Many nodes, with `node_header = true`: names the node that served the answer
+/// (`sandcall-node`). Off by default: node URLs are internal.
 fn tag_node(state: &AppState, mut response: Response) -> Response {
+    if !state.config.cluster.node_header {
+        return response;
+    }
     if let Some(node) = state.sessions.node() {
         if let Ok(value) = axum::http::HeaderValue::from_str(node) {
             response.headers_mut().insert(crate::cluster::NODE_HEADER, value);

@@ -14,6 +14,7 @@ pub mod files;
 pub mod http;
 pub mod listen;
 pub mod mcp;
+pub mod node_auth;
 pub mod openapi;
 pub mod rate_limit;
 pub mod router;
@@ -230,7 +231,11 @@ async fn start(
         .node_url
         .clone()
         .filter(|_| session_store.shared())
-        .map(|url| Arc::new(cluster::Forwarder::new(url)));
+        .map(|url| {
+            // A shared session store needs token_secret (`Config::validate`).
+            let secret = config.sessions.token_secret.as_deref().unwrap_or_default();
+            Arc::new(cluster::Forwarder::new(url, config.cluster.peer_urls.clone(), secret))
+        });
     let outbox_dir = host.outbox_dir.clone();
     // Outputs of runs a previous server did not finish storing are lost with it.
     let _ = std::fs::remove_dir_all(&outbox_dir);

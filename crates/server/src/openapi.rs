@@ -171,7 +171,7 @@ impl Modify for Common {
                     op,
                     "401",
                     "Credentials (API keys or JWT keys) are configured and the request has no valid API key \
-                     or JWT (`unauthorized`, with `WWW-Authenticate: Bearer`); the message says which rule a JWT broke.",
+                     or JWT (`unauthorized`, with `WWW-Authenticate: Bearer`); the message says which class of rule a JWT broke.",
                 );
                 add_error(
                     op,

@@ -50,7 +50,8 @@ fn route_label(template: &str) -> String {
 }
 
 /// `GET /metrics`: every metric in Prometheus's text format, the gauges read now
-/// (extension). Guarded like every other route: a scraper sends a key.
+/// (extension). The operator's: a scraper sends `metrics_token` (`authenticate`); no
+/// tenant's API key or JWT opens it, for it shows every tenant's activity.
 #[utoipa::path(
     get,
     path = "/metrics",
@@ -58,7 +59,7 @@ fn route_label(template: &str) -> String {
     tag = "health",
     responses(
         (status = 200, description = "The server's metrics in Prometheus's text exposition format (docs/metrics.md).", content_type = "text/plain", body = String),
-        (status = 401, description = "`unauthorized`: no valid credentials.", body = sandcall_api::ErrorBody),
+        (status = 401, description = "`unauthorized`: not the operator's `metrics_token` (a tenant's API key or JWT is refused too); without `metrics_token` set, always on a server with credentials.", body = sandcall_api::ErrorBody),
     ),
 )]
 pub async fn scrape(State(state): State<crate::AppState>) -> Result<Response, ApiError> {

@@ -4,7 +4,7 @@
 
 use crate::common::Server;
 use crate::files::{sha256_hex, Client};
-use crate::metrics::{scrape, value};
+use crate::metrics::{operator, scrape, value, METRICS_TOKEN};
 use crate::principals::rate_tool;
 use serde_json::{json, Value};
 
@@ -33,7 +33,10 @@ fn calls(c: &Client, id: &str) -> Vec<Value> {
 
 #[test]
 fn the_calls_route_lists_every_call_made_refused_and_answered() {
-    let s = Server::start_with(&[("SANDCALL_API_KEYS", KEYS)], "");
+    let s = Server::start_with(
+        &[("SANDCALL_API_KEYS", KEYS), ("SANDCALL_METRICS_TOKEN", METRICS_TOKEN)],
+        "",
+    );
     let alice = Client::bearer(&s, "key-a-0123456789abcdef");
     let bob = Client::bearer(&s, "key-b-0123456789abcdef");
     let first = start(&alice);
@@ -102,7 +105,7 @@ fn the_calls_route_lists_every_call_made_refused_and_answered() {
     }
 
     // The same story in the metrics.
-    let m = scrape(&alice);
+    let m = scrape(&operator(&s));
     assert_eq!(value(&m, "sandcall_tool_calls_total", &[]), 2.0);
     assert_eq!(
         value(
@@ -156,12 +159,16 @@ fn answer(c: &Client, paused: &Value, result: Value) -> Value {
 
 #[test]
 fn a_replay_lists_each_call_once() {
-    let env = [("SANDCALL_API_KEYS", KEYS), ("SANDCALL_SESSION_IDLE_EVICT_S", "1")];
+    let env = [
+        ("SANDCALL_API_KEYS", KEYS),
+        ("SANDCALL_METRICS_TOKEN", METRICS_TOKEN),
+        ("SANDCALL_SESSION_IDLE_EVICT_S", "1"),
+    ];
     let s = Server::start_with(&env, "");
     let alice = Client::bearer(&s, "key-a-0123456789abcdef");
     let first = start(&alice);
     let id = first["session_id"].as_str().unwrap().to_owned();
-    let dormant = || value(&scrape(&alice), "sandcall_sessions_dormant", &[]);
+    let dormant = || value(&scrape(&operator(&s)), "sandcall_sessions_dormant", &[]);
     // Evicted while paused; the resume brings it back by replay, which meets the first
     // call again: still one record of it.
     crate::common::settle(dormant, 1.0);

@@ -34,6 +34,36 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// Most nodes one test process starts (nextest runs each test in a process of its own;
+/// a plain `cargo test` runs them all in one).
+const MAX_NODES: usize = 24;
+
+/// The `node_url`s of every node this process may start, chosen before the first starts:
+/// each node must list them all in `peer_urls`, the only URLs it forwards to.
+pub(crate) fn cluster_urls() -> &'static [String] {
+    static URLS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    URLS.get_or_init(|| {
+        // Held open together, so that no two are the same port.
+        let listeners: Vec<_> = (0..MAX_NODES)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+            .collect();
+        listeners
+            .iter()
+            .map(|l| format!("http://{}", l.local_addr().unwrap()))
+            .collect()
+    })
+}
+
+/// The next of `cluster_urls`.
+pub(crate) fn next_node_url() -> String {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let i = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    cluster_urls()
+        .get(i)
+        .unwrap_or_else(|| panic!("more than {MAX_NODES} nodes in one test process"))
+        .clone()
+}
+
 /// A node of the cluster on Redis `redis`, with extra environment.
 fn node(redis: &str, extra: &[(&str, &str)]) -> Server {
     node_with_config(redis, extra, "")
@@ -41,18 +71,27 @@ fn node(redis: &str, extra: &[(&str, &str)]) -> Server {
 
 /// The same, with a configuration file's text; `extra` may override the defaults.
 pub(crate) fn node_with_config(redis: &str, extra: &[(&str, &str)], config: &str) -> Server {
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let node_url = format!("http://{listen}");
+    let node_url = next_node_url();
+    let listen = node_url.trim_start_matches("http://").to_owned();
+    node_at(redis, extra, config, &node_url, &listen)
+}
+
+/// A node known to the others as `node_url` and listening on `listen` (the same place,
+/// unless something stands between them).
+pub(crate) fn node_at(redis: &str, extra: &[(&str, &str)], config: &str, node_url: &str, listen: &str) -> Server {
+    let peers = cluster_urls().join(",");
     let mut env = vec![
         ("SANDCALL_SESSION_STORE", redis),
-        ("SANDCALL_NODE_URL", node_url.as_str()),
+        ("SANDCALL_NODE_URL", node_url),
+        ("SANDCALL_PEER_URLS", peers.as_str()),
         ("SANDCALL_TOKEN_SECRET", SECRET),
         ("SANDCALL_NODE_LEASE_MS", LEASE_MS),
+        // These tests check which node answered.
+        ("SANDCALL_NODE_HEADER", "true"),
         ("SANDCALL_WARM_POOL_SIZE", "0"),
     ];
     env.extend_from_slice(extra);
-    Server::launch_at(Server::new_dir(), &env, config, None, &listen)
+    Server::launch_at(Server::new_dir(), &env, config, None, listen)
 }
 
 fn get_tool() -> Value {

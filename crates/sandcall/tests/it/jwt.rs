@@ -245,15 +245,15 @@ fn expired_and_wrongly_signed_tokens_are_401_and_change_nothing() {
     assert_refused(
         &s,
         &lc.token_at(Some("legacy"), "user-1", now(), json!({"aud": "another-api"})),
-        "audience",
+        "not accepted",
     );
     assert_refused(
         &s,
         &lc.token_at(Some("legacy"), "user-1", now(), json!({"exp": now() + 3600})),
-        "lifetime",
+        "not accepted",
     );
     assert_refused(&s, "not-a-key", "not valid");
-    assert_refused(&s, "a.b", "three segments");
+    assert_refused(&s, "a.b", "malformed");
     // Nothing those requests asked for happened.
     let refused = Client::bearer(&s, &expired);
     let reply = refused.upload_parts(&[file_part("x.txt", "text/plain", b"x")]);

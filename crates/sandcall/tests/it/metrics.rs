@@ -1,5 +1,5 @@
 //! `GET /metrics`: after known traffic, a scrape parsed by a Prometheus text parser
-//! shows the right counts; the route is guarded like the others.
+//! shows the right counts; the route is the operator's (`metrics_token`).
 
 use crate::common::Server;
 use crate::files::Client;
@@ -7,6 +7,15 @@ use prometheus_parse::{Sample, Scrape, Value as PromValue};
 use serde_json::json;
 
 const KEYS: &str = "alice:key-a-0123456789abcdef";
+
+/// The operator's `metrics_token` of every test server that is scraped and has
+/// credentials (SANDCALL_METRICS_TOKEN).
+pub(crate) const METRICS_TOKEN: &str = "metrics-token-0123456789abcdef";
+
+/// The client that may scrape `s`: the operator, with `METRICS_TOKEN`.
+pub(crate) fn operator(s: &Server) -> Client {
+    Client::bearer(s, METRICS_TOKEN)
+}
 
 /// The scrape, parsed.
 pub(crate) fn scrape(c: &Client) -> Scrape {
@@ -56,17 +65,20 @@ fn a_scrape_after_known_traffic_shows_its_counts() {
     let s = Server::start_with(
         &[
             ("SANDCALL_API_KEYS", KEYS),
+            ("SANDCALL_METRICS_TOKEN", METRICS_TOKEN),
             ("SANDCALL_RATE_LIMIT_FILES", "1/min"),
             ("SANDCALL_WARM_POOL_SIZE", "1"),
         ],
         "",
     );
     let alice = Client::bearer(&s, "key-a-0123456789abcdef");
-    // Guarded like every route.
+    let ops = operator(&s);
+    // The operator's alone.
     assert_eq!(Client::anonymous(&s).get("/metrics").status, 401);
+    assert_eq!(alice.get("/metrics").status, 401);
     // The pool builds its warm sandboxes (`wait_warm` cannot see them: health without
     // a key does not say), each timed once it is ready.
-    let built = || observations(&scrape(&alice), "sandcall_sandbox_build_seconds", &[("warm", "true")]);
+    let built = || observations(&scrape(&ops), "sandcall_sandbox_build_seconds", &[("warm", "true")]);
     assert!(
         crate::common::settle(|| built() >= 2, true),
         "no two warm sandboxes were built"
@@ -89,7 +101,7 @@ fn a_scrape_after_known_traffic_shows_its_counts() {
     // A route that does not exist is counted under no path of its own.
     assert_eq!(alice.get("/v1/no/such/route/abc").status, 404);
 
-    let m = scrape(&alice);
+    let m = scrape(&ops);
     let run = |language: &str, status: &str| {
         value(
             &m,
@@ -136,7 +148,7 @@ fn a_scrape_after_known_traffic_shows_its_counts() {
     // The warm sets refill after the runs.
     crate::common::settle(
         || {
-            let m = scrape(&alice);
+            let m = scrape(&ops);
             value(
                 &m,
                 "sandcall_warm_sandboxes",

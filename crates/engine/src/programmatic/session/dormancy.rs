@@ -61,7 +61,12 @@ impl Sessions {
     /// Paused sessions that hold no sandbox (evicted, or left paused by an earlier
     /// server), as the store counts them; None if it cannot be read now.
     pub async fn dormant_count(&self) -> Option<usize> {
-        match self.inner.store.dormant(None).await {
+        self.dormant_count_of(None).await
+    }
+
+    /// The same, of one principal's sessions only (None: of every principal's).
+    pub async fn dormant_count_of(&self, principal: Option<&str>) -> Option<usize> {
+        match self.inner.store.dormant(principal).await {
             Ok(n) => usize::try_from(n).ok(),
             Err(e) => {
                 tracing::warn!(error = %e, "could not count the dormant sessions");

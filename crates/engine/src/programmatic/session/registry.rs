@@ -149,6 +149,11 @@ impl Sessions {
         self.inner.ended.lock().unwrap_or_else(|p| p.into_inner()).bytes
     }
 
+    /// The sessions `principal` holds a sandbox for on this node now.
+    pub fn held_by(&self, principal: &Principal) -> usize {
+        self.inner.per_principal.held(&principal.0)
+    }
+
     /// The sessions this node keeps an entry of in memory (a dormant one has none).
     pub fn entries(&self) -> usize {
         self.map().len()

@@ -250,13 +250,16 @@ fn background_processes_die_with_the_run() {
 // Attacks on the server's own resources rather than the sandbox: each file holds the
 // tests of one family, each test reproduces one attack and checks a bound.
 mod admission;
+mod auth_errors;
 mod collection;
 mod compiled;
 mod connections;
+mod forwards;
 mod helper_buffers;
 mod inotify;
 mod local_mode;
 mod node;
+mod operator_data;
 mod pauses;
 mod refusals;
 mod schemas;
