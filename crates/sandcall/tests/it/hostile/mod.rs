@@ -258,4 +258,5 @@ mod inotify;
 mod local_mode;
 mod node;
 mod pauses;
+mod policy;
 mod schemas;
