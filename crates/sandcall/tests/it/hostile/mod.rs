@@ -255,6 +255,7 @@ mod compiled;
 mod connections;
 mod helper_buffers;
 mod inotify;
+mod landlock;
 mod local_mode;
 mod node;
 mod pauses;
