@@ -240,7 +240,9 @@ mod tests {
                 if errno_of(libc::syscall(libc::SYS_personality, 0x0040_0000)) != libc::ENOSYS {
                     return 3;
                 }
-                if errno_of(libc::syscall(libc::SYS_socket, libc::AF_ALG, libc::SOCK_SEQPACKET, 0)) != libc::EAFNOSUPPORT {
+                if errno_of(libc::syscall(libc::SYS_socket, libc::AF_ALG, libc::SOCK_SEQPACKET, 0))
+                    != libc::EAFNOSUPPORT
+                {
                     return 4;
                 }
                 let audit = libc::syscall(libc::SYS_socket, libc::AF_NETLINK, libc::SOCK_RAW, libc::NETLINK_AUDIT);

@@ -46,6 +46,9 @@ fn a_forked_run_is_under_the_same_landlock_rules_and_cannot_signal_its_init() {
         return;
     }
     let s = crate::zygote::forked_server(1, None);
-    check(&crate::zygote::run_forked(&s, json!({"code": hostile("landlock.py")})), true);
+    check(
+        &crate::zygote::run_forked(&s, json!({"code": hostile("landlock.py")})),
+        true,
+    );
     s.assert_healthy();
 }
