@@ -94,6 +94,33 @@ fn check_seccomp() -> Check {
     }
 }
 
+/// Landlock is a second layer, best effort: its absence is a warning, never a failure.
+fn check_landlock(config: &Config) -> Check {
+    let abi = sandcall_sandbox::landlock_layer::kernel_abi();
+    let mut detail = if abi == 0 {
+        let warning = "warning: this kernel has no Landlock (or it is disabled): runs are confined by \
+                       namespaces, mounts and seccomp only";
+        tracing::warn!("{warning}");
+        warning.to_string()
+    } else if abi < 6 {
+        format!(
+            "ABI {abi}: filesystem rules in force; abstract Unix sockets and signals are not scoped (ABI 6, \
+             Linux 6.12)"
+        )
+    } else {
+        format!("ABI {abi}: filesystem rules, abstract Unix sockets and signals scoped")
+    };
+    if config.pins_gvisor() {
+        detail.push_str("; in the gvisor tier, gVisor's kernel has no Landlock: runs there go without it");
+    }
+    Check {
+        name: "landlock",
+        ok: true,
+        detail,
+        fix: "boot a kernel with CONFIG_SECURITY_LANDLOCK=y and landlock in its lsm= list",
+    }
+}
+
 fn check_interpreter(name: &'static str, path: &Path) -> Check {
     use std::os::unix::fs::PermissionsExt;
     let ok = fs::metadata(path)
@@ -285,7 +312,12 @@ fn check_gvisor(config: &Config) -> Check {
 
 /// Runs every check, ending with a real sandboxed program in each language.
 pub async fn run(config: &Config) -> Report {
-    let mut checks = vec![check_credentials(config), check_userns(), check_seccomp()];
+    let mut checks = vec![
+        check_credentials(config),
+        check_userns(),
+        check_seccomp(),
+        check_landlock(config),
+    ];
     checks.push(check_interpreter("python interpreter", &config.languages.python));
     checks.push(check_interpreter("bash interpreter", &config.languages.bash));
     checks.push(check_optional_languages(config));

@@ -545,6 +545,9 @@ impl Sandbox {
         let listener = match &prepare.template {
             Some(path) => {
                 fs::write(code.join("seccomp.bpf"), policy.to_bytes()).map_err(HelperError::WriteSeccompFilter)?;
+                let rules = crate::landlock_layer::rules(&prepare.extra_runtime_paths, prepare.node_modules.is_some());
+                let plan = crate::landlock_layer::plan(&rules).to_string();
+                fs::write(code.join("landlock.json"), plan).map_err(HelperError::WriteLandlockPlan)?;
                 let _ = fs::remove_file(path);
                 let l = std::os::unix::net::UnixListener::bind(path).map_err(HelperError::TemplateSocket)?;
                 self.template_socket = Some(path.clone());

@@ -17,6 +17,7 @@ pub mod cgroup;
 pub mod clone3;
 pub mod helper;
 mod io;
+pub mod landlock_layer;
 pub mod launcher;
 pub mod mounts;
 pub mod priority;

@@ -24,7 +24,7 @@ const ETC_FILES: &[&str] = &[
 
 /// Top-level host paths of the runtime: real directories are bound read-only, symlinks
 /// (merged /usr) are recreated as the same symlinks.
-const RUNTIME_TOP: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
+pub(crate) const RUNTIME_TOP: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
 
 /// Device nodes bound from the host; the sandbox cannot create device nodes itself.
 const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];

@@ -1,9 +1,30 @@
-//! The seccomp-bpf policy applied to every sandboxed program, as the last step before exec.
+//! The seccomp-bpf policy applied to every sandboxed program, as the last step before exec
+//! (cold runs) or before the runner takes over (forked runs, `runtime/zygote.py`).
 //!
-//! The policy is data: `policy/seccomp.json` lists every refused system call with the
-//! reason. It is a deny list on top of namespaces, capabilities and no_new_privs, which
-//! already make most of these calls fail; the filter closes what those layers leave open
-//! (keyrings, io_uring, eBPF, perf, userfaultfd, nested namespaces, the clock).
+//! The policy is data: `policy/seccomp.json` holds four filters, each call with a comment.
+//!
+//! - `allow`: the allowlist. Every system call a runtime needs (Python with its data
+//!   stack, Node, Bash, Java, Go, R, PHP, the compilers and what they build) is listed;
+//!   `socket` only for `AF_UNIX`, `AF_INET`, `AF_INET6` and `AF_NETLINK` with
+//!   `NETLINK_ROUTE`, `personality` only to read it or set the default persona. Anything
+//!   else, including every call newer than the list, answers ENOSYS before the kernel
+//!   sees it. ENOSYS rather than EPERM: it is what a kernel without the call says, so
+//!   libc and runtimes take the fallback they already have for older kernels (glibc's
+//!   clone3 to clone, statx to fstatat, faccessat2 to faccessat; Go and Java likewise)
+//!   instead of treating EPERM as a hard failure.
+//! - `refuse_families`: `socket` of any other family answers EAFNOSUPPORT, as a kernel
+//!   without that family's module does, so the host never loads one for a run.
+//! - `refuse_protocols`: `socket` of `AF_INET`/`AF_INET6` with a protocol other than
+//!   TCP, UDP and ICMP (SCTP, DCCP, ...) or of netlink other than route answers
+//!   EPROTONOSUPPORT, for the same reason.
+//! - `refuse_eperm`: calls a run must not make at all (mounts, ptrace, keyrings, eBPF,
+//!   io_uring, nested namespaces, the clock, ...) answer EPERM, the answer the layers
+//!   underneath (namespaces, no capabilities) would give.
+//! - `refuse_enosys`: clone3, whose flags a filter cannot read.
+//!
+//! When several filters refuse a call with an errno, the kernel answers with the most
+//! recently installed one's: `compile` orders the filters so that the `refuse_*` filters
+//! speak before the allowlist's ENOSYS.
 
 use seccompiler::{BpfProgram, TargetArch};
 
@@ -31,7 +52,14 @@ impl Policy {
         if arch == TargetArch::x86_64 {
             filters.push(refuse_x32());
         }
-        for name in ["refuse_eperm", "refuse_enosys"] {
+        // Installed in this order, evaluated in the reverse: see the module's notes.
+        for name in [
+            "allow",
+            "refuse_families",
+            "refuse_protocols",
+            "refuse_eperm",
+            "refuse_enosys",
+        ] {
             let prog = map
                 .remove(name)
                 .ok_or_else(|| SeccompError::Compile(format!("filter {name} missing")))?;
@@ -113,7 +141,7 @@ mod tests {
     #[test]
     fn policy_compiles_and_lists_the_refused_calls() {
         let policy = Policy::compile().expect("policy compiles");
-        assert_eq!(policy.filters.len(), if cfg!(target_arch = "x86_64") { 3 } else { 2 });
+        assert_eq!(policy.filters.len(), if cfg!(target_arch = "x86_64") { 6 } else { 5 });
         for name in [
             "ptrace",
             "mount",
@@ -156,22 +184,15 @@ mod tests {
         assert_eq!(at, bytes.len());
     }
 
-    /// A loaded filter cannot be removed, so it is tested in a forked child.
-    #[test]
-    fn filter_refuses_in_a_child() {
+    /// Runs `check` in a forked child under the policy (a loaded filter cannot be
+    /// removed); the child exits with the number of the first failed expectation.
+    fn in_filtered_child(check: fn() -> i32) {
         let policy = Policy::compile().unwrap();
-        // SAFETY: the child only makes async-signal-safe calls before _exit.
+        // SAFETY: the child only makes plain system calls before _exit.
         match unsafe { nix::unistd::fork() }.unwrap() {
             nix::unistd::ForkResult::Child => {
                 let ok = nix::sys::prctl::set_no_new_privs().is_ok() && policy.apply().is_ok();
-                // SAFETY: a plain system call on an integer flag.
-                let unshare = unsafe { libc::unshare(libc::CLONE_NEWUTS) };
-                let errno = std::io::Error::last_os_error().raw_os_error();
-                let code = if ok && unshare == -1 && errno == Some(libc::EPERM) {
-                    0
-                } else {
-                    1
-                };
+                let code = if ok { check() } else { 100 };
                 // SAFETY: _exit never returns and runs no destructor of the forked copy.
                 unsafe { libc::_exit(code) };
             }
@@ -180,5 +201,66 @@ mod tests {
                 assert_eq!(status, nix::sys::wait::WaitStatus::Exited(child, 0));
             }
         }
+    }
+
+    /// The errno of a raw system call, or 0 if it succeeded.
+    fn errno_of(r: libc::c_long) -> i32 {
+        if r < 0 {
+            std::io::Error::last_os_error().raw_os_error().unwrap_or(-1)
+        } else {
+            0
+        }
+    }
+
+    #[test]
+    fn filter_refuses_in_a_child() {
+        in_filtered_child(|| {
+            // SAFETY: a plain system call on an integer flag.
+            let r = unsafe { libc::syscall(libc::SYS_unshare, libc::CLONE_NEWUTS) };
+            if errno_of(r) != libc::EPERM {
+                return 1;
+            }
+            0
+        });
+    }
+
+    /// What is not listed answers ENOSYS, other socket families EAFNOSUPPORT, and
+    /// what is listed still works.
+    #[test]
+    fn the_allowlist_refuses_what_it_does_not_list() {
+        in_filtered_child(|| {
+            // SAFETY: system calls on integers only; the refused ones never reach the kernel.
+            unsafe {
+                if errno_of(libc::syscall(1000)) != libc::ENOSYS {
+                    return 1;
+                }
+                if errno_of(libc::syscall(libc::SYS_kcmp, 0, 0, 0, 0, 0)) != libc::ENOSYS {
+                    return 2;
+                }
+                if errno_of(libc::syscall(libc::SYS_personality, 0x0040_0000)) != libc::ENOSYS {
+                    return 3;
+                }
+                if errno_of(libc::syscall(libc::SYS_socket, libc::AF_ALG, libc::SOCK_SEQPACKET, 0))
+                    != libc::EAFNOSUPPORT
+                {
+                    return 4;
+                }
+                let audit = libc::syscall(libc::SYS_socket, libc::AF_NETLINK, libc::SOCK_RAW, libc::NETLINK_AUDIT);
+                if errno_of(audit) != libc::EPROTONOSUPPORT {
+                    return 5;
+                }
+                let route = libc::syscall(libc::SYS_socket, libc::AF_NETLINK, libc::SOCK_RAW, libc::NETLINK_ROUTE);
+                if errno_of(route) != 0 {
+                    return 6;
+                }
+                if errno_of(libc::syscall(libc::SYS_socket, libc::AF_UNIX, libc::SOCK_STREAM, 0)) != 0 {
+                    return 7;
+                }
+                if errno_of(libc::syscall(libc::SYS_getpid)) != 0 {
+                    return 8;
+                }
+            }
+            0
+        });
     }
 }

@@ -63,6 +63,11 @@ _LISTENER = 4
 _SYS_CLONE3 = 435  # x86-64 and arm64 alike
 _CLONE_INTO_CGROUP = 0x200000000
 _ENOSYS, _E2BIG, _EINVAL = 38, 7, 22
+# The same numbers on x86-64 and arm64.
+_SYS_LANDLOCK_CREATE_RULESET, _SYS_LANDLOCK_ADD_RULE, _SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
+_LANDLOCK_RULE_PATH_BENEATH = 1
+# Read once by the template (`main`), applied by every run it forks.
+_LANDLOCK_PLAN = None
 
 
 class _CloneArgs(ctypes.Structure):
@@ -139,6 +144,51 @@ def _load_seccomp():
     if not filters:
         raise RuntimeError("no seccomp filter")
     return filters
+
+
+def _load_landlock():
+    """The run's Landlock rules, planned by the helper (`landlock_layer::plan`) with the
+    rights this kernel knows: `abi` 0 means it has no Landlock."""
+    with open("/run/sandcall/landlock.json") as f:
+        return json.load(f)
+
+
+def _landlock_call(nr, what, *args):
+    ctypes.set_errno(0)
+    r = _LIBC.syscall(ctypes.c_long(nr), *args)
+    if r < 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, "%s: %s" % (what, os.strerror(errno)))
+    return r
+
+
+def _apply_landlock(plan):
+    """What `landlock_layer::apply` does for a cold run, here after the run's own mounts
+    (a rule holds the mount it was opened on). No Landlock: nothing to do."""
+    abi = plan["abi"]
+    if abi == 0:
+        return
+    # struct landlock_ruleset_attr grew with the ABI: handled_access_fs, then
+    # handled_access_net (ABI 4), then scoped (ABI 6). Networking is the network
+    # namespace's business: no net right is handled.
+    size = 24 if abi >= 6 else 16 if abi >= 4 else 8
+    attr = ctypes.create_string_buffer(struct.pack("=QQQ", plan["fs"], 0, plan["scoped"])[:size], size)
+    ruleset = _landlock_call(_SYS_LANDLOCK_CREATE_RULESET, "landlock_create_ruleset", attr, ctypes.c_size_t(size), ctypes.c_uint32(0))
+    try:
+        for path, access in plan["rules"]:
+            try:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue
+            try:
+                # struct landlock_path_beneath_attr (packed): allowed_access, parent_fd.
+                rule = ctypes.create_string_buffer(struct.pack("=Qi", access, fd), 12)
+                _landlock_call(_SYS_LANDLOCK_ADD_RULE, "landlock_add_rule " + path, ctypes.c_long(ruleset), ctypes.c_long(_LANDLOCK_RULE_PATH_BENEATH), rule, ctypes.c_long(0))
+            finally:
+                os.close(fd)
+        _landlock_call(_SYS_LANDLOCK_RESTRICT_SELF, "landlock_restrict_self", ctypes.c_long(ruleset), ctypes.c_long(0))
+    finally:
+        os.close(ruleset)
 
 
 def _send_line(fd, obj):
@@ -271,6 +321,7 @@ def _run_program(request, fds, runner, filters):
         data = (_CapData * 2)()
         _check(_LIBC.syscall(126 if os.uname().machine == "x86_64" else 91, ctypes.byref(header), data), "capset")
         _check(_LIBC.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+        _apply_landlock(_LANDLOCK_PLAN)
         # seccomp last: from here on only the program's own calls happen.
         for count, buf in filters:
             prog = _SockFprog(count, ctypes.addressof(buf))
@@ -417,6 +468,8 @@ def main():
     runner = {"__name__": "sandcall_runner", "__builtins__": __builtins__}
     exec(compile(sys.argv[1], "<runner>", "exec", dont_inherit=True), runner)
     filters = _load_seccomp()
+    global _LANDLOCK_PLAN
+    _LANDLOCK_PLAN = _load_landlock()
     preload = "SANDCALL_PRELOAD" in os.environ
     runner["_warm_up"]()
     # What a run with tools imports at its go (runner.py, `main` and `_tools_api`):

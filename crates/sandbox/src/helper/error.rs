@@ -88,6 +88,11 @@ pub enum HelperError {
     Seccomp(#[from] SeccompError),
     #[error("seccomp.bpf: {0}")]
     WriteSeccompFilter(#[source] io::Error),
+    /// Restricting the program with Landlock (a kernel without it is no error).
+    #[error("landlock: {0}")]
+    Landlock(#[source] landlock::RulesetError),
+    #[error("landlock.json: {0}")]
+    WriteLandlockPlan(#[source] io::Error),
     #[error("template socket: {0}")]
     TemplateSocket(#[source] io::Error),
     #[error("clone into new namespaces: {0}")]

@@ -211,6 +211,10 @@ fn exec_program_steps(ctx: &InitContext, run: &InitRun) -> Result<Never, HelperE
     // calls happen, all of them under the filter. A template runs no user code and
     // needs unshare and mount to fork its runs, which install this same filter.
     if ctx.listener.is_none() {
+        // Landlock just before: its own calls are then behind it. A template's runs
+        // apply the same rules themselves (zygote.py, from `landlock.json`).
+        let rules = crate::landlock_layer::rules(ctx.extra_runtime_paths, ctx.node_modules.is_some());
+        crate::landlock_layer::apply(&rules).map_err(HelperError::Landlock)?;
         ctx.policy.apply()?;
     }
     let argv: Vec<CString> = run.argv.iter().map(|a| cstring(a)).collect::<Result<_, _>>()?;

@@ -19,6 +19,15 @@ fn doctor_passes_on_this_machine() {
     for check in ["user namespaces", "seccomp", "cgroups", "sandbox trial run"] {
         assert!(text.contains(&format!("[pass] {check}")), "{text}");
     }
+    // Landlock is reported, never failed: its ABI, or a warning that the kernel has none.
+    // SAFETY: the version query reads no memory.
+    let abi = unsafe { libc::syscall(libc::SYS_landlock_create_ruleset, std::ptr::null::<u8>(), 0usize, 1u32) };
+    let landlock = if abi > 0 {
+        format!("[pass] landlock: ABI {abi}:")
+    } else {
+        "[pass] landlock: warning: this kernel has no Landlock".to_string()
+    };
+    assert!(text.contains(&landlock), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -15,7 +15,7 @@ const TEMPLATE: &str = "sandcall's Python template";
 
 /// A server whose warm Python sandboxes are forked: `plain` plain ones and, when
 /// `preload` names modules, one preloaded set of one.
-fn forked_server(plain: usize, preload: Option<&str>) -> Server {
+pub(crate) fn forked_server(plain: usize, preload: Option<&str>) -> Server {
     let plain = plain.to_string();
     let mut env = vec![
         ("SANDCALL_ZYGOTE", "true"),
@@ -48,7 +48,7 @@ fn run(s: &Server, body: Value) -> (Value, bool) {
 
 /// Runs `code` in a forked sandbox, retrying while the pool still hands out built ones
 /// (right after start, or while a template is rebuilt).
-fn run_forked(s: &Server, body: Value) -> Value {
+pub(crate) fn run_forked(s: &Server, body: Value) -> Value {
     let start = Instant::now();
     loop {
         let (v, forked) = run(s, body.clone());
