@@ -259,3 +259,4 @@ mod local_mode;
 mod node;
 mod pauses;
 mod schemas;
+mod tool_servers;
