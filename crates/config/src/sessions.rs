@@ -38,6 +38,14 @@ pub struct SessionsConfig {
     /// client over stdio, and its result goes back to the program (docs/mcp.md).
     /// Default none.
     pub mcp_servers: Vec<McpServerConfig>,
+    /// MCP server processes alive at once, every server and principal together (each
+    /// principal has its own process of a server unless the server is `shared`). A
+    /// first call past it stops the process idle longest (no call in flight); when every
+    /// one is busy the call gets a tool error. Default 32.
+    pub max_mcp_processes: usize,
+    /// An MCP server process with no call for this many seconds is stopped; the next
+    /// call starts it again. Default 300.
+    pub mcp_idle_stop_s: u64,
     /// Programmatic runs: bytes of tool-call arguments (as JSON) handed out in one
     /// pause, all its calls together; a call that would go over is refused in the
     /// program. Default 4194304 (4 MiB).
@@ -76,6 +84,8 @@ impl Default for SessionsConfig {
             token_secret: None,
             session_store: None,
             mcp_servers: Vec::new(),
+            max_mcp_processes: 32,
+            mcp_idle_stop_s: 300,
             max_pause_bytes: 4 << 20,
             max_session_tool_bytes: 32 << 20,
             max_tool_result_bytes: 5 << 20,
@@ -116,6 +126,8 @@ impl SessionsConfig {
             ("max_pause_bytes", self.max_pause_bytes),
             ("max_session_tool_bytes", self.max_session_tool_bytes),
             ("max_tool_result_bytes", self.max_tool_result_bytes),
+            ("max_mcp_processes", self.max_mcp_processes as u64),
+            ("mcp_idle_stop_s", self.mcp_idle_stop_s),
             (
                 "max_sessions_per_principal",
                 self.max_sessions_per_principal.unwrap_or(1) as u64,
@@ -169,8 +181,10 @@ pub enum TimeoutScope {
 }
 
 /// An MCP server programs' tools may go to (`[[mcp_servers]]`): sandcall starts
-/// `command` with `args` (and `env` added to its own environment) on first use, and
-/// speaks MCP to it over its stdin and stdout.
+/// `command` with `args` on first use, in an environment holding only `env` and a
+/// minimal `PATH` (none of sandcall's own: its keys and secrets stay out), and speaks
+/// MCP to it over its stdin and stdout. Each principal gets its own process unless
+/// `shared`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct McpServerConfig {
@@ -180,8 +194,14 @@ pub struct McpServerConfig {
     pub command: String,
     #[serde(default)]
     pub args: Vec<String>,
+    /// The tool server's whole environment, with `PATH` (default
+    /// `/usr/local/bin:/usr/bin:/bin`) added unless named here.
     #[serde(default)]
     pub env: std::collections::BTreeMap<String, String>,
+    /// One process for every principal instead of one per principal: its state (files,
+    /// caches, sessions it keeps) then crosses tenants. Default false.
+    #[serde(default)]
+    pub shared: bool,
 }
 
 fn cores() -> usize {

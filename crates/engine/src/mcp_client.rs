@@ -1,7 +1,12 @@
 //! sandcall as an MCP client: the MCP servers of the config (`mcp_servers`), whose tools
-//! programs call as declared tools with `mcp_server`. Each server is started on its
-//! first call (stdio: its own process, speaking MCP on its stdin and stdout) and kept
-//! for the next ones; one that went away is started again by the next call. The
+//! programs call as declared tools with `mcp_server`. A server runs as a process of its
+//! own (speaking MCP on its stdin and stdout) per principal, or one for every principal
+//! when its config says `shared`: a process is started on its principal's first call,
+//! kept for the next ones, stopped after `mcp_idle_stop_s` without a call, and started
+//! again by the next call when it went away. At most `max_mcp_processes` live at once: a
+//! new one stops the one idle longest, and when every one has a call in flight the call
+//! is refused. A process gets a cleared environment: its config's `env` and a minimal
+//! `PATH`, never sandcall's own (API keys, token secrets, cloud credentials). The
 //! session driver hands a call here and gives the answer to the program: the caller of
 //! the session never sees the call.
 //!
@@ -13,42 +18,158 @@ use rmcp::model::CallToolRequestParams;
 use rmcp::service::{Peer, RunningService};
 use rmcp::transport::TokioChildProcess;
 use rmcp::{RoleClient, ServiceExt};
-use sandcall_config::McpServerConfig;
+use sandcall_config::{McpServerConfig, SessionsConfig};
 use sandcall_sandbox::protocol::ToolReply;
-use std::sync::Arc;
-use std::time::Duration;
-use tokio::sync::Mutex;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
 
-/// The configured MCP servers and their connections. Cheap to clone.
-#[derive(Clone, Default)]
+/// The `PATH` a tool server gets when its config's `env` names none.
+pub const MCP_DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
+/// The configured MCP servers and their processes. Cheap to clone.
+#[derive(Clone)]
 pub struct McpServers {
-    servers: Arc<[Server]>,
+    inner: Arc<Inner>,
 }
 
-struct Server {
-    config: McpServerConfig,
-    /// Started on first use; none again once it went away.
-    running: Mutex<Option<RunningService<RoleClient, ()>>>,
+struct Inner {
+    configs: Vec<McpServerConfig>,
+    max_processes: usize,
+    idle_stop: Duration,
+    pool: Mutex<Pool>,
+}
+
+/// The processes, by server and principal; changed only under the lock.
+#[derive(Default)]
+struct Pool {
+    entries: HashMap<Key, Entry>,
+    /// A task stops idle processes while there are any.
+    reaper: bool,
+}
+
+/// Which process: the server's index in the config, and the principal (none for a
+/// `shared` server).
+type Key = (usize, Option<String>);
+
+struct Entry {
+    process: Arc<Process>,
+    /// Calls (and tool listings) using it now: one with any is never stopped.
+    in_flight: usize,
+    last_used: Instant,
+}
+
+/// One tool server process: started on first use; none again once it went away.
+#[derive(Default)]
+struct Process {
+    running: tokio::sync::Mutex<Option<RunningService<RoleClient, ()>>>,
+}
+
+/// A call's hold on its process: while it lives the process is not stopped.
+struct Lease {
+    inner: Arc<Inner>,
+    key: Key,
+    process: Arc<Process>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(entry) = lock(&self.inner.pool).entries.get_mut(&self.key) {
+            entry.in_flight -= 1;
+            entry.last_used = Instant::now();
+        }
+    }
+}
+
+fn lock(pool: &Mutex<Pool>) -> MutexGuard<'_, Pool> {
+    // A panic under the lock leaves counts that are still usable.
+    pool.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Default for McpServers {
+    fn default() -> Self {
+        McpServers::new(&SessionsConfig::default())
+    }
 }
 
 impl McpServers {
-    pub fn new(configs: &[McpServerConfig]) -> McpServers {
+    pub fn new(config: &SessionsConfig) -> McpServers {
         McpServers {
-            servers: configs
-                .iter()
-                .map(|config| Server {
-                    config: config.clone(),
-                    running: Mutex::new(None),
-                })
-                .collect(),
+            inner: Arc::new(Inner {
+                configs: config.mcp_servers.clone(),
+                max_processes: config.max_mcp_processes.max(1),
+                idle_stop: Duration::from_secs(config.mcp_idle_stop_s),
+                pool: Mutex::new(Pool::default()),
+            }),
         }
     }
 
-    /// Calls tool `tool` of server `server` with `arguments` (a JSON object, as checked
-    /// against the declaration), within `timeout`; every failure is a tool error the
-    /// program gets, never a failure of the session.
-    pub async fn call(&self, server: &str, tool: &str, arguments: &str, timeout: Duration) -> ToolReply {
-        let Some(s) = self.servers.iter().find(|s| s.config.name == server) else {
+    /// The process of server `index` for `principal`, made when there is none (after
+    /// stopping the one idle longest when the pool is full).
+    fn lease(&self, index: usize, principal: &str) -> Result<Lease, String> {
+        let shared = self.inner.configs[index].shared;
+        let key: Key = (index, (!shared).then(|| principal.to_owned()));
+        let mut pool = lock(&self.inner.pool);
+        if !pool.entries.contains_key(&key) {
+            if pool.entries.len() >= self.inner.max_processes {
+                let idlest = pool
+                    .entries
+                    .iter()
+                    .filter(|(_, e)| e.in_flight == 0)
+                    .min_by_key(|(_, e)| e.last_used)
+                    .map(|(k, _)| k.clone());
+                let Some(idlest) = idlest else {
+                    return Err(format!(
+                        "every MCP server process (max_mcp_processes = {}) is answering a call; try again later",
+                        self.inner.max_processes
+                    ));
+                };
+                if let Some(entry) = pool.entries.remove(&idlest) {
+                    stop(&self.inner.configs[idlest.0].name, entry.process, "to make room");
+                }
+            }
+            pool.entries.insert(
+                key.clone(),
+                Entry {
+                    process: Arc::default(),
+                    in_flight: 0,
+                    last_used: Instant::now(),
+                },
+            );
+            if !pool.reaper {
+                pool.reaper = true;
+                tokio::spawn(reap(Arc::downgrade(&self.inner)));
+            }
+        }
+        let Some(entry) = pool.entries.get_mut(&key) else {
+            return Err("no MCP server process".to_owned());
+        };
+        entry.in_flight += 1;
+        entry.last_used = Instant::now();
+        Ok(Lease {
+            inner: self.inner.clone(),
+            process: entry.process.clone(),
+            key,
+        })
+    }
+
+    fn index(&self, server: &str) -> Option<usize> {
+        self.inner.configs.iter().position(|c| c.name == server)
+    }
+
+    /// Calls tool `tool` of server `server`, in `principal`'s process of it, with
+    /// `arguments` (a JSON object, as checked against the declaration), within
+    /// `timeout`; every failure is a tool error the program gets, never a failure of
+    /// the session.
+    pub async fn call(
+        &self,
+        principal: &str,
+        server: &str,
+        tool: &str,
+        arguments: &str,
+        timeout: Duration,
+    ) -> ToolReply {
+        let Some(index) = self.index(server) else {
             return ToolReply::error("refused", format!("no MCP server {server:?} in this server's config"));
         };
         let arguments = match serde_json::from_str::<serde_json::Value>(arguments) {
@@ -56,15 +177,20 @@ impl McpServers {
             Ok(serde_json::Value::Null) => Default::default(),
             _ => return ToolReply::error("refused", format!("the arguments of {tool} must be an object")),
         };
+        let lease = match self.lease(index, principal) {
+            Ok(lease) => lease,
+            Err(message) => return ToolReply::error("refused", message),
+        };
+        let config = &self.inner.configs[index];
         let call = async {
-            let peer = s.peer().await?;
+            let peer = lease.process.peer(config).await?;
             let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
             match peer.call_tool(params).await {
                 Ok(result) => Ok(result),
                 Err(e) => {
                     // A server that went away is started again by the next call.
                     if peer.is_transport_closed() {
-                        *s.running.lock().await = None;
+                        *lease.process.running.lock().await = None;
                     }
                     Err(format!("MCP server {server:?}: {e}"))
                 }
@@ -86,7 +212,52 @@ impl McpServers {
                 )
             }
         };
+        drop(lease);
         reply_of(tool, result)
+    }
+}
+
+/// Stops a process that left the pool (no call holds it), off the caller's path.
+fn stop(name: &str, process: Arc<Process>, why: &'static str) {
+    let name = name.to_owned();
+    tokio::spawn(async move {
+        let service = process.running.lock().await.take();
+        if let Some(service) = service {
+            tracing::info!(mcp_server = %name, why, "MCP server process stopped");
+            // Closing its stdin, then SIGTERM, then SIGKILL (rmcp's child transport).
+            let _ = service.cancel().await;
+        }
+    });
+}
+
+/// Stops the processes idle `mcp_idle_stop_s`, until there are none (or the servers
+/// are dropped).
+async fn reap(inner: Weak<Inner>) {
+    loop {
+        let tick = match inner.upgrade() {
+            Some(inner) => (inner.idle_stop / 4).clamp(Duration::from_millis(100), Duration::from_secs(10)),
+            None => return,
+        };
+        tokio::time::sleep(tick).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let mut pool = lock(&inner.pool);
+        let idle: Vec<Key> = pool
+            .entries
+            .iter()
+            .filter(|(_, e)| e.in_flight == 0 && e.last_used.elapsed() >= inner.idle_stop)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in idle {
+            if let Some(entry) = pool.entries.remove(&key) {
+                stop(&inner.configs[key.0].name, entry.process, "idle");
+            }
+        }
+        if pool.entries.is_empty() {
+            pool.reaper = false;
+            return;
+        }
     }
 }
 
@@ -128,14 +299,19 @@ fn reply_of(tool: &str, result: rmcp::model::CallToolResult) -> ToolReply {
 const LIST_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl McpServers {
-    /// Tool declarations for every tool server `server` lists: its name, description
-    /// and input schema, going to that server.
-    pub async fn declarations(&self, server: &str) -> Result<Vec<sandcall_api::ToolDecl>, EngineError> {
-        let Some(s) = self.servers.iter().find(|s| s.config.name == server) else {
+    /// Tool declarations for every tool server `server` lists (in `principal`'s process
+    /// of it): its name, description and input schema, going to that server.
+    pub async fn declarations(
+        &self,
+        principal: &str,
+        server: &str,
+    ) -> Result<Vec<sandcall_api::ToolDecl>, EngineError> {
+        let Some(index) = self.index(server) else {
             return Err(unknown_server(server));
         };
         let list = async {
-            let peer = s.peer().await?;
+            let lease = self.lease(index, principal)?;
+            let peer = lease.process.peer(&self.inner.configs[index]).await?;
             peer.list_all_tools()
                 .await
                 .map_err(|e| format!("listing its tools: {e}"))
@@ -179,16 +355,22 @@ pub fn unknown_server(server: &str) -> EngineError {
     ))
 }
 
-impl Server {
+impl Process {
     /// The connection, started when there is none.
-    async fn peer(&self) -> Result<Peer<RoleClient>, String> {
+    async fn peer(&self, config: &McpServerConfig) -> Result<Peer<RoleClient>, String> {
         let mut running = self.running.lock().await;
         if let Some(service) = running.as_ref().filter(|s| !s.is_transport_closed()) {
             return Ok(service.peer().clone());
         }
-        let name = &self.config.name;
-        let mut command = tokio::process::Command::new(&self.config.command);
-        command.args(&self.config.args).envs(&self.config.env);
+        let name = &config.name;
+        let mut command = tokio::process::Command::new(&config.command);
+        // Nothing of sandcall's environment: it holds the API keys, the token and JWT
+        // secrets and the cloud credentials. Only what the config names, and a PATH.
+        command.args(&config.args).env_clear();
+        if !config.env.contains_key("PATH") {
+            command.env("PATH", MCP_DEFAULT_PATH);
+        }
+        command.envs(&config.env);
         let transport =
             TokioChildProcess::new(command).map_err(|e| format!("MCP server {name:?} could not be started: {e}"))?;
         let service = ().serve(transport).await.map_err(|e| format!("MCP server {name:?} did not start MCP: {e}"))?;
@@ -234,17 +416,20 @@ mod tests {
 
     #[tokio::test]
     async fn an_unknown_server_or_one_that_cannot_start_is_a_tool_error() {
-        let servers = McpServers::new(&[McpServerConfig {
-            name: "gone".into(),
-            command: "/nonexistent/mcp-server".into(),
+        let servers = McpServers::new(&SessionsConfig {
+            mcp_servers: vec![McpServerConfig {
+                name: "gone".into(),
+                command: "/nonexistent/mcp-server".into(),
+                ..Default::default()
+            }],
             ..Default::default()
-        }]);
-        let reply = servers.call("nope", "t", "{}", Duration::from_secs(5)).await;
+        });
+        let reply = servers.call("p", "nope", "t", "{}", Duration::from_secs(5)).await;
         assert_eq!(reply.kind.as_deref(), Some("refused"));
-        let reply = servers.call("gone", "t", "{}", Duration::from_secs(5)).await;
+        let reply = servers.call("p", "gone", "t", "{}", Duration::from_secs(5)).await;
         assert_eq!(reply.kind.as_deref(), Some("tool_error"));
         assert!(reply.error.unwrap().contains("could not be started"));
-        let e = servers.declarations("gone").await.unwrap_err();
+        let e = servers.declarations("p", "gone").await.unwrap_err();
         assert_eq!(e.error_type, sandcall_api::error_type::MCP_SERVER_FAILURE);
         assert!(!e.message.contains("/nonexistent"));
     }

@@ -193,7 +193,7 @@ pub(crate) async fn programmatic_route(
             // (programmatic::tools), together they are still milliseconds of work, done
             // off the async workers.
             let config = state.config.clone();
-            let req = programmatic::declare_mcp_servers(req, state.sessions.mcp()).await?;
+            let req = programmatic::declare_mcp_servers(req, state.sessions.mcp(), &principal.0).await?;
             let mut cmd = tokio::task::spawn_blocking(move || programmatic::parse_start(req, &config))
                 .await
                 .map_err(|e| ApiError::internal(error_type::INTERNAL, &format!("declaring tools: {e}")))??;

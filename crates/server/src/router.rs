@@ -56,7 +56,7 @@ pub fn router(state: AppState) -> Router {
         .merge(described)
         // MCP over streamable HTTP (docs/mcp.md, not the OpenAPI document), behind
         // `authenticate` like every route.
-        .route_service("/mcp", crate::mcp::http_service(state.clone()))
+        .route("/mcp", crate::mcp::route(state.clone()))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         // Inside authentication: the rate is the principal's.

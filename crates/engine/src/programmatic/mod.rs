@@ -105,6 +105,7 @@ pub fn parse_start(req: ProgrammaticRequest, config: &Config) -> Result<StartCom
 pub async fn declare_mcp_servers(
     mut req: ProgrammaticRequest,
     mcp: &crate::mcp_client::McpServers,
+    principal: &str,
 ) -> Result<ProgrammaticRequest, EngineError> {
     let Some(servers) = req.mcp_servers.take() else {
         return Ok(req);
@@ -114,7 +115,7 @@ pub async fn declare_mcp_servers(
         if tools.len() > tools::MAX_TOOLS {
             break;
         }
-        tools.extend(mcp.declarations(server).await?);
+        tools.extend(mcp.declarations(principal, server).await?);
     }
     req.tools = Some(tools);
     Ok(req)

@@ -449,3 +449,114 @@ fn body_of_full_pause(tools: &[Value]) -> Value {
 fn shown(v: &Value) -> String {
     v.to_string().chars().take(1500).collect()
 }
+
+/// The most four `upload_file` calls of ~24 MiB at once, over `/mcp`, may add to the
+/// server's peak RSS, in MiB. A body announced larger than the JSON limit
+/// (`max_body_bytes`) is spooled to disk from its first byte and decoded from there
+/// through 64 KiB buffers, so each upload holds a few hundred KiB (hyper's, the
+/// spooler's and the decoder's buffers, a blocking thread's stack); measured, the four
+/// grow it by about 7 MiB. (One that arrives without a length is held up to the JSON
+/// limit, 3 MiB by default, before it goes to disk.) Held in memory (body, parsed
+/// message, arguments, decoded bytes), one such upload grew the server by ~35 MiB and
+/// four at once by ~166 MiB.
+const MAX_MCP_UPLOADS_GROWTH_MIB: u64 = 16;
+
+/// Standard base64 (the tests have no crate for it).
+fn base64(data: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for chunk in data.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | (*b as u32) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// One JSON-RPC call of `upload_file` over `/mcp` (stateless streamable HTTP); its
+/// result, from a JSON answer or the last `data:` line of an event stream.
+fn mcp_upload(c: &Client, body: &[u8]) -> Value {
+    let reply = c.clone().with("Accept", "application/json, text/event-stream").send(
+        "POST",
+        "/mcp",
+        Some("application/json"),
+        Some(body),
+    );
+    assert_eq!(reply.status, 200, "{reply}");
+    let text = String::from_utf8_lossy(&reply.body).into_owned();
+    let json = text
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("data:"))
+        .unwrap_or(&text)
+        .trim()
+        .to_owned();
+    let v: Value = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {text:.300}"));
+    v["result"].clone()
+}
+
+fn upload_call(name: &str, data: &[u8]) -> Vec<u8> {
+    json!({
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": "upload_file", "arguments": {"name": name, "base64": base64(data)}},
+    })
+    .to_string()
+    .into_bytes()
+}
+
+#[test]
+fn four_large_mcp_uploads_at_once_cost_a_bounded_amount_of_memory() {
+    let s = Server::start();
+    let c = Client::anonymous(&s);
+    // A small upload first, so that first-use allocations are not counted.
+    let small = mcp_upload(&c, &upload_call("warm.txt", b"warm"));
+    assert_eq!(small["structuredContent"]["size"], 4, "{small}");
+    let data: Vec<u8> = (0..24u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let body = upload_call("big.bin", &data);
+    let (results, cost) = measure(&s, || {
+        std::thread::scope(|scope| {
+            let uploads: Vec<_> = (0..4).map(|_| scope.spawn(|| mcp_upload(&c, &body))).collect();
+            uploads.into_iter().map(|u| u.join().unwrap()).collect::<Vec<_>>()
+        })
+    });
+    for r in &results {
+        assert_ne!(r["isError"], Value::Bool(true), "{r}");
+        assert_eq!(r["structuredContent"]["size"], data.len(), "{r}");
+    }
+    // What was stored is what was sent.
+    let stored = &results[0]["structuredContent"];
+    let path = stored["download_path"].as_str().unwrap();
+    let reply = c.get(path);
+    assert!(reply.status == 200 && reply.body == data, "{}", reply.status);
+    eprintln!(
+        "bounded work: four /mcp upload_file of 24 MiB at once: peak RSS +{:.1} MiB",
+        cost.growth_kib as f64 / 1024.0
+    );
+    assert!(
+        cost.growth_kib <= MAX_MCP_UPLOADS_GROWTH_MIB << 10,
+        "four uploads grew the server's peak RSS by {} KiB, over {MAX_MCP_UPLOADS_GROWTH_MIB} MiB",
+        cost.growth_kib
+    );
+    // A large message that is not an upload is refused before rmcp reads it.
+    let padded = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "list_files", "arguments": {"session_id": "x".repeat(8 << 20)}}});
+    let reply = c
+        .clone()
+        .with("Accept", "application/json, text/event-stream")
+        .post_json("/mcp", &padded);
+    assert_eq!(reply.status, 413, "{reply}");
+    assert_eq!(reply.json()["error_type"], "payload_too_large", "{reply}");
+    s.assert_healthy();
+}

@@ -9,6 +9,10 @@
 //! tool error whose text is the API's error body.
 //!
 //!
+//! A POST body larger than the API's JSON limit is taken in by `spool` first: only an
+//! `upload_file` call may be that large, and its content is decoded to disk before rmcp
+//! reads the rest.
+//!
 //! As a client (`client.rs`): the MCP servers the config names, whose tools programs call.
 //!
 //! Must not: hold logic of its own about runs or files beyond mapping MCP to the API.
@@ -30,6 +34,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+pub mod spool;
 
 /// The most `download_file` returns: larger files are fetched from their download path.
 pub const MAX_DOWNLOAD_BYTES: u64 = 1 << 20;
@@ -302,40 +308,30 @@ impl SandcallMcp {
         let principal = self.principal(ctx)?;
         self.state.rate_limits.check(Group::Files, &principal)?;
         let name = upload_name(&args.name).map_err(|e| ApiError::bad_request(e.to_string()))?;
-        let bytes = match (args.text, args.base64) {
-            (Some(text), None) => text.into_bytes(),
-            (None, Some(b64)) => base64::engine::general_purpose::STANDARD
-                .decode(b64.trim())
-                .map_err(|e| ApiError::bad_request(format!("`base64` is not valid base64: {e}")))?,
-            _ => return Err(ApiError::bad_request("give exactly one of `text` or `base64`")),
+        // A large call's content is on disk already (`spool`); a small one's is here.
+        let spooled = ctx
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<spool::SpooledUpload>())
+            .cloned();
+        let (temp, size, sha256) = match spooled {
+            Some(spooled) => match spooled.0.as_ref() {
+                Ok(s) => (s.path.clone(), s.size, s.sha256.clone()),
+                Err(e) => return Err(e.clone()),
+            },
+            None => self.write_small(&args, &name).await?,
         };
-        let max = self.state.config.files.max_file_bytes;
-        if bytes.len() as u64 > max {
-            return Err(ApiError::too_large(format!(
-                "{name} is larger than {max} bytes (max_file_bytes)"
-            )));
-        }
-        let id = ids::new_id();
+        let id = temp.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
         let session_id = ids::new_id();
-        let temp = self.state.files.incoming_dir().join(&id);
-        let write = async {
-            let mut out = tokio::fs::File::create(&temp).await?;
-            out.write_all(&bytes).await?;
-            out.flush().await
-        };
-        if let Err(e) = write.await {
-            let _ = tokio::fs::remove_file(&temp).await;
-            return Err(storage_error(e.into()).into());
-        }
         let created = now_ms();
         let meta = FileMeta {
             principal: principal.0.clone(),
             session_id: session_id.clone(),
             id: id.clone(),
             name: name.clone(),
-            size: bytes.len() as u64,
+            size,
             content_type: guess_type(&name),
-            sha256: Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect(),
+            sha256,
             created_ms: created,
             expires_ms: created + self.state.config.files.file_ttl_s * 1000,
             kind: None,
@@ -343,7 +339,6 @@ impl SandcallMcp {
             version: None,
             read_only: false,
         };
-        let size = meta.size;
         let inserted = self
             .state
             .files
@@ -361,6 +356,38 @@ impl SandcallMcp {
             size,
         })
         .unwrap_or_default())
+    }
+
+    /// A small call's content, decoded and written to `incoming/`: its path (named by
+    /// the new file's id), size and sha256.
+    async fn write_small(&self, args: &UploadFile, name: &str) -> Result<(std::path::PathBuf, u64, String), ApiError> {
+        let bytes = match (&args.text, &args.base64) {
+            (Some(text), None) => std::borrow::Cow::Borrowed(text.as_bytes()),
+            (None, Some(b64)) => std::borrow::Cow::Owned(
+                base64::engine::general_purpose::STANDARD
+                    .decode(b64.trim())
+                    .map_err(|e| ApiError::bad_request(format!("`base64` is not valid base64: {e}")))?,
+            ),
+            _ => return Err(ApiError::bad_request("give exactly one of `text` or `base64`")),
+        };
+        let max = self.state.config.files.max_file_bytes;
+        if bytes.len() as u64 > max {
+            return Err(ApiError::too_large(format!(
+                "{name} is larger than {max} bytes (max_file_bytes)"
+            )));
+        }
+        let temp = self.state.files.incoming_dir().join(ids::new_id());
+        let write = async {
+            let mut out = tokio::fs::File::create(&temp).await?;
+            out.write_all(&bytes).await?;
+            out.flush().await
+        };
+        if let Err(e) = write.await {
+            let _ = tokio::fs::remove_file(&temp).await;
+            return Err(storage_error(e.into()).into());
+        }
+        let sha256 = Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
+        Ok((temp, bytes.len() as u64, sha256))
     }
 
     async fn list(&self, args: ListFiles, ctx: &RequestContext<RoleServer>) -> Result<serde_json::Value, ApiError> {
@@ -448,16 +475,40 @@ pub fn http_service(
     rmcp::transport::streamable_http_server::session::never::NeverSessionManager,
 > {
     use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
-    // A base64 upload of a file at max_file_bytes, and the JSON-RPC around it.
-    let body_limit = (state.config.files.max_file_bytes as usize / 3 * 4)
-        .max(state.config.max_body_bytes())
-        .saturating_add(64 << 10);
+    // Larger bodies are spooled (`spool`): only an upload's, and it comes without its
+    // content.
+    let body_limit = spool::in_memory_limit(&state);
     let config = StreamableHttpServerConfig::default()
         .with_legacy_session_mode(false)
         .with_json_response(true)
         .disable_allowed_hosts()
         .with_max_request_body_bytes(body_limit);
     StreamableHttpService::new(move || Ok(SandcallMcp::http(state.clone())), Default::default(), config)
+}
+
+/// `/mcp`: rmcp's service, POST bodies taken in by `spool` first.
+pub fn route(state: AppState) -> axum::routing::MethodRouter<AppState> {
+    use tower::ServiceExt;
+    let rmcp = http_service(state);
+    axum::routing::any(
+        move |axum::extract::State(state): axum::extract::State<AppState>, req: axum::extract::Request| {
+            let rmcp = rmcp.clone();
+            async move {
+                let req = if req.method() == axum::http::Method::POST {
+                    match spool::post(state, req).await {
+                        Ok(req) => req,
+                        Err(refused) => return refused,
+                    }
+                } else {
+                    req
+                };
+                match rmcp.oneshot(req).await {
+                    Ok(response) => response.map(axum::body::Body::new),
+                    Err(never) => match never {},
+                }
+            }
+        },
+    )
 }
 
 /// Serves MCP over this process's stdin and stdout until the client closes stdin (or

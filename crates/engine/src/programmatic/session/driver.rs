@@ -368,8 +368,11 @@ impl Driver {
             }
             let (mcp, server, tx) = (self.sessions.inner.mcp.clone(), server.to_owned(), self.mcp_tx.clone());
             let tool_timeout = self.tool_timeout;
+            let principal = self.session.principal.clone();
             tokio::spawn(async move {
-                let reply = mcp.call(&server, &name, checked.arguments.get(), tool_timeout).await;
+                let reply = mcp
+                    .call(&principal, &server, &name, checked.arguments.get(), tool_timeout)
+                    .await;
                 let _ = tx.send((key, reply));
             });
             return;

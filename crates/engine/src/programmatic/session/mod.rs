@@ -401,7 +401,7 @@ impl Sessions {
         let node = node.filter(|_| store.shared());
         let lease_ms = config.cluster.node_lease_ms;
         let slots = Arc::new(Semaphore::new(config.sessions.max_sessions));
-        let config_mcp = config.sessions.mcp_servers.clone();
+        let mcp = crate::mcp_client::McpServers::new(&config.sessions);
         let per_principal = PerPrincipal::new(config.sessions_per_principal());
         Sessions {
             inner: Arc::new(Inner {
@@ -421,7 +421,7 @@ impl Sessions {
                 files,
                 outbox_dir,
                 store,
-                mcp: crate::mcp_client::McpServers::new(&config_mcp),
+                mcp,
                 node,
                 lease_ms,
                 drivers: tokio_util::task::TaskTracker::new(),

@@ -265,3 +265,4 @@ mod pauses;
 mod policy;
 mod refusals;
 mod schemas;
+mod tool_servers;
