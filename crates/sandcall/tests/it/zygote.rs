@@ -36,10 +36,15 @@ const SAY_FORKED: &str = "import atexit as _a, sys as _s; _a.register(lambda: _s
 /// Runs Python `code` and returns the answer, and whether the run was forked (false
 /// also when the program was killed before it could say).
 fn run(s: &Server, body: Value) -> (Value, bool) {
+    run_with(s, &[], body)
+}
+
+/// `run`, with request headers (a principal's key).
+fn run_with(s: &Server, headers: &[(&str, &str)], body: Value) -> (Value, bool) {
     let mut body = body;
     let code = format!("{SAY_FORKED}{}", body["code"].as_str().unwrap_or_default());
     body["code"] = Value::String(code);
-    let (status, v) = s.post("/v1/exec", &body);
+    let (status, v) = s.post_with("/v1/exec", &body, headers);
     assert_eq!(status, 200, "{v}");
     let stderr = v["stderr"].as_str().unwrap_or_default();
     let forked = stderr.lines().last() == Some("forked=True");
@@ -49,9 +54,14 @@ fn run(s: &Server, body: Value) -> (Value, bool) {
 /// Runs `code` in a forked sandbox, retrying while the pool still hands out built ones
 /// (right after start, or while a template is rebuilt).
 fn run_forked(s: &Server, body: Value) -> Value {
+    run_forked_with(s, &[], body)
+}
+
+/// `run_forked`, with request headers (a principal's key).
+fn run_forked_with(s: &Server, headers: &[(&str, &str)], body: Value) -> Value {
     let start = Instant::now();
     loop {
-        let (v, forked) = run(s, body.clone());
+        let (v, forked) = run_with(s, headers, body.clone());
         if forked {
             return v;
         }
@@ -494,4 +504,67 @@ fn many_paused_forked_sessions_leave_the_template_alive() {
     }
     assert_eq!(template(), first, "the template was replaced");
     s.assert_healthy();
+}
+
+/// What a program can learn of the randomness it started with: the 16 bytes at
+/// AT_RANDOM (from which glibc drew the stack canary and pointer guard; in a forked run
+/// the auxiliary vector and those bytes are its template's), where the heap put an
+/// object the interpreter made at its start (`id(len)`), where the C library was mapped,
+/// and Python's string hash (its seed).
+const RANDOMNESS: &str = r#"
+import ctypes
+auxv = open('/proc/self/auxv', 'rb').read()
+words = [int.from_bytes(auxv[i:i + 8], 'little') for i in range(0, len(auxv), 8)]
+at_random = dict(zip(words[0::2], words[1::2]))[25]
+libc = ctypes.cast(ctypes.CDLL(None).printf, ctypes.c_void_p).value
+print(ctypes.string_at(at_random, 16).hex(), hex(id(len)), hex(libc), hash('sandcall-witness'))
+"#;
+
+/// Runs of two principals (two API keys) are forked from templates of their own: each
+/// principal's forked runs share their template's randomness (which is what a shared
+/// template would hand to both), the two principals' never do. Finding 4 of issue 25.
+#[test]
+fn runs_of_two_principals_never_share_a_templates_randomness() {
+    let s = Server::start_with(
+        &[
+            (
+                "SANDCALL_API_KEYS",
+                "alice:key-alice-0123456789,bob:key-bob-0123456789ab",
+            ),
+            ("SANDCALL_ZYGOTE", "true"),
+            ("SANDCALL_WARM_POOL_SIZE", "1"),
+            ("SANDCALL_WARM_LANGUAGES", r#"["python"]"#),
+        ],
+        "",
+    );
+    let witness = |key: &str| -> Vec<String> {
+        let headers = [("X-API-Key", key)];
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            let v = run_forked_with(&s, &headers, json!({ "code": RANDOMNESS }));
+            assert_eq!(v["exit_code"], 0, "{v}");
+            seen.push(stdout(&v).trim().to_owned());
+        }
+        seen
+    };
+    let alice = witness("key-alice-0123456789");
+    let bob = witness("key-bob-0123456789ab");
+    // One principal's forked runs share their template's values: the witness sees them.
+    for runs in [&alice, &bob] {
+        assert!(
+            runs.iter().all(|r| *r == runs[0]),
+            "one template's runs differ: {runs:?}"
+        );
+    }
+    let (a, b): (Vec<&str>, Vec<&str>) = (alice[0].split(' ').collect(), bob[0].split(' ').collect());
+    assert_eq!((a.len(), b.len()), (4, 4), "{alice:?} {bob:?}");
+    for (i, what) in ["AT_RANDOM", "id(len)", "the C library's address", "the hash seed"]
+        .iter()
+        .enumerate()
+    {
+        assert_ne!(
+            a[i], b[i],
+            "alice's and bob's forked runs share {what}: {alice:?} {bob:?}"
+        );
+    }
 }
