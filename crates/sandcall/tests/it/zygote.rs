@@ -508,14 +508,16 @@ fn many_paused_forked_sessions_leave_the_template_alive() {
 
 /// What a program can learn of the randomness it started with: the 16 bytes at
 /// AT_RANDOM (from which glibc drew the stack canary and pointer guard; in a forked run
-/// the auxiliary vector and those bytes are its template's), where the heap put an
-/// object the interpreter made at its start (`id(len)`), where the C library was mapped,
-/// and Python's string hash (its seed).
+/// the auxiliary vector and those bytes are its template's, and /proc/self/auxv is not
+/// readable, so the C library's `getauxval` finds them), where the heap put an object the
+/// interpreter made at its start (`id(len)`), where the C library was mapped, and
+/// Python's string hash (its seed).
 const RANDOMNESS: &str = r#"
 import ctypes
-auxv = open('/proc/self/auxv', 'rb').read()
-words = [int.from_bytes(auxv[i:i + 8], 'little') for i in range(0, len(auxv), 8)]
-at_random = dict(zip(words[0::2], words[1::2]))[25]
+getauxval = ctypes.CDLL(None).getauxval
+getauxval.restype = ctypes.c_ulong
+getauxval.argtypes = [ctypes.c_ulong]
+at_random = getauxval(25)
 libc = ctypes.cast(ctypes.CDLL(None).printf, ctypes.c_void_p).value
 print(ctypes.string_at(at_random, 16).hex(), hex(id(len)), hex(libc), hash('sandcall-witness'))
 "#;
