@@ -462,7 +462,16 @@ fn many_paused_forked_sessions_leave_the_template_alive() {
     );
     run_forked(&s, json!({"code": "pass"}));
     s.wait_warm(2);
-    let template = || templates(&descendants(s.pid()));
+    // The warm pool's programs are pid 2 of their namespaces too: only the processes
+    // that carry the template's source are looked at.
+    let template = || {
+        let mine = descendants(s.pid());
+        let candidates: Vec<u32> = processes_matching(TEMPLATE)
+            .into_iter()
+            .filter(|p| mine.contains(p))
+            .collect();
+        templates(&candidates)
+    };
     let first = template();
     assert_eq!(first.len(), 1, "one template: {first:?}");
     let tool = json!({"name": "inc", "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}});
@@ -569,4 +578,67 @@ fn runs_of_two_principals_never_share_a_templates_randomness() {
             "alice's and bob's forked runs share {what}: {alice:?} {bob:?}"
         );
     }
+}
+
+/// The templates are bounded in number (`zygote_templates`) and an idle one is stopped
+/// (`zygote_template_idle_s`) without ending the runs forked from it: with room for one
+/// template, bob's runs are not forked while alice's template lives; once it has been
+/// idle for its time it is gone, alice's session paused in a run forked from it still
+/// completes, and bob's runs are forked from a template of his own.
+#[test]
+fn templates_are_bounded_and_an_idle_one_is_stopped_while_its_runs_live_on() {
+    let s = Server::start_with(
+        &[
+            ("SANDCALL_API_KEYS", "alice:key-alice-0123456789,bob:key-bob-0123456789ab"),
+            ("SANDCALL_ZYGOTE", "true"),
+            ("SANDCALL_ZYGOTE_TEMPLATES", "1"),
+            ("SANDCALL_ZYGOTE_TEMPLATE_IDLE_S", "3"),
+            ("SANDCALL_WARM_POOL_SIZE", "1"),
+            ("SANDCALL_WARM_LANGUAGES", r#"["python"]"#),
+        ],
+        "",
+    );
+    let alice = [("X-API-Key", "key-alice-0123456789")];
+    let bob = [("X-API-Key", "key-bob-0123456789ab")];
+    let live_templates = || {
+        let mine = descendants(s.pid());
+        let candidates: Vec<u32> = processes_matching(TEMPLATE)
+            .into_iter()
+            .filter(|p| mine.contains(p))
+            .collect();
+        templates(&candidates).len()
+    };
+    run_forked_with(&s, &alice, json!({"code": "pass"}));
+    // A session of alice's paused in a run forked from her template.
+    let tool = json!({"name": "inc", "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}});
+    let code = "print(await inc(x=1), open('/proc/self/uid_map').read().split()[1] == '1000')";
+    let (status, paused) = s.post_with(
+        "/v1/exec/programmatic",
+        &json!({"code": code, "tools": [tool], "timeout": 60000}),
+        &alice,
+    );
+    assert_eq!((status, paused["status"].as_str()), (200, Some("tool_call_required")), "{paused}");
+    // No room for bob's template while alice's lives.
+    for _ in 0..3 {
+        let (v, forked) = run_with(&s, &bob, json!({"code": "print(1)"}));
+        assert_eq!(stdout(&v), "1\n", "{v}");
+        assert!(!forked, "bob's run was forked while alice's template held the only place");
+    }
+    assert_eq!(live_templates(), 1);
+    // Idle for its time (3 s, checked every second or so), alice's template is stopped.
+    let gone = Instant::now();
+    while live_templates() > 0 {
+        assert!(gone.elapsed() < Duration::from_secs(20), "alice's idle template was not stopped");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Her paused run lives on, and completes.
+    let call = &paused["tool_calls"][0];
+    let body = json!({"session_id": paused["session_id"], "continuation_token": paused["continuation_token"],
+                      "tool_results": [{"call_id": call["id"], "result": 7}]});
+    let (status, done) = s.post_with("/v1/exec/programmatic", &body, &alice);
+    assert_eq!(status, 200, "{done}");
+    assert_eq!((done["status"].as_str(), done["stdout"].as_str()), (Some("completed"), Some("7 True\n")), "{done}");
+    // Now there is room: bob's runs are forked from a template of his own.
+    run_forked_with(&s, &bob, json!({"code": "pass"}));
+    assert_eq!(live_templates(), 1);
 }
