@@ -8,7 +8,8 @@ each principal in turn, one request at a time:
 1. its first run, while it has no template: the answer's `sandcall-sandbox` kind, and
    its latency (a warm sandbox built the usual way, or cold when the pool is empty);
 2. the time until its template is ready (runs polled until one is forked);
-3. N runs once its template is ready (each forked for it): their latencies.
+3. N runs once its template is ready (each forked for it), GAP_MS apart (an agent's
+   loop, as bench.py's one-client figures): their latencies.
 
 The PSS of the server and everything under it is read with no principal's template and
 again with all of them alive (and the warm pool settled both times): the growth divided by
@@ -22,6 +23,7 @@ import os
 import time
 
 FORKED = "import os\nprint(open('/proc/self/uid_map').read().split()[1] == '1000')"
+GAP_MS = 50
 PRINCIPALS_MARK = "<!-- bench.py --principals writes from here on -->"
 
 
@@ -87,6 +89,7 @@ def main(args, bench):
                 time.sleep(0.02)
             until_ready.append((time.perf_counter() - t) * 1000)
             for _ in range(ready_runs):
+                time.sleep(GAP_MS / 1000)
                 ms, kind, out = run(server, i)
                 assert out == "True\n" and kind == "warm", (kind, out)
                 ready.append(ms)
@@ -99,6 +102,7 @@ def main(args, bench):
         "binary": os.path.relpath(args.binary, bench.ROOT),
         "principals": principals,
         "warm_pool_size": pool,
+        "gap_ms": GAP_MS,
         "first_run": bench.summary(first),
         "first_run_kinds": first_kinds,
         "template_ready_after_ms": bench.summary(until_ready),
@@ -133,7 +137,7 @@ a principal's first run does not wait for it.
 |---|---|---|---|
 | A principal's first run, no template yet ({kinds}) | {f['p50']:.1f} | {f['p90']:.1f} | {f['n']} |
 | From then until its template forks its runs | {u['p50']:.0f} | {u['p90']:.0f} | {u['n']} |
-| A run forked from its ready template | {w['p50']:.1f} | {w['p90']:.1f} | {w['n']} |
+| A run forked from its ready template, {r['gap_ms']} ms apart | {w['p50']:.1f} | {w['p90']:.1f} | {w['n']} |
 
 Memory: each principal's template adds {r['template_pss_mib']:.1f} MiB of PSS (the
 server and everything under it, with every principal's template alive, against none;

@@ -69,15 +69,26 @@ struct Templates {
     idle: Duration,
 }
 
-/// One principal's template of one set.
+/// One principal's template of one set, and the sandbox forked from it ahead of the
+/// principal's next run.
 struct PrincipalTemplate {
     zygote: Arc<Zygote>,
+    /// Forked ahead (at most `FORKED_AHEAD`), for this principal's runs only.
+    ready: Mutex<Vec<Helper>>,
     last_used: Mutex<tokio::time::Instant>,
     /// Set to true to stop its keeper (evicted).
     stop: watch::Sender<bool>,
 }
 
+/// Sandboxes each principal's template keeps forked ahead of its runs: a fork on the
+/// request path costs the run the fork, its cgroup and its mounts.
+const FORKED_AHEAD: usize = 1;
+
 impl PrincipalTemplate {
+    fn take(&self) -> Option<Helper> {
+        self.ready.lock().unwrap_or_else(|p| p.into_inner()).pop()
+    }
+
     fn touch(&self) {
         *self.last_used.lock().unwrap_or_else(|p| p.into_inner()) = tokio::time::Instant::now();
     }
@@ -259,6 +270,10 @@ impl Pool {
             .cloned()?;
         let template = self.principal_template(principal, set, &fork)?;
         template.touch();
+        if let Some(helper) = template.take() {
+            self.inner.wake.notify_waiters();
+            return Some(helper);
+        }
         let template = template.zygote.get()?;
         let forked = fork
             .runner
@@ -292,6 +307,7 @@ impl Pool {
         let (stop, stopped) = watch::channel(false);
         let template = Arc::new(PrincipalTemplate {
             zygote: Arc::new(Zygote::default()),
+            ready: Mutex::new(Vec::new()),
             last_used: Mutex::new(tokio::time::Instant::now()),
             stop,
         });
@@ -301,11 +317,53 @@ impl Pool {
             runner: fork.runner.clone(),
             launch: fork.launch.clone(),
             limits: fork.template_limits.clone(),
-            stopped,
+            stopped: stopped.clone(),
         };
         tokio::spawn(keeper.run(self.inner.shutdown.clone()));
+        tokio::spawn(self.clone().fork_ahead(template.clone(), fork.clone(), stopped));
         alive.insert(key, template.clone());
         Some(template)
+    }
+
+    /// Keeps `FORKED_AHEAD` sandboxes forked from `template` while it is ready, until
+    /// it is stopped or the server shuts down; then reclaims the ones left.
+    async fn fork_ahead(self, template: Arc<PrincipalTemplate>, fork: ForkFrom, mut stopped: watch::Receiver<bool>) {
+        let mut shutdown = self.inner.shutdown.clone();
+        while !*shutdown.borrow() && !*stopped.borrow() {
+            let have = template.ready.lock().unwrap_or_else(|p| p.into_inner()).len();
+            let ready = template.zygote.get().filter(|_| have < FORKED_AHEAD);
+            let Some(ready) = ready else {
+                let woken = self.inner.wake.notified();
+                tokio::select! {
+                    _ = woken => {}
+                    _ = shutdown.changed() => {}
+                    _ = stopped.changed() => {}
+                    // Notifications can be missed between the check and the wait.
+                    _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                }
+                continue;
+            };
+            let forked = fork
+                .runner
+                .prepare_forked(ids::new_id(), fork.limits.clone(), fork.tools.clone(), &ready, true)
+                .await;
+            match forked {
+                Ok(mut helper) => {
+                    helper.set_hash_seed(ready.seed);
+                    template.ready.lock().unwrap_or_else(|p| p.into_inner()).push(helper);
+                }
+                Err(e) => {
+                    // The template may have just exited: its keeper builds another.
+                    tracing::warn!(error = %e, "could not fork a sandbox ahead");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
+        let left: Vec<Helper> = std::mem::take(&mut *template.ready.lock().unwrap_or_else(|p| p.into_inner()));
+        for mut helper in left {
+            helper.abort();
+            helper.wait().await;
+        }
     }
 
     /// Stops the templates no run has used for `zygote_template_idle_s` (the runs

@@ -589,7 +589,10 @@ fn runs_of_two_principals_never_share_a_templates_randomness() {
 fn templates_are_bounded_and_an_idle_one_is_stopped_while_its_runs_live_on() {
     let s = Server::start_with(
         &[
-            ("SANDCALL_API_KEYS", "alice:key-alice-0123456789,bob:key-bob-0123456789ab"),
+            (
+                "SANDCALL_API_KEYS",
+                "alice:key-alice-0123456789,bob:key-bob-0123456789ab",
+            ),
             ("SANDCALL_ZYGOTE", "true"),
             ("SANDCALL_ZYGOTE_TEMPLATES", "1"),
             ("SANDCALL_ZYGOTE_TEMPLATE_IDLE_S", "3"),
@@ -617,18 +620,28 @@ fn templates_are_bounded_and_an_idle_one_is_stopped_while_its_runs_live_on() {
         &json!({"code": code, "tools": [tool], "timeout": 60000}),
         &alice,
     );
-    assert_eq!((status, paused["status"].as_str()), (200, Some("tool_call_required")), "{paused}");
+    assert_eq!(
+        (status, paused["status"].as_str()),
+        (200, Some("tool_call_required")),
+        "{paused}"
+    );
     // No room for bob's template while alice's lives.
     for _ in 0..3 {
         let (v, forked) = run_with(&s, &bob, json!({"code": "print(1)"}));
         assert_eq!(stdout(&v), "1\n", "{v}");
-        assert!(!forked, "bob's run was forked while alice's template held the only place");
+        assert!(
+            !forked,
+            "bob's run was forked while alice's template held the only place"
+        );
     }
     assert_eq!(live_templates(), 1);
     // Idle for its time (3 s, checked every second or so), alice's template is stopped.
     let gone = Instant::now();
     while live_templates() > 0 {
-        assert!(gone.elapsed() < Duration::from_secs(20), "alice's idle template was not stopped");
+        assert!(
+            gone.elapsed() < Duration::from_secs(20),
+            "alice's idle template was not stopped"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     // Her paused run lives on, and completes.
@@ -637,7 +650,11 @@ fn templates_are_bounded_and_an_idle_one_is_stopped_while_its_runs_live_on() {
                       "tool_results": [{"call_id": call["id"], "result": 7}]});
     let (status, done) = s.post_with("/v1/exec/programmatic", &body, &alice);
     assert_eq!(status, 200, "{done}");
-    assert_eq!((done["status"].as_str(), done["stdout"].as_str()), (Some("completed"), Some("7 True\n")), "{done}");
+    assert_eq!(
+        (done["status"].as_str(), done["stdout"].as_str()),
+        (Some("completed"), Some("7 True\n")),
+        "{done}"
+    );
     // Now there is room: bob's runs are forked from a template of his own.
     run_forked_with(&s, &bob, json!({"code": "pass"}));
     assert_eq!(live_templates(), 1);
