@@ -141,6 +141,21 @@ a principal's first run does not wait for it.
 
 Memory: each principal's template adds {r['template_pss_mib']:.1f} MiB of PSS (the
 server and everything under it, with every principal's template alive, against none;
-the pool settled both times). `zygote_templates` bounds the total, and
-`zygote_template_idle_s` gives it back when a principal stops running code.
+the pool settled both times): the template's helper, init and interpreter, and the one
+sandbox it keeps forked ahead of the principal's next run. `zygote_templates` bounds the
+total, and `zygote_template_idle_s` gives it back when a principal stops running code.
+The first run takes a warm sandbox built the usual way (its own interpreter, so its own
+randomness), or the cold path when the pool is empty; its template is ready an
+interpreter's start later (the second row; a preloaded template imports the data stack
+first, about a second of CPU more).{debug_note(r)}
 """
+
+
+def debug_note(r):
+    if "debug" not in r["binary"]:
+        return ""
+    return """
+
+These figures come from a debug build on a machine shared with other builds: the
+latencies are several times a release build's (the helper does the fork's work), and
+their spread is the machine's; the memory and the order of the rows hold."""

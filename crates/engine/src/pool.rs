@@ -7,8 +7,9 @@
 //! (`Templates`): started on a principal's first run, stopped when idle, at most
 //! `zygote_templates` at once. Runs of one principal share their template's memory
 //! layout, AT_RANDOM (the stack canary and pointer guard) and hash seed; runs of two
-//! principals never do. The warm sets themselves are built the usual way (each program
-//! its own interpreter, so its own randomness) and serve any principal.
+//! principals never do. Each template keeps one sandbox forked ahead for its principal.
+//! The warm sets themselves are built the usual way (each program its own interpreter,
+//! so its own randomness) and serve any principal.
 
 use crate::runner::{Helper, Runner, Template};
 use crate::runtime;
