@@ -6,6 +6,7 @@ one machine, reported as ratios so the figures hold on a noisy machine.
   python3 bench/bench.py --runtimes [--no-zygote] [--binary target/release/sandcall]
   python3 bench/bench.py --guard-only [--no-zygote] [--min-throughput-ratio R]
   python3 bench/bench.py --evicted [--binary target/release/sandcall]
+  python3 bench/bench.py --principals [--quick] [--binary target/release/sandcall]
 
 Writes docs/benchmarks.md and bench/results.json. With --runtimes, measures only the
 managed runtimes (a pandas + matplotlib snippet against a fresh process and a warm
@@ -324,6 +325,8 @@ def main():
     ap.add_argument("--runtimes", action="store_true", help="only the managed runtimes' section")
     ap.add_argument("--evicted", action="store_true", help="only the evicted sessions' section")
     ap.add_argument("--tiers", action="store_true", help="only the isolation tiers' section (gvisor beside namespace)")
+    ap.add_argument("--principals", action="store_true",
+                    help="only the templates per principal section (zygote's cost per principal)")
     ap.add_argument("--no-zygote", dest="zygote", action="store_false",
                     help="servers run with zygote = false (the default is true)")
     ap.add_argument("--min-throughput-ratio", type=float, default=0.45,
@@ -346,6 +349,11 @@ def main():
         import bench_evicted  # noqa: E402 (beside this file)
 
         bench_evicted.main(args, sys.modules[__name__])
+        return
+    if args.principals:
+        import bench_principals  # noqa: E402 (beside this file)
+
+        bench_principals.main(args, sys.modules[__name__])
         return
     if args.tiers:
         import bench_tiers  # noqa: E402 (beside this file)

@@ -51,13 +51,23 @@ pub struct LanguagesConfig {
     /// ones; each holds about 90 MiB and takes about a second of CPU to build. 0 turns
     /// them off. Default 2.
     pub warm_preload_pool_size: usize,
-    /// Fork the warm Python sandboxes (plain and preloaded) from a template per set
-    /// that has started the interpreter and imported the preloads (a "zygote",
-    /// ARCHITECTURE.md "Forked runs"), instead of starting an interpreter in each;
-    /// while a template is being (re)built, warm sandboxes are built the usual way.
-    /// Needs the server to run as root (without it, a note in the log, and no
+    /// Fork Python runs (plain and preloaded) from a template that has started the
+    /// interpreter and imported the preloads (a "zygote", ARCHITECTURE.md "Forked
+    /// runs"), instead of starting an interpreter for each. Each principal has templates
+    /// of its own (`zygote_templates`); while a principal's is being (re)built, its runs
+    /// take warm sandboxes built the usual way (or the cold path). Needs the server to run as root (without it, a note in the log, and no
     /// template). Default true.
     pub zygote: bool,
+    /// With `zygote`: the most templates alive at once. Each principal gets templates
+    /// of its own (one per set it uses), started at its first run and stopped after
+    /// `zygote_template_idle_s` without one, so that runs of two principals never share
+    /// a template's memory layout, stack canary and hash seed; a principal that finds
+    /// no room runs in sandboxes built the usual way. Each costs about an idle warm
+    /// sandbox's memory (docs/benchmarks.md). 0 forks nothing. Default 16.
+    pub zygote_templates: usize,
+    /// With `zygote`: seconds without a run after which a principal's template is
+    /// stopped (the runs forked from it live on); at least 1. Default 300.
+    pub zygote_template_idle_s: u64,
     /// Where managed runtimes are installed (`sandcall runtime install`), one directory
     /// per lock (`python-<hash>`), bound read-only into every sandbox; may be shared by
     /// several data dirs. Default `<data_dir>/runtimes`.
@@ -84,6 +94,8 @@ impl Default for LanguagesConfig {
             warm_preload: ["numpy", "pandas", "matplotlib.pyplot"].map(String::from).to_vec(),
             warm_preload_pool_size: 2,
             zygote: true,
+            zygote_templates: 16,
+            zygote_template_idle_s: 300,
             runtime_dir: None,
             install_runtime: true,
         }
@@ -106,6 +118,8 @@ pub enum LanguagesError {
     Declared(String),
     #[error("too many languages")]
     TooMany,
+    #[error("zygote_template_idle_s must be at least 1")]
+    TemplateIdle,
 }
 
 impl LanguagesConfig {
@@ -126,6 +140,9 @@ impl LanguagesConfig {
             return Err(LanguagesError::WarmLanguage(name.clone()));
         }
         check_search_path("toolchain_path", &self.toolchain_path)?;
+        if self.zygote_template_idle_s == 0 {
+            return Err(LanguagesError::TemplateIdle);
+        }
         self.validate_declared()?;
         for m in &self.warm_preload {
             let ok = !m.is_empty()

@@ -460,6 +460,19 @@ mod tests {
     }
 
     #[test]
+    fn a_principals_template_is_kept_idle_for_at_least_a_second() {
+        let mut c = Config::default();
+        assert_eq!(
+            (c.languages.zygote_templates, c.languages.zygote_template_idle_s),
+            (16, 300)
+        );
+        c.languages.zygote_template_idle_s = 1;
+        assert!(c.validate().is_ok());
+        c.languages.zygote_template_idle_s = 0;
+        assert!(c.validate().is_err());
+    }
+
+    #[test]
     fn declared_languages_are_checked() {
         let awk = LanguageConfig {
             names: vec!["awk".into()],

@@ -28,8 +28,8 @@ impl HelperTier {
 
 #[async_trait]
 impl IsolationTier for HelperTier {
-    async fn take_warm(&self, language: Language, code: &str) -> Option<Box<dyn WarmSandbox>> {
-        let helper = self.pool.take_or_fork(language, code).await?;
+    async fn take_warm(&self, principal: &str, language: Language, code: &str) -> Option<Box<dyn WarmSandbox>> {
+        let helper = self.pool.take_or_fork(principal, language, code).await?;
         Some(Box::new(helper))
     }
 

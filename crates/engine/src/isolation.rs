@@ -64,9 +64,10 @@ pub trait WarmSandbox: Send {
 /// and usage (the `RunResult` of its `Finished` event), and the tier's health.
 #[async_trait]
 pub trait IsolationTier: Send + Sync {
-    /// A warm sandbox for a run of `code` in `language`, ready or made now; None when
-    /// there is none to be had (the run takes the cold path).
-    async fn take_warm(&self, language: Language, code: &str) -> Option<Box<dyn WarmSandbox>>;
+    /// A warm sandbox for `principal`'s run of `code` in `language`, ready or made now
+    /// (a forked one only from that principal's own template); None when there is none
+    /// to be had (the run takes the cold path).
+    async fn take_warm(&self, principal: &str, language: Language, code: &str) -> Option<Box<dyn WarmSandbox>>;
 
     /// Builds a sandbox and starts `spec`'s program in it; the caller drives the rest.
     async fn start(&self, spec: RunSpec) -> Result<Box<dyn HelperChannel>, RunError>;
@@ -179,7 +180,7 @@ mod tests {
 
     #[async_trait]
     impl IsolationTier for Unused {
-        async fn take_warm(&self, _: Language, _: &str) -> Option<Box<dyn WarmSandbox>> {
+        async fn take_warm(&self, _: &str, _: Language, _: &str) -> Option<Box<dyn WarmSandbox>> {
             None
         }
         async fn start(&self, _: RunSpec) -> Result<Box<dyn HelperChannel>, RunError> {

@@ -121,7 +121,7 @@ impl Engine {
         let warm = if cmd.custom_limits {
             None
         } else {
-            tier.take_warm(cmd.language, &cmd.code).await
+            tier.take_warm(&principal.0, cmd.language, &cmd.code).await
         };
         let session_id = warm
             .as_ref()

@@ -2,6 +2,14 @@
 //! request arrives. Each is used once and replaced in the background, so no state of
 //! one run can reach another; a request that finds the pool empty (a burst) or asks for
 //! limits other than the defaults takes the cold path instead.
+//!
+//! With `zygote`, Python runs are forked from a template of the run's own principal
+//! (`Templates`): started on a principal's first run, stopped when idle, at most
+//! `zygote_templates` at once. Runs of one principal share their template's memory
+//! layout, AT_RANDOM (the stack canary and pointer guard) and hash seed; runs of two
+//! principals never do. Each template keeps one sandbox forked ahead for its principal.
+//! The warm sets themselves are built the usual way (each program its own interpreter,
+//! so its own randomness) and serve any principal.
 
 use crate::runner::{Helper, Runner, Template};
 use crate::runtime;
@@ -33,17 +41,62 @@ struct Inner {
     /// The top-level packages of `warm_preload` when a preloaded set is kept: a run
     /// whose code imports one of them is given a preloaded sandbox.
     preloaded_packages: Vec<String>,
-    /// The sets forked from a template (`zygote`), and what a fork of each needs.
+    /// The sets whose runs are forked from a template of their principal (`zygote`),
+    /// and what such a template and a fork of it need.
     forks: Mutex<HashMap<Set, ForkFrom>>,
+    /// The principals' templates.
+    templates: Templates,
+    shutdown: watch::Receiver<bool>,
 }
 
-/// What it takes to fork one more sandbox of a set on demand (`Pool::take_or_fork`).
+/// What it takes to start a principal's template of a set and to fork a run of it
+/// (`Pool::take_or_fork`).
 #[derive(Clone)]
 struct ForkFrom {
-    zygote: Arc<Zygote>,
     runner: Runner,
+    /// The template's launch and limits.
+    launch: Launch,
+    template_limits: Limits,
+    /// A run's.
     limits: Limits,
     tools: ToolChannel,
+}
+
+/// The templates of the principals, one per principal and set: started on demand,
+/// stopped after `idle` without a run, at most `max` alive at once.
+struct Templates {
+    alive: Mutex<HashMap<(String, Set), Arc<PrincipalTemplate>>>,
+    max: usize,
+    idle: Duration,
+}
+
+/// One principal's template of one set, and the sandbox forked from it ahead of the
+/// principal's next run.
+struct PrincipalTemplate {
+    zygote: Arc<Zygote>,
+    /// Forked ahead (at most `FORKED_AHEAD`), for this principal's runs only.
+    ready: Mutex<Vec<Helper>>,
+    last_used: Mutex<tokio::time::Instant>,
+    /// Set to true to stop its keeper (evicted).
+    stop: watch::Sender<bool>,
+}
+
+/// Sandboxes each principal's template keeps forked ahead of its runs: a fork on the
+/// request path costs the run the fork, its cgroup and its mounts.
+const FORKED_AHEAD: usize = 1;
+
+impl PrincipalTemplate {
+    fn take(&self) -> Option<Helper> {
+        self.ready.lock().unwrap_or_else(|p| p.into_inner()).pop()
+    }
+
+    fn touch(&self) {
+        *self.last_used.lock().unwrap_or_else(|p| p.into_inner()) = tokio::time::Instant::now();
+    }
+
+    fn idle_since(&self) -> tokio::time::Instant {
+        *self.last_used.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 impl Pool {
@@ -75,6 +128,12 @@ impl Pool {
                 wake: Notify::new(),
                 preloaded_packages,
                 forks: Mutex::new(HashMap::new()),
+                templates: Templates {
+                    alive: Mutex::new(HashMap::new()),
+                    max: config.languages.zygote_templates,
+                    idle: Duration::from_secs(config.languages.zygote_template_idle_s),
+                },
+                shutdown: shutdown.clone(),
             }),
         };
         if config.languages.warm_pool_size == 0 {
@@ -122,28 +181,22 @@ impl Pool {
                         "zygote needs the server to run as root; warm Python sandboxes are built the usual way"
                     );
                 }
-                let zygote = (zygote_on && nix::unistd::geteuid().is_root()).then(|| {
-                    let zygote = Arc::new(Zygote::default());
+                if zygote_on && nix::unistd::geteuid().is_root() {
+                    // Each principal's template is started at its first run
+                    // (`take_or_fork`); this is what it takes.
                     let (argv, mut env) = runtime::template_launch(interpreter);
                     env.extend(runtime::languages::config_env(language, &config));
                     if preloaded {
                         env.push(("SANDCALL_PRELOAD".into(), config.languages.warm_preload.join(",")));
                     }
-                    let keeper = Keeper {
-                        zygote: zygote.clone(),
-                        pool: pool.clone(),
+                    let fork = ForkFrom {
                         runner: runner.clone(),
                         launch: Launch {
                             argv,
                             env,
                             wait_ready: true,
                         },
-                        limits: template_limits(&limits, &config),
-                    };
-                    tokio::spawn(keeper.run(shutdown.clone()));
-                    let fork = ForkFrom {
-                        zygote: zygote.clone(),
-                        runner: runner.clone(),
+                        template_limits: template_limits(&limits, &config),
                         limits: limits.clone(),
                         tools: tools.clone(),
                     };
@@ -152,10 +205,8 @@ impl Pool {
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
                         .insert(Set { language, preloaded }, fork);
-                    zygote
-                });
+                }
                 let fill = Refill {
-                    zygote,
                     pool: pool.clone(),
                     runner: runner.clone(),
                     set: Set { language, preloaded },
@@ -172,6 +223,9 @@ impl Pool {
                 };
                 tokio::spawn(fill.run(shutdown.clone()));
             }
+        }
+        if !pool.inner.forks.lock().unwrap_or_else(|p| p.into_inner()).is_empty() {
+            tokio::spawn(pool.clone().evict_idle_templates(shutdown));
         }
         pool
     }
@@ -191,15 +245,23 @@ impl Pool {
         helper
     }
 
-    /// Like `take`, and when the set is empty but forks from a ready template, a
-    /// sandbox forked for this run now (a fork, a cgroup and a few mounts; no
-    /// interpreter to start). None when neither is to be had: the run takes the cold
-    /// path.
-    pub async fn take_or_fork(&self, language: Language, code: &str) -> Option<Helper> {
-        if let Some(helper) = self.take(language, code) {
+    /// A sandbox for a run of `principal`'s: forked now from the principal's template
+    /// of the set when it is ready (a fork, a cgroup and a few mounts; no interpreter
+    /// to start), else a warm one as `take` gives. A principal with no template yet has
+    /// one started for its later runs (when fewer than `zygote_templates` are alive);
+    /// its run does not wait for it. None when neither is to be had: the run takes the
+    /// cold path.
+    pub async fn take_or_fork(&self, principal: &str, language: Language, code: &str) -> Option<Helper> {
+        let set = self.set_for(language, code);
+        if let Some(helper) = self.fork_for(principal, set).await {
             return Some(helper);
         }
-        let set = self.set_for(language, code);
+        self.take(language, code)
+    }
+
+    /// A sandbox forked from `principal`'s template of `set`, if it is ready; starts
+    /// the template if there is none.
+    async fn fork_for(&self, principal: &str, set: Set) -> Option<Helper> {
         let fork = self
             .inner
             .forks
@@ -207,12 +269,18 @@ impl Pool {
             .unwrap_or_else(|p| p.into_inner())
             .get(&set)
             .cloned()?;
-        let template = fork.zygote.get()?;
-        match fork
+        let template = self.principal_template(principal, set, &fork)?;
+        template.touch();
+        if let Some(helper) = template.take() {
+            self.inner.wake.notify_waiters();
+            return Some(helper);
+        }
+        let template = template.zygote.get()?;
+        let forked = fork
             .runner
             .prepare_forked(ids::new_id(), fork.limits, fork.tools, &template, false)
-            .await
-        {
+            .await;
+        match forked {
             Ok(mut helper) => {
                 helper.set_hash_seed(template.seed);
                 Some(helper)
@@ -221,6 +289,104 @@ impl Pool {
                 tracing::warn!(?set, error = %e, "could not fork a sandbox on demand");
                 None
             }
+        }
+    }
+
+    /// `principal`'s template of `set`: the one alive, else one started now (not yet
+    /// ready), else None when `zygote_templates` are alive already.
+    fn principal_template(&self, principal: &str, set: Set, fork: &ForkFrom) -> Option<Arc<PrincipalTemplate>> {
+        let templates = &self.inner.templates;
+        let mut alive = templates.alive.lock().unwrap_or_else(|p| p.into_inner());
+        let key = (principal.to_owned(), set);
+        if let Some(template) = alive.get(&key) {
+            return Some(template.clone());
+        }
+        if alive.len() >= templates.max || *self.inner.shutdown.borrow() {
+            tracing::debug!(?set, "no room for another template: the run is not forked");
+            return None;
+        }
+        let (stop, stopped) = watch::channel(false);
+        let template = Arc::new(PrincipalTemplate {
+            zygote: Arc::new(Zygote::default()),
+            ready: Mutex::new(Vec::new()),
+            last_used: Mutex::new(tokio::time::Instant::now()),
+            stop,
+        });
+        let keeper = Keeper {
+            zygote: template.zygote.clone(),
+            pool: self.clone(),
+            runner: fork.runner.clone(),
+            launch: fork.launch.clone(),
+            limits: fork.template_limits.clone(),
+            stopped: stopped.clone(),
+        };
+        tokio::spawn(keeper.run(self.inner.shutdown.clone()));
+        tokio::spawn(self.clone().fork_ahead(template.clone(), fork.clone(), stopped));
+        alive.insert(key, template.clone());
+        Some(template)
+    }
+
+    /// Keeps `FORKED_AHEAD` sandboxes forked from `template` while it is ready, until
+    /// it is stopped or the server shuts down; then reclaims the ones left.
+    async fn fork_ahead(self, template: Arc<PrincipalTemplate>, fork: ForkFrom, mut stopped: watch::Receiver<bool>) {
+        let mut shutdown = self.inner.shutdown.clone();
+        while !*shutdown.borrow() && !*stopped.borrow() {
+            let have = template.ready.lock().unwrap_or_else(|p| p.into_inner()).len();
+            let ready = template.zygote.get().filter(|_| have < FORKED_AHEAD);
+            let Some(ready) = ready else {
+                let woken = self.inner.wake.notified();
+                tokio::select! {
+                    _ = woken => {}
+                    _ = shutdown.changed() => {}
+                    _ = stopped.changed() => {}
+                    // Notifications can be missed between the check and the wait.
+                    _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                }
+                continue;
+            };
+            let forked = fork
+                .runner
+                .prepare_forked(ids::new_id(), fork.limits.clone(), fork.tools.clone(), &ready, true)
+                .await;
+            match forked {
+                Ok(mut helper) => {
+                    helper.set_hash_seed(ready.seed);
+                    template.ready.lock().unwrap_or_else(|p| p.into_inner()).push(helper);
+                }
+                Err(e) => {
+                    // The template may have just exited: its keeper builds another.
+                    tracing::warn!(error = %e, "could not fork a sandbox ahead");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
+        let left: Vec<Helper> = std::mem::take(&mut *template.ready.lock().unwrap_or_else(|p| p.into_inner()));
+        for mut helper in left {
+            helper.abort();
+            helper.wait().await;
+        }
+    }
+
+    /// Stops the templates no run has used for `zygote_template_idle_s` (the runs
+    /// forked from one live on), until the server shuts down.
+    async fn evict_idle_templates(self, mut shutdown: watch::Receiver<bool>) {
+        let templates = &self.inner.templates;
+        let every = (templates.idle / 4).clamp(Duration::from_millis(250), Duration::from_secs(5));
+        while !*shutdown.borrow() {
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = shutdown.changed() => {}
+            }
+            let now = tokio::time::Instant::now();
+            let mut alive = templates.alive.lock().unwrap_or_else(|p| p.into_inner());
+            alive.retain(|(_, set), template| {
+                let keep = now.duration_since(template.idle_since()) < templates.idle;
+                if !keep {
+                    tracing::debug!(?set, "stopping an idle template");
+                    let _ = template.stop.send(true);
+                }
+                keep
+            });
         }
     }
 
@@ -307,23 +473,30 @@ fn template_limits(limits: &Limits, config: &Config) -> Limits {
     limits
 }
 
-/// Keeps a set's template running: builds it, and builds a new one whenever it exits.
-/// Runs already forked from a template that exits live on (its helper waits for them).
+/// Keeps a principal's template of a set running: builds it, and builds a new one
+/// whenever it exits, until it is evicted (`stopped`) or the server shuts down. Runs
+/// already forked from a template that exits live on (its helper waits for them).
 struct Keeper {
     zygote: Arc<Zygote>,
     pool: Pool,
     runner: Runner,
     launch: Launch,
     limits: Limits,
+    stopped: watch::Receiver<bool>,
 }
 
 impl Keeper {
-    async fn run(self, mut shutdown: watch::Receiver<bool>) {
-        while !*shutdown.borrow() {
+    fn stop(&self, shutdown: &watch::Receiver<bool>) -> bool {
+        *shutdown.borrow() || *self.stopped.borrow()
+    }
+
+    async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        while !self.stop(&shutdown) {
             let id = ids::new_id();
             let socket = self.runner.settings().runs_dir.join(format!("zygote-{id}.sock"));
-            // One hash seed per template, shared by the runs it forks (the threat
-            // model says why that is safe), and journaled by programmatic sessions.
+            // One hash seed per template, shared by the runs it forks: all of one
+            // principal's (the threat model says why that is safe), and journaled by
+            // programmatic sessions.
             let seed = rand::random::<u32>();
             let mut launch = self.launch.clone();
             launch.env.push(("PYTHONHASHSEED".into(), seed.to_string()));
@@ -338,11 +511,21 @@ impl Keeper {
                     tokio::select! {
                         _ = tokio::time::sleep(Duration::from_secs(1)) => {}
                         _ = shutdown.changed() => {}
+                        _ = self.stopped.changed() => {}
                     }
                     continue;
                 }
             };
-            self.zygote.set(Some(Template { id, socket, seed }));
+            if self.stop(&shutdown) {
+                helper.abort();
+                helper.wait().await;
+                break;
+            }
+            self.zygote.set(Some(Template {
+                id,
+                socket: socket.clone(),
+                seed,
+            }));
             self.pool.inner.wake.notify_waiters();
             tokio::select! {
                 event = helper.next_event() => {
@@ -357,19 +540,44 @@ impl Keeper {
                     helper.abort();
                     helper.wait().await;
                 }
+                _ = self.stopped.changed() => {
+                    // Evicted: the template exits, and the runs forked from it live on.
+                    self.zygote.set(None);
+                    retire(helper, &socket).await;
+                }
             }
         }
         self.zygote.set(None);
     }
 }
 
-/// How long a set with a template waits for it at start before it builds sandboxes
-/// the usual way.
-const TEMPLATE_START_WAIT: Duration = Duration::from_secs(10);
+/// Ends an idle template without ending the runs forked from it: asks it to exit (on
+/// its listening socket; `zygote.py`), then leaves its helper to wait for those runs.
+/// A template that cannot be asked is aborted, with whatever it forked.
+async fn retire(mut helper: Helper, socket: &std::path::Path) {
+    let asked = async {
+        use tokio::io::AsyncWriteExt;
+        let mut conn = tokio::net::UnixStream::connect(socket).await?;
+        conn.write_all(b"exit\n").await
+    };
+    match tokio::time::timeout(Duration::from_secs(5), asked).await {
+        Ok(Ok(())) => {
+            let exited = tokio::time::timeout(Duration::from_secs(10), helper.next_event()).await;
+            if exited.is_ok() {
+                tokio::spawn(helper.linger());
+                return;
+            }
+            tracing::warn!("an idle template did not exit when asked; aborting it");
+        }
+        Ok(Err(e)) => tracing::warn!(error = %e, "could not ask an idle template to exit; aborting it"),
+        Err(_) => tracing::warn!("could not ask an idle template to exit in time; aborting it"),
+    }
+    helper.abort();
+    helper.wait().await;
+}
 
+/// Keeps a warm set full of sandboxes built the usual way.
 struct Refill {
-    /// The set's template, when it forks its sandboxes.
-    zygote: Option<Arc<Zygote>>,
     pool: Pool,
     runner: Runner,
     set: Set,
@@ -381,14 +589,6 @@ struct Refill {
 
 impl Refill {
     async fn run(self, mut shutdown: watch::Receiver<bool>) {
-        // At start, the set waits a little for its template (about an interpreter's
-        // start), rather than filling itself with sandboxes built the usual way.
-        if let Some(zygote) = &self.zygote {
-            let until = tokio::time::Instant::now() + TEMPLATE_START_WAIT;
-            while zygote.get().is_none() && tokio::time::Instant::now() < until && !*shutdown.borrow() {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
         loop {
             if *shutdown.borrow() {
                 break;
@@ -403,23 +603,6 @@ impl Refill {
                     _ = tokio::time::sleep(Duration::from_millis(200)) => {}
                 }
                 continue;
-            }
-            // A sandbox forked from the set's template, while it is ready; else one
-            // built the usual way (also when the fork fails: the template may have
-            // just exited).
-            if let Some(template) = self.zygote.as_ref().and_then(|z| z.get()) {
-                let forked = self
-                    .runner
-                    .prepare_forked(ids::new_id(), self.limits.clone(), self.tools.clone(), &template, true)
-                    .await;
-                match forked {
-                    Ok(mut helper) => {
-                        helper.set_hash_seed(template.seed);
-                        self.pool.ready().entry(self.set).or_default().push(helper);
-                        continue;
-                    }
-                    Err(e) => tracing::warn!(set = ?self.set, error = %e, "could not fork a warm sandbox"),
-                }
             }
             // Each warm Python program gets a hash seed of its own, as random as
             // Python's own, but known: a programmatic session's replay uses it again.

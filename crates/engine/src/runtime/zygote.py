@@ -2,7 +2,10 @@
 # a sandbox of its own, built like any warm sandbox but without the seccomp filter: it
 # has no capabilities and no_new_privs, and it never runs a line of user code. It starts
 # the interpreter once, loads runner.py (its source is argv[1]), imports the preloads,
-# then forks one run per request that arrives on its listening socket (fd 4):
+# then forks one run per request that arrives on its listening socket (fd 4), until
+# the pool asks it to exit. Each principal has templates of its own (pool.rs), so the
+# runs forked from one template share their randomness only with runs of the same
+# principal:
 #
 #   template --fork--> C: on cgroup v2 born in the run's cgroup (clone3 with
 #                         CLONE_INTO_CGROUP, into the cgroup the helper sends with its
@@ -513,6 +516,10 @@ def main():
             for extra in fds[1:]:
                 os.close(extra)
             cgroup = fds[0] if fds else None
+            if message == b"exit\n":
+                # The pool retires this template (its principal left it idle): the
+                # runs forked from it live on, under the template's init.
+                os._exit(0)
             if message != b"fork\n":
                 raise ValueError("not a request for a fork")
             pid = _fork_into(cgroup)

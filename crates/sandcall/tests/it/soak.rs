@@ -55,7 +55,9 @@ impl Caps {
 
     fn config(self) -> String {
         format!(
-            "max_concurrent_runs = {}\nmax_queued_runs = {}\nmax_runs_per_principal = {}\nmax_sessions_per_principal = {}\n",
+            // The principal's Python templates (`zygote`) are stopped a second after
+            // the load, so the server is back to its idle footprint.
+            "max_concurrent_runs = {}\nmax_queued_runs = {}\nmax_runs_per_principal = {}\nmax_sessions_per_principal = {}\nzygote_template_idle_s = 1\n",
             self.runs, self.queued, self.runs_per_principal, self.sessions_per_principal
         )
     }
@@ -336,8 +338,9 @@ impl Footprint {
 
     /// A server with a full warm pool and nothing else: each warm sandbox is a helper,
     /// the sandbox's init and its waiting program, one staging directory and one cgroup
-    /// per hierarchy; with `zygote` (the default), Python's template is one more helper,
-    /// init and process, with a cgroup per hierarchy and no staging directory.
+    /// per hierarchy. With `zygote` (the default), a principal's Python templates are
+    /// started at its first run and stopped when idle (`zygote_template_idle_s`): an
+    /// idle server holds none.
     fn idle(s: &Server) -> Footprint {
         // The harness's pool size, per language.
         let pool: usize = std::env::var("SANDCALL_TEST_WARM_POOL")
@@ -351,12 +354,10 @@ impl Footprint {
             .filter(|e| e.path().join(&instance).is_dir())
             .count();
         let sandboxes = 2 * pool;
-        let zygote = std::env::var("SANDCALL_ZYGOTE").map_or(true, |v| v != "false");
-        let templates = usize::from(zygote && pool > 0);
         Footprint {
             warm_idle: sandboxes,
-            processes: 3 * (sandboxes + templates),
-            run_cgroups: (sandboxes + templates) * hierarchies,
+            processes: 3 * sandboxes,
+            run_cgroups: sandboxes * hierarchies,
             staging_dirs: sandboxes,
             outbox_dirs: 0,
             incoming_uploads: 0,

@@ -6,6 +6,7 @@
 use crate::common::{assert_run_reclaimed, Server};
 use serde_json::json;
 use std::collections::HashSet;
+use std::time::Duration;
 
 fn warm_server(size: usize) -> Server {
     Server::start_with(&[("SANDCALL_WARM_POOL_SIZE", &size.to_string())], "")
@@ -237,16 +238,23 @@ fn forked_runs_run_at_the_normal_priority_from_the_pool_and_on_demand() {
         ],
         "",
     );
+    // The principal's template is started at its first run: runs are forked once it
+    // is ready (a forked run's uid 1000 maps to the template's 1000).
+    let forked = "print(open('/proc/self/uid_map').read().split()[1] == '1000')";
+    let start = std::time::Instant::now();
+    while s.exec(json!({ "code": forked }))["stdout"] != "True\n" {
+        assert!(start.elapsed() < Duration::from_secs(60), "no forked run");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     s.wait_warm(1);
-    // The template and the sandboxes forked from it for the pool wait at nice 19.
+    // The template and the pool's sandbox wait at nice 19.
     let lowered = crate::common::settle(|| descendant_nices(&s).iter().all(|v| *v == 19), true);
     assert!(
         lowered,
         "idle forked sandboxes not at nice 19: {:?}",
         descendant_nices(&s)
     );
-    // Taken from the pool, and forked on demand in a burst (the pool holds one): every
-    // program runs at nice 0.
+    // Forked on demand in a burst: every program runs at nice 0.
     let answers: Vec<(String, serde_json::Value)> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..4).map(|_| scope.spawn(|| run_nice(&s))).collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()

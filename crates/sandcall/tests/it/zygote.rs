@@ -36,10 +36,15 @@ const SAY_FORKED: &str = "import atexit as _a, sys as _s; _a.register(lambda: _s
 /// Runs Python `code` and returns the answer, and whether the run was forked (false
 /// also when the program was killed before it could say).
 fn run(s: &Server, body: Value) -> (Value, bool) {
+    run_with(s, &[], body)
+}
+
+/// `run`, with request headers (a principal's key).
+fn run_with(s: &Server, headers: &[(&str, &str)], body: Value) -> (Value, bool) {
     let mut body = body;
     let code = format!("{SAY_FORKED}{}", body["code"].as_str().unwrap_or_default());
     body["code"] = Value::String(code);
-    let (status, v) = s.post("/v1/exec", &body);
+    let (status, v) = s.post_with("/v1/exec", &body, headers);
     assert_eq!(status, 200, "{v}");
     let stderr = v["stderr"].as_str().unwrap_or_default();
     let forked = stderr.lines().last() == Some("forked=True");
@@ -49,9 +54,14 @@ fn run(s: &Server, body: Value) -> (Value, bool) {
 /// Runs `code` in a forked sandbox, retrying while the pool still hands out built ones
 /// (right after start, or while a template is rebuilt).
 pub(crate) fn run_forked(s: &Server, body: Value) -> Value {
+    run_forked_with(s, &[], body)
+}
+
+/// `run_forked`, with request headers (a principal's key).
+fn run_forked_with(s: &Server, headers: &[(&str, &str)], body: Value) -> Value {
     let start = Instant::now();
     loop {
-        let (v, forked) = run(s, body.clone());
+        let (v, forked) = run_with(s, headers, body.clone());
         if forked {
             return v;
         }
@@ -452,7 +462,16 @@ fn many_paused_forked_sessions_leave_the_template_alive() {
     );
     run_forked(&s, json!({"code": "pass"}));
     s.wait_warm(2);
-    let template = || templates(&descendants(s.pid()));
+    // The warm pool's programs are pid 2 of their namespaces too: only the processes
+    // that carry the template's source are looked at.
+    let template = || {
+        let mine = descendants(s.pid());
+        let candidates: Vec<u32> = processes_matching(TEMPLATE)
+            .into_iter()
+            .filter(|p| mine.contains(p))
+            .collect();
+        templates(&candidates)
+    };
     let first = template();
     assert_eq!(first.len(), 1, "one template: {first:?}");
     let tool = json!({"name": "inc", "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}});
@@ -494,4 +513,149 @@ fn many_paused_forked_sessions_leave_the_template_alive() {
     }
     assert_eq!(template(), first, "the template was replaced");
     s.assert_healthy();
+}
+
+/// What a program can learn of the randomness it started with: the 16 bytes at
+/// AT_RANDOM (from which glibc drew the stack canary and pointer guard; in a forked run
+/// the auxiliary vector and those bytes are its template's, and /proc/self/auxv is not
+/// readable, so the C library's `getauxval` finds them), where the heap put an object the
+/// interpreter made at its start (`id(len)`), where the C library was mapped, and
+/// Python's string hash (its seed).
+const RANDOMNESS: &str = r#"
+import ctypes
+getauxval = ctypes.CDLL(None).getauxval
+getauxval.restype = ctypes.c_ulong
+getauxval.argtypes = [ctypes.c_ulong]
+at_random = getauxval(25)
+libc = ctypes.cast(ctypes.CDLL(None).printf, ctypes.c_void_p).value
+print(ctypes.string_at(at_random, 16).hex(), hex(id(len)), hex(libc), hash('sandcall-witness'))
+"#;
+
+/// Runs of two principals (two API keys) are forked from templates of their own: each
+/// principal's forked runs share their template's randomness (which is what a shared
+/// template would hand to both), the two principals' never do. Finding 4 of issue 25.
+#[test]
+fn runs_of_two_principals_never_share_a_templates_randomness() {
+    let s = Server::start_with(
+        &[
+            (
+                "SANDCALL_API_KEYS",
+                "alice:key-alice-0123456789,bob:key-bob-0123456789ab",
+            ),
+            ("SANDCALL_ZYGOTE", "true"),
+            ("SANDCALL_WARM_POOL_SIZE", "1"),
+            ("SANDCALL_WARM_LANGUAGES", r#"["python"]"#),
+        ],
+        "",
+    );
+    let witness = |key: &str| -> Vec<String> {
+        let headers = [("X-API-Key", key)];
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            let v = run_forked_with(&s, &headers, json!({ "code": RANDOMNESS }));
+            assert_eq!(v["exit_code"], 0, "{v}");
+            seen.push(stdout(&v).trim().to_owned());
+        }
+        seen
+    };
+    let alice = witness("key-alice-0123456789");
+    let bob = witness("key-bob-0123456789ab");
+    // One principal's forked runs share their template's values: the witness sees them.
+    for runs in [&alice, &bob] {
+        assert!(
+            runs.iter().all(|r| *r == runs[0]),
+            "one template's runs differ: {runs:?}"
+        );
+    }
+    let (a, b): (Vec<&str>, Vec<&str>) = (alice[0].split(' ').collect(), bob[0].split(' ').collect());
+    assert_eq!((a.len(), b.len()), (4, 4), "{alice:?} {bob:?}");
+    for (i, what) in ["AT_RANDOM", "id(len)", "the C library's address", "the hash seed"]
+        .iter()
+        .enumerate()
+    {
+        assert_ne!(
+            a[i], b[i],
+            "alice's and bob's forked runs share {what}: {alice:?} {bob:?}"
+        );
+    }
+}
+
+/// The templates are bounded in number (`zygote_templates`) and an idle one is stopped
+/// (`zygote_template_idle_s`) without ending the runs forked from it: with room for one
+/// template, bob's runs are not forked while alice's template lives; once it has been
+/// idle for its time it is gone, alice's session paused in a run forked from it still
+/// completes, and bob's runs are forked from a template of his own.
+#[test]
+fn templates_are_bounded_and_an_idle_one_is_stopped_while_its_runs_live_on() {
+    let s = Server::start_with(
+        &[
+            (
+                "SANDCALL_API_KEYS",
+                "alice:key-alice-0123456789,bob:key-bob-0123456789ab",
+            ),
+            ("SANDCALL_ZYGOTE", "true"),
+            ("SANDCALL_ZYGOTE_TEMPLATES", "1"),
+            ("SANDCALL_ZYGOTE_TEMPLATE_IDLE_S", "3"),
+            ("SANDCALL_WARM_POOL_SIZE", "1"),
+            ("SANDCALL_WARM_LANGUAGES", r#"["python"]"#),
+        ],
+        "",
+    );
+    let alice = [("X-API-Key", "key-alice-0123456789")];
+    let bob = [("X-API-Key", "key-bob-0123456789ab")];
+    let live_templates = || {
+        let mine = descendants(s.pid());
+        let candidates: Vec<u32> = processes_matching(TEMPLATE)
+            .into_iter()
+            .filter(|p| mine.contains(p))
+            .collect();
+        templates(&candidates).len()
+    };
+    run_forked_with(&s, &alice, json!({"code": "pass"}));
+    // A session of alice's paused in a run forked from her template.
+    let tool = json!({"name": "inc", "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}});
+    let code = "print(await inc(x=1), open('/proc/self/uid_map').read().split()[1] == '1000')";
+    let (status, paused) = s.post_with(
+        "/v1/exec/programmatic",
+        &json!({"code": code, "tools": [tool], "timeout": 60000}),
+        &alice,
+    );
+    assert_eq!(
+        (status, paused["status"].as_str()),
+        (200, Some("tool_call_required")),
+        "{paused}"
+    );
+    // No room for bob's template while alice's lives.
+    for _ in 0..3 {
+        let (v, forked) = run_with(&s, &bob, json!({"code": "print(1)"}));
+        assert_eq!(stdout(&v), "1\n", "{v}");
+        assert!(
+            !forked,
+            "bob's run was forked while alice's template held the only place"
+        );
+    }
+    assert_eq!(live_templates(), 1);
+    // Idle for its time (3 s, checked every second or so), alice's template is stopped.
+    let gone = Instant::now();
+    while live_templates() > 0 {
+        assert!(
+            gone.elapsed() < Duration::from_secs(20),
+            "alice's idle template was not stopped"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Her paused run lives on, and completes.
+    let call = &paused["tool_calls"][0];
+    let body = json!({"session_id": paused["session_id"], "continuation_token": paused["continuation_token"],
+                      "tool_results": [{"call_id": call["id"], "result": 7}]});
+    let (status, done) = s.post_with("/v1/exec/programmatic", &body, &alice);
+    assert_eq!(status, 200, "{done}");
+    assert_eq!(
+        (done["status"].as_str(), done["stdout"].as_str()),
+        (Some("completed"), Some("7 True\n")),
+        "{done}"
+    );
+    // Now there is room: bob's runs are forked from a template of his own.
+    run_forked_with(&s, &bob, json!({"code": "pass"}));
+    assert_eq!(live_templates(), 1);
 }

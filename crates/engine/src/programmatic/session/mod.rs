@@ -464,7 +464,7 @@ impl Sessions {
         let warm = if cmd.custom_limits {
             None
         } else {
-            tier.take_warm(cmd.language, &spec.code).await
+            tier.take_warm(&principal.0, cmd.language, &spec.code).await
         };
         if let Some(helper) = &warm {
             spec.run_id = helper.run_id().to_owned();

@@ -185,7 +185,7 @@ impl Sessions {
         let warm = if cmd.custom_limits || !hashes {
             None
         } else {
-            tier.take_warm(cmd.language, &spec.code).await
+            tier.take_warm(&session.principal, cmd.language, &spec.code).await
         };
         let warm = match warm {
             Some(helper) if helper.hash_seed().is_none_or(|s| s == journal.start.hash_seed) => Some(helper),

@@ -147,7 +147,7 @@ struct FakeTier {
 
 #[async_trait]
 impl IsolationTier for FakeTier {
-    async fn take_warm(&self, _: sandcall_api::Language, _: &str) -> Option<Box<dyn WarmSandbox>> {
+    async fn take_warm(&self, _: &str, _: sandcall_api::Language, _: &str) -> Option<Box<dyn WarmSandbox>> {
         None
     }
 
