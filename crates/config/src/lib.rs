@@ -23,7 +23,7 @@ pub mod sessions;
 
 pub use auth::{key_hash, ApiKey, AuthConfig, AuthConfigError, JwtConfig};
 pub use cluster::{ClusterConfig, ClusterError};
-pub use files::{FilesConfig, FilesError};
+pub use files::{ExecutionProfile, FilesConfig, FilesError};
 pub use host::{HostConfig, HostError, Isolation};
 pub use languages::{LanguageConfig, LanguagesConfig, LanguagesError};
 pub use limits::{LimitsConfig, LimitsError};
@@ -135,6 +135,10 @@ impl Config {
             figment = figment.merge(Serialized::default("data_dir", dir));
         }
         let mut config = Config::extract(&figment)?;
+        // The stateful profile is workspaces.
+        if config.files.execution_profile == ExecutionProfile::Stateful {
+            config.files.workspaces = true;
+        }
         if let Ok(value) = std::env::var("SANDCALL_API_KEYS") {
             config.auth.api_keys.extend(parse_env_keys(&value)?);
         }

@@ -15,6 +15,7 @@ pub mod http;
 pub mod listen;
 pub mod mcp;
 pub mod openapi;
+pub mod profile;
 pub mod rate_limit;
 pub mod router;
 pub mod telemetry;
