@@ -982,6 +982,45 @@ mod tests {
     use super::*;
 
     #[test]
+    fn artifact_reports_follow_the_clients_rules() {
+        assert_eq!(ArtifactDelivery::of(3, 0), None);
+        let partial = ArtifactDelivery::of(2, 1).unwrap();
+        assert_eq!(
+            (
+                partial.status.as_str(),
+                partial.attempted,
+                partial.delivered,
+                partial.failed
+            ),
+            ("partial", 3, 2, 1)
+        );
+        assert_eq!(ArtifactDelivery::of(0, 2).unwrap().status, "failed");
+        let skip = |name: &str, reason: &str| SkippedFile {
+            name: name.into(),
+            reason: reason.into(),
+        };
+        assert_eq!(ArtifactTruncation::of(&[], 0, 0), None);
+        // Only undelivered files: artifact_delivery's, not truncation.
+        assert_eq!(ArtifactTruncation::of(&[skip("a", "quota_exceeded")], 1, 1), None);
+        let t = ArtifactTruncation::of(
+            &[
+                skip("big", "too_large"),
+                skip("link", "symlink"),
+                skip("q", "storage_error"),
+                skip("huge", "over_workspace_limit"),
+                skip("deep", "too_deep"),
+                skip("n", "too_many_files"),
+            ],
+            150,
+            1,
+        )
+        .unwrap();
+        assert_eq!(t.reasons, ["size", "path", "depth", "max_files"]);
+        assert_eq!(t.skipped, ["big", "link", "huge", "deep", "n"]);
+        assert_eq!(t.skipped_count, 149, "the 100-entry list is not the count");
+    }
+
+    #[test]
     fn language_aliases() {
         assert_eq!(Language::parse("py"), Some(Language::Python));
         assert_eq!(Language::parse("Python3"), Some(Language::Python));

@@ -719,6 +719,24 @@ mod tests {
 
     #[test]
     #[allow(clippy::result_large_err)] // figment's Jail closure signature
+    fn the_stateful_profile_turns_workspaces_on() {
+        figment::Jail::expect_with(|jail| {
+            let c = Config::load(None, &Overrides::default()).map_err(|e| e.to_string())?;
+            assert_eq!(c.files.execution_profile, ExecutionProfile::Default);
+            assert!(!c.files.workspaces);
+            jail.create_file("c.toml", "execution_profile = \"stateful\"\nworkspaces = false\n")?;
+            let c = Config::load(Some(Path::new("c.toml")), &Overrides::default()).map_err(|e| e.to_string())?;
+            assert_eq!(c.files.execution_profile, ExecutionProfile::Stateful);
+            assert!(c.files.workspaces, "stateful is workspaces");
+            jail.set_env("SANDCALL_EXECUTION_PROFILE", "warm");
+            let err = Config::load(None, &Overrides::default()).unwrap_err().to_string();
+            assert!(err.contains("execution_profile") || err.contains("warm"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail closure signature
     fn jwt_settings_from_the_file_and_the_codeapi_variables() {
         figment::Jail::expect_with(|jail| {
             jail.create_file(

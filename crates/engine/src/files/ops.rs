@@ -281,3 +281,59 @@ pub async fn ingest(
         undelivered,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandcall_sandbox::protocol::CollectedFile;
+
+    fn input(name: &str, read_only: bool) -> InputFile {
+        let tag = InputTag {
+            id: format!("id-{name}"),
+            storage_session_id: "s".into(),
+            name: name.into(),
+            size: 1,
+            entity_id: None,
+        };
+        InputFile {
+            source: "/nowhere".into(),
+            name: name.into(),
+            read_only,
+            tag: serde_json::to_string(&tag).unwrap(),
+        }
+    }
+
+    #[test]
+    fn deleted_inputs_are_those_neither_kept_changed_nor_skipped() {
+        let inputs = [
+            input("kept", false),
+            input("changed", false),
+            input("skipped", false),
+            input("gone", false),
+            input("dir/gone too", false),
+            input("read-only", true),
+        ];
+        let result = RunResult {
+            inherited: vec![inputs[0].tag.clone(), inputs[5].tag.clone()],
+            outputs: vec![CollectedFile {
+                name: "changed".into(),
+                size: 1,
+                sha256: String::new(),
+                path: "/nowhere".into(),
+                input: Some(inputs[1].tag.clone()),
+            }],
+            skipped: vec![sandcall_sandbox::protocol::SkippedFile {
+                name: "skipped".into(),
+                reason: "too_large".into(),
+            }],
+            ..Default::default()
+        };
+        assert_eq!(deleted_inputs(&inputs, &result), ["gone", "dir/gone too"]);
+        // A run that emptied the working directory: every input but the read-only one.
+        let emptied = RunResult {
+            inherited: vec![inputs[5].tag.clone()],
+            ..Default::default()
+        };
+        assert_eq!(deleted_inputs(&inputs, &emptied).len(), 5);
+    }
+}
