@@ -240,7 +240,8 @@ fn the_prewarm_answers_at_once_even_while_a_run_holds_the_workspace() {
             "{r}"
         );
         assert!(r["runtime_session_id"].is_string(), "{r}");
-        assert!(took < Duration::from_millis(500), "the pre-warm took {took:?}: {r}");
+        // The run holds the workspace for 2 s more: the pre-warm did not wait for it.
+        assert!(took < Duration::from_millis(1500), "the pre-warm took {took:?}: {r}");
         let done = long.join().unwrap();
         assert_eq!(done["status"], "ok", "{done}");
         assert_eq!(r["runtime_session_id"], done["runtime_session_id"], "{r} {done}");
