@@ -564,6 +564,34 @@ mod tests {
     }
 
     #[test]
+    fn only_a_bare_true_in_a_workspace_is_a_prewarm() {
+        let mut config = Config::default();
+        config.files.workspaces = true;
+        let cmd = |json: &str| parse_exec(req(json), &config).unwrap();
+        assert!(is_prewarm(&cmd(
+            r#"{"lang": "bash", "code": "true", "runtime_session_hint": "c"}"#
+        )));
+        assert!(is_prewarm(&cmd(
+            r#"{"lang": "sh", "code": " true\n", "workspace_id": "c"}"#
+        )));
+        for other in [
+            r#"{"lang": "bash", "code": "true"}"#,
+            r#"{"lang": "py", "code": "true", "runtime_session_hint": "c"}"#,
+            r#"{"lang": "bash", "code": "true; ls", "runtime_session_hint": "c"}"#,
+            r#"{"lang": "bash", "code": "true", "args": ["x"], "runtime_session_hint": "c"}"#,
+            r#"{"lang": "bash", "code": "true", "stdin": "x", "runtime_session_hint": "c"}"#,
+        ] {
+            assert!(!is_prewarm(&cmd(other)), "{other}");
+        }
+        let answer = prewarm_response("abc".into());
+        assert_eq!((answer.status, answer.exit_code), (ExecStatus::Ok, Some(0)));
+        assert_eq!(
+            (answer.runtime_session_id.as_deref(), answer.runtime_status),
+            (Some("abc"), None)
+        );
+    }
+
+    #[test]
     fn an_unknown_language_says_not_to_retry() {
         let err = parse_language(Some("cobol"), None, &Config::default()).unwrap_err();
         assert_eq!(err.code, Some("unsupported_capability"));
