@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # LibreChat's own client (@librechat/agents, pinned in package-lock.json) against a real
 # sandcall: installs the pinned packages (npm ci, cached under target/ by the lock file's
-# hash), makes an Ed25519 key pair, starts two servers on free loopback ports, runs the
+# hash), makes an Ed25519 key pair, starts three servers on free loopback ports, runs the
 # node:test suite in test/, and stops the servers whatever happens.
 #
 #   e2e/librechat/run.sh path/to/sandcall [node --test options...]
@@ -13,6 +13,8 @@
 #             JWT off (it sends no auth header at all), and no compiled languages'
 #             toolchains (toolchain_path at nothing), for the refusal the client tells
 #             the model not to retry.
+#   - "stateful": as "jwt", with execution_profile = "stateful" (LibreChat's stateful
+#             sessions: a conversation's runs share their files).
 # Exits non-zero if any test fails, the install fails, or node/npm are missing.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -126,18 +128,24 @@ start jwt "$jwt_port" \
     CODEAPI_JWT_KID="$kid"
 open_port="$(free_port)"
 start open "$open_port" SANDCALL_ALLOW_UNAUTHENTICATED=true SANDCALL_TOOLCHAIN_PATH='["/nonexistent"]'
+stateful_port="$(free_port)"
+start stateful "$stateful_port" \
+    CODEAPI_JWT_PUBLIC_KEY="$(cat "$work/public.pem")" \
+    CODEAPI_JWT_KID="$kid" \
+    SANDCALL_EXECUTION_PROFILE=stateful
 
 status=0
 (
     cd "$here"
     export LIBRECHAT_CODE_BASEURL="http://127.0.0.1:$jwt_port/v1"
     export E2E_OPEN_BASEURL="http://127.0.0.1:$open_port/v1"
+    export E2E_STATEFUL_BASEURL="http://127.0.0.1:$stateful_port/v1"
     export E2E_JWT_PRIVATE_KEY_FILE="$work/private.pem"
     export E2E_JWT_KID="$kid"
     node --test --test-concurrency=1 --test-reporter=spec "$@" test/*.test.mjs
 ) || status=$?
 
-for name in jwt open; do
+for name in jwt open stateful; do
     if grep -q "panicked" "$work/$name/server.log"; then
         echo "e2e: the $name server's log holds a panic:" >&2
         grep -m5 "panicked" "$work/$name/server.log" >&2
@@ -145,7 +153,7 @@ for name in jwt open; do
     fi
 done
 if [ "$status" -ne 0 ] && [ -n "${E2E_SHOW_LOGS:-}" ]; then
-    for name in jwt open; do
+    for name in jwt open stateful; do
         echo "--- $name server log ---" >&2
         cat "$work/$name/server.log" >&2
     done

@@ -85,6 +85,9 @@ pub mod error_type {
     pub const SESSION_OWNER_UNAVAILABLE: &str = "session_owner_unavailable";
     /// 409: the request's workspace is in use by another run.
     pub const WORKSPACE_BUSY: &str = "workspace_busy";
+    /// 409: the request's `X-CodeAPI-Expected-Profile` is not this server's
+    /// `execution_profile`. Also the body's `error`, which LibreChat's client reads.
+    pub const EXECUTION_PROFILE_MISMATCH: &str = "execution_profile_mismatch";
 }
 
 /// A reference to an uploaded file, to stage into the working directory.
@@ -421,6 +424,13 @@ pub struct CancelRequest {
 /// The header whose value names a programmatic start for `cancel` (`request_id`).
 pub const REQUEST_ID_HEADER: &str = "x-librechat-code-request-id";
 
+/// The execution profile a LibreChat client expects (`default` or `stateful`): a server
+/// of the other profile answers 409 `execution_profile_mismatch` before running anything.
+pub const EXPECTED_PROFILE_HEADER: &str = "x-codeapi-expected-profile";
+
+/// The server's execution profile, on every response.
+pub const EXECUTION_PROFILE_HEADER: &str = "x-codeapi-execution-profile";
+
 /// A call the program made, as the caller receives it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct ToolCall {
@@ -573,6 +583,88 @@ pub struct OutputFile {
 pub struct FileOrigin {
     pub id: String,
     pub storage_session_id: String,
+}
+
+/// Output files that could not be stored, as LibreChat's client reads them: `attempted`
+/// is `delivered` + `failed`, `failed` is above 0, and `status` is `failed` when none was
+/// delivered, else `partial`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct ArtifactDelivery {
+    /// `artifact_delivery_failed`.
+    pub code: String,
+    /// `partial` or `failed`.
+    pub status: String,
+    pub attempted: usize,
+    pub delivered: usize,
+    pub failed: usize,
+}
+
+impl ArtifactDelivery {
+    /// `None` when nothing failed.
+    pub fn of(delivered: usize, failed: usize) -> Option<Self> {
+        (failed > 0).then(|| ArtifactDelivery {
+            code: "artifact_delivery_failed".into(),
+            status: if delivered == 0 { "failed" } else { "partial" }.into(),
+            attempted: delivered + failed,
+            delivered,
+            failed,
+        })
+    }
+}
+
+/// What was left out of a run's outputs: `skipped_count` entries in all, the first (at
+/// most 100) named in `skipped`, and why, in `reasons` (each once): `max_files`, `depth`,
+/// `size`, `path` (a name, symlink, hard link or special file) or `unreadable`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct ArtifactTruncation {
+    pub reasons: Vec<String>,
+    pub skipped: Vec<String>,
+    pub skipped_count: usize,
+}
+
+impl ArtifactTruncation {
+    /// From `files_skipped` and `files_skipped_total`; `None` when nothing was skipped.
+    /// Output files that could not be stored (`undelivered` of them) are
+    /// `artifact_delivery`'s, not counted here.
+    pub fn of(skipped: &[SkippedFile], total: usize, undelivered: usize) -> Option<Self> {
+        let is_undelivered = |r: &str| {
+            matches!(
+                r,
+                "quota_exceeded" | "storage_full" | "storage_unavailable" | "storage_error"
+            )
+        };
+        let kept: Vec<&SkippedFile> = skipped.iter().filter(|s| !is_undelivered(&s.reason)).collect();
+        let count = total.saturating_sub(undelivered);
+        if count == 0 {
+            return None;
+        }
+        let mut reasons: Vec<String> = Vec::new();
+        for s in &kept {
+            let reason = match s.reason.as_str() {
+                "too_many_files" => "max_files",
+                "too_deep" => "depth",
+                "too_large" | "over_workspace_limit" => "size",
+                "invalid_name" | "symlink" | "hard_link" | "not_regular_file" => "path",
+                _ => "unreadable",
+            };
+            if !reasons.iter().any(|r| r == reason) {
+                reasons.push(reason.into());
+            }
+        }
+        Some(ArtifactTruncation {
+            reasons,
+            skipped: kept.iter().map(|s| s.name.clone()).collect(),
+            skipped_count: count,
+        })
+    }
+}
+
+/// Whether a run in a workspace found files an earlier run left.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum RuntimeStatus {
+    New,
+    Reused,
 }
 
 /// Something of the working directory that was not returned as an output file, and why.
@@ -732,6 +824,26 @@ pub struct ExecResponse {
     pub files_skipped: Vec<SkippedFile>,
     /// (extension) How many entries were skipped in all.
     pub files_skipped_total: usize,
+    /// Input files (by the name they were staged under) that the run deleted; absent
+    /// when none was.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deleted_files: Vec<String>,
+    /// Output files that were collected but could not be stored (the principal's quota,
+    /// a full disk); absent when every one was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifact_delivery: Option<ArtifactDelivery>,
+    /// What the working directory held that was not collected (`files_skipped`, in
+    /// LibreChat's words); absent when nothing was skipped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifact_truncation: Option<ArtifactTruncation>,
+    /// With a workspace (`runtime_session_hint` or `workspace_id`): the workspace's id,
+    /// a hash of the principal and its name, the same for every run in it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_session_id: Option<String>,
+    /// With a workspace: `reused` when the run started with files that an earlier run in
+    /// it left, `new` when it started empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_status: Option<RuntimeStatus>,
     pub execution_time: u64,
     /// Alias of `execution_time`.
     pub wall_time: u64,
@@ -874,6 +986,45 @@ impl Language {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn artifact_reports_follow_the_clients_rules() {
+        assert_eq!(ArtifactDelivery::of(3, 0), None);
+        let partial = ArtifactDelivery::of(2, 1).unwrap();
+        assert_eq!(
+            (
+                partial.status.as_str(),
+                partial.attempted,
+                partial.delivered,
+                partial.failed
+            ),
+            ("partial", 3, 2, 1)
+        );
+        assert_eq!(ArtifactDelivery::of(0, 2).unwrap().status, "failed");
+        let skip = |name: &str, reason: &str| SkippedFile {
+            name: name.into(),
+            reason: reason.into(),
+        };
+        assert_eq!(ArtifactTruncation::of(&[], 0, 0), None);
+        // Only undelivered files: artifact_delivery's, not truncation.
+        assert_eq!(ArtifactTruncation::of(&[skip("a", "quota_exceeded")], 1, 1), None);
+        let t = ArtifactTruncation::of(
+            &[
+                skip("big", "too_large"),
+                skip("link", "symlink"),
+                skip("q", "storage_error"),
+                skip("huge", "over_workspace_limit"),
+                skip("deep", "too_deep"),
+                skip("n", "too_many_files"),
+            ],
+            150,
+            1,
+        )
+        .unwrap();
+        assert_eq!(t.reasons, ["size", "path", "depth", "max_files"]);
+        assert_eq!(t.skipped, ["big", "link", "huge", "deep", "n"]);
+        assert_eq!(t.skipped_count, 149, "the 100-entry list is not the count");
+    }
 
     #[test]
     fn language_aliases() {

@@ -40,6 +40,38 @@ pub struct FilesConfig {
     /// starts in the working directory its principal's previous run with the same one
     /// left. Default false (the hint is then ignored, `workspace_id` refused).
     pub workspaces: bool,
+    /// LibreChat's execution profile: `default` (each run starts from its input files
+    /// alone) or `stateful` (runs of one conversation share their files: workspaces,
+    /// which this turns on). A request whose `X-CodeAPI-Expected-Profile` names the
+    /// other is answered 409. Default `default`.
+    pub execution_profile: ExecutionProfile,
+}
+
+/// LibreChat's name for what a server keeps between runs (`execution_profile`).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ExecutionProfile {
+    #[default]
+    Default,
+    Stateful,
+}
+
+impl ExecutionProfile {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExecutionProfile::Default => "default",
+            ExecutionProfile::Stateful => "stateful",
+        }
+    }
+
+    /// The profile a header names; `None` for any other value.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "default" => Some(ExecutionProfile::Default),
+            "stateful" => Some(ExecutionProfile::Stateful),
+            _ => None,
+        }
+    }
 }
 
 impl Default for FilesConfig {
@@ -56,6 +88,7 @@ impl Default for FilesConfig {
             file_cache_mb: 1024,
             s3_timeout_ms: 30_000,
             workspaces: false,
+            execution_profile: ExecutionProfile::Default,
         }
     }
 }

@@ -23,7 +23,7 @@ pub mod sessions;
 
 pub use auth::{key_hash, ApiKey, AuthConfig, AuthConfigError, JwtConfig};
 pub use cluster::{ClusterConfig, ClusterError};
-pub use files::{FilesConfig, FilesError};
+pub use files::{ExecutionProfile, FilesConfig, FilesError};
 pub use host::{HostConfig, HostError, Isolation};
 pub use languages::{LanguageConfig, LanguagesConfig, LanguagesError};
 pub use limits::{LimitsConfig, LimitsError};
@@ -140,6 +140,10 @@ impl Config {
             figment = figment.merge(Serialized::default("data_dir", dir));
         }
         let mut config = Config::extract(&figment)?;
+        // The stateful profile is workspaces.
+        if config.files.execution_profile == ExecutionProfile::Stateful {
+            config.files.workspaces = true;
+        }
         if let Ok(value) = std::env::var("SANDCALL_API_KEYS") {
             config.auth.api_keys.extend(parse_env_keys(&value)?);
         }
@@ -753,6 +757,24 @@ mod tests {
             }]
         );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail closure signature
+    fn the_stateful_profile_turns_workspaces_on() {
+        figment::Jail::expect_with(|jail| {
+            let c = Config::load(None, &Overrides::default()).map_err(|e| e.to_string())?;
+            assert_eq!(c.files.execution_profile, ExecutionProfile::Default);
+            assert!(!c.files.workspaces);
+            jail.create_file("c.toml", "execution_profile = \"stateful\"\nworkspaces = false\n")?;
+            let c = Config::load(Some(Path::new("c.toml")), &Overrides::default()).map_err(|e| e.to_string())?;
+            assert_eq!(c.files.execution_profile, ExecutionProfile::Stateful);
+            assert!(c.files.workspaces, "stateful is workspaces");
+            jail.set_env("SANDCALL_EXECUTION_PROFILE", "warm");
+            let err = Config::load(None, &Overrides::default()).unwrap_err().to_string();
+            assert!(err.contains("execution_profile") || err.contains("warm"), "{err}");
+            Ok(())
+        });
     }
 
     #[test]

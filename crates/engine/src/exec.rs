@@ -108,6 +108,28 @@ pub fn check_code_and_args(
     Ok((code, args))
 }
 
+/// LibreChat's pre-warm of a conversation's runtime: `true` in Bash, with nothing else,
+/// in a workspace. It is answered at once, without a sandbox (`prewarm_response`).
+pub fn is_prewarm(cmd: &ExecCommand) -> bool {
+    cmd.workspace.is_some()
+        && cmd.language == Language::Bash
+        && cmd.code.trim() == "true"
+        && cmd.args.is_empty()
+        && cmd.stdin.is_empty()
+        && cmd.files.is_empty()
+}
+
+/// What a run of `true` answers, with the workspace's id: the workspace is neither
+/// opened nor changed, so there is no `runtime_status`.
+pub fn prewarm_response(runtime_session_id: String) -> ExecResponse {
+    let mut response = to_response(sandcall_api::ids::new_id(), RunResult::default(), 0);
+    response.status = ExecStatus::Ok;
+    response.exit_code = Some(0);
+    response.code = Some(0);
+    response.runtime_session_id = Some(runtime_session_id);
+    response
+}
+
 pub fn parse_exec(req: ExecRequest, config: &Config) -> Result<ExecCommand, EngineError> {
     let language = parse_language(req.language.as_deref(), req.lang.as_deref(), config)?;
     let (code, args) = check_code_and_args(req.code, req.args, config, "`code` is required")?;
@@ -341,6 +363,11 @@ pub fn to_response(session_id: String, mut result: RunResult, stderr_cap: u64) -
         files: Vec::new(),
         files_skipped: Vec::new(),
         files_skipped_total: 0,
+        deleted_files: Vec::new(),
+        artifact_delivery: None,
+        artifact_truncation: None,
+        runtime_session_id: None,
+        runtime_status: None,
         execution_time: result.wall_time_ms,
         wall_time: result.wall_time_ms,
         cpu_time: result.cpu_time_ms,
@@ -534,6 +561,34 @@ mod tests {
         let mut stderr = String::new();
         append_notes(&mut stderr, &["[sandbox] Out of memory".to_owned()]);
         assert_eq!(stderr, "[sandbox] Out of memory\n");
+    }
+
+    #[test]
+    fn only_a_bare_true_in_a_workspace_is_a_prewarm() {
+        let mut config = Config::default();
+        config.files.workspaces = true;
+        let cmd = |json: &str| parse_exec(req(json), &config).unwrap();
+        assert!(is_prewarm(&cmd(
+            r#"{"lang": "bash", "code": "true", "runtime_session_hint": "c"}"#
+        )));
+        assert!(is_prewarm(&cmd(
+            r#"{"lang": "sh", "code": " true\n", "workspace_id": "c"}"#
+        )));
+        for other in [
+            r#"{"lang": "bash", "code": "true"}"#,
+            r#"{"lang": "py", "code": "true", "runtime_session_hint": "c"}"#,
+            r#"{"lang": "bash", "code": "true; ls", "runtime_session_hint": "c"}"#,
+            r#"{"lang": "bash", "code": "true", "args": ["x"], "runtime_session_hint": "c"}"#,
+            r#"{"lang": "bash", "code": "true", "stdin": "x", "runtime_session_hint": "c"}"#,
+        ] {
+            assert!(!is_prewarm(&cmd(other)), "{other}");
+        }
+        let answer = prewarm_response("abc".into());
+        assert_eq!((answer.status, answer.exit_code), (ExecStatus::Ok, Some(0)));
+        assert_eq!(
+            (answer.runtime_session_id.as_deref(), answer.runtime_status),
+            (Some("abc"), None)
+        );
     }
 
     #[test]

@@ -94,6 +94,12 @@ impl Engine {
         let (_, tier) = self.tiers.pick(tier, cmd.isolation)?;
         // A run in a workspace holds it until its outputs are stored (files::workspace).
         let mut cmd = cmd;
+        if exec::is_prewarm(&cmd) {
+            let name = cmd.workspace.as_deref().unwrap_or_default();
+            let id = files::workspace::runtime_session_id(&principal.0, name);
+            return Ok((exec::prewarm_response(id), false));
+        }
+        let mut runtime = None;
         let workspace = match cmd.workspace.clone() {
             Some(name) => {
                 let hold_ms = cmd.timeout_ms + self.config.limits.queue_timeout_ms + WORKSPACE_HOLD_MARGIN_MS;
@@ -106,6 +112,12 @@ impl Engine {
                     &cmd.files,
                 )
                 .await?;
+                let status = if inputs.is_empty() {
+                    sandcall_api::RuntimeStatus::New
+                } else {
+                    sandcall_api::RuntimeStatus::Reused
+                };
+                runtime = Some((files::workspace::runtime_session_id(&principal.0, &name), status));
                 cmd.files.extend(inputs);
                 Some(lease)
             }
@@ -136,6 +148,7 @@ impl Engine {
         let stderr_cap = cmd.limits.max_output_bytes;
         let mut spec = RunSpec::new(session_id.clone(), cmd.code, launch, cmd.timeout_ms, cmd.limits);
         spec.stdin = cmd.stdin;
+        let staged = inputs.clone();
         spec.inputs = inputs;
         spec.collect = Some(files::ops::collect_into(
             &self.config,
@@ -166,7 +179,8 @@ impl Engine {
                 return Err(EngineError::internal(error_type::SANDBOX_FAILURE, &e.to_string()));
             }
         };
-        let (files, skipped, skipped_total) = files::ops::ingest_outputs(
+        let deleted = files::ops::deleted_inputs(&staged, &result);
+        let stored = files::ops::ingest(
             &*self.files,
             &principal.0,
             &session_id,
@@ -183,9 +197,17 @@ impl Engine {
             response.status.label(),
             wall_ms,
         );
-        response.files = files;
-        response.files_skipped = skipped;
-        response.files_skipped_total = skipped_total;
+        response.artifact_delivery = sandcall_api::ArtifactDelivery::of(stored.delivered, stored.undelivered);
+        response.artifact_truncation =
+            sandcall_api::ArtifactTruncation::of(&stored.skipped, stored.skipped_total, stored.undelivered);
+        response.files = stored.files;
+        response.files_skipped = stored.skipped;
+        response.files_skipped_total = stored.skipped_total;
+        response.deleted_files = deleted;
+        if let Some((id, status)) = runtime {
+            response.runtime_session_id = Some(id);
+            response.runtime_status = Some(status);
+        }
         if let Some(lease) = workspace {
             lease.save(&response.files).await;
         }

@@ -16,6 +16,7 @@ pub mod listen;
 pub mod mcp;
 pub mod node_auth;
 pub mod openapi;
+pub mod profile;
 pub mod rate_limit;
 pub mod router;
 pub mod telemetry;

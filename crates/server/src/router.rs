@@ -64,6 +64,11 @@ pub fn router(state: AppState) -> Router {
             state.clone(),
             crate::rate_limit::limit,
         ))
+        // Inside authentication: only a caller learns the profile's refusal.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::profile::check,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             crate::auth::authenticate,
@@ -72,6 +77,11 @@ pub fn router(state: AppState) -> Router {
         .layer(axum::middleware::from_fn_with_state(state.clone(), body_deadline))
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response))
+        // Outside everything: every response names the execution profile.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::profile::announce,
+        ))
         .with_state(state)
 }
 

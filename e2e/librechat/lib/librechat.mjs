@@ -19,6 +19,8 @@ function required(name) {
 export const baseUrl = required('LIBRECHAT_CODE_BASEURL');
 /** A second server, started with allow_unauthenticated: LibreChat with JWT off sends nothing. */
 export const openBaseUrl = required('E2E_OPEN_BASEURL');
+/** A third server, as the first with `execution_profile = "stateful"`. */
+export const statefulBaseUrl = required('E2E_STATEFUL_BASEURL');
 const privateKey = loadPrivateKey(required('E2E_JWT_PRIVATE_KEY_FILE'));
 const kid = process.env.E2E_JWT_KID ?? DEFAULT_KID;
 

@@ -121,9 +121,38 @@ fn read_tag(tag: &str) -> Option<InputTag> {
     serde_json::from_str(tag).ok()
 }
 
-/// Moves what the helper collected into the store under the run's session, and lists
-/// it for the response. A file the principal's quota has no room for is skipped as
-/// `quota_exceeded`. The outbox is removed afterwards, whatever happened.
+/// The inputs (by the name they were staged under) that a run deleted: staged, and
+/// neither reported as they were, nor collected changed, nor skipped by the collection.
+/// Read before `ingest`, which takes the result's outputs.
+pub fn deleted_inputs(inputs: &[InputFile], result: &RunResult) -> Vec<String> {
+    let mut kept: HashSet<String> = result
+        .inherited
+        .iter()
+        .chain(result.outputs.iter().filter_map(|o| o.input.as_ref()))
+        .filter_map(|t| read_tag(t))
+        .map(|t| t.name)
+        .collect();
+    kept.extend(result.skipped.iter().map(|s| s.name.clone()));
+    inputs
+        .iter()
+        .filter(|i| !i.read_only && !kept.contains(&i.name))
+        .map(|i| i.name.clone())
+        .collect()
+}
+
+/// What `ingest` made of a run's outputs.
+pub struct Ingested {
+    pub files: Vec<OutputFile>,
+    pub skipped: Vec<SkippedFile>,
+    pub skipped_total: usize,
+    /// Output files newly stored.
+    pub delivered: usize,
+    /// Output files collected (or found) that could not be stored: counted in
+    /// `skipped_total` too.
+    pub undelivered: usize,
+}
+
+/// `ingest`, as a tuple of the files, the skipped ones and how many were skipped.
 pub async fn ingest_outputs(
     store: &dyn FileStore,
     principal: &str,
@@ -132,6 +161,21 @@ pub async fn ingest_outputs(
     outbox: &Path,
     result: &mut RunResult,
 ) -> (Vec<OutputFile>, Vec<SkippedFile>, usize) {
+    let i = ingest(store, principal, session_id, config, outbox, result).await;
+    (i.files, i.skipped, i.skipped_total)
+}
+
+/// Moves what the helper collected into the store under the run's session, and lists
+/// it for the response. A file the principal's quota has no room for is skipped as
+/// `quota_exceeded`. The outbox is removed afterwards, whatever happened.
+pub async fn ingest(
+    store: &dyn FileStore,
+    principal: &str,
+    session_id: &str,
+    config: &Config,
+    outbox: &Path,
+    result: &mut RunResult,
+) -> Ingested {
     let mut files = Vec::with_capacity(result.outputs.len());
     let mut skipped: Vec<SkippedFile> = result
         .skipped
@@ -142,6 +186,9 @@ pub async fn ingest_outputs(
         })
         .collect();
     let mut skipped_total = result.skipped_total;
+    // The helper could not write to the outbox: those are undelivered too.
+    let mut undelivered = skipped.iter().filter(|s| s.reason == "storage_full").count();
+    let mut delivered = 0;
     let created = now_ms();
     let quota = Quota::of(config);
     // The inputs the run left as they were (and the read-only ones) come back under
@@ -193,6 +240,7 @@ pub async fn ingest_outputs(
         match store.insert(meta, &out.path, quota).await {
             Ok(()) => {
                 crate::telemetry::stored(1, size);
+                delivered += 1;
                 files.push(entry)
             }
             Err(e) => {
@@ -209,6 +257,7 @@ pub async fn ingest_outputs(
                     }
                 };
                 skipped_total += 1;
+                undelivered += 1;
                 if skipped.len() < 100 {
                     skipped.push(SkippedFile {
                         name,
@@ -224,5 +273,67 @@ pub async fn ingest_outputs(
     if outbox.symlink_metadata().is_ok() {
         let _ = tokio::fs::remove_dir_all(outbox).await;
     }
-    (files, skipped, skipped_total)
+    Ingested {
+        files,
+        skipped,
+        skipped_total,
+        delivered,
+        undelivered,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandcall_sandbox::protocol::CollectedFile;
+
+    fn input(name: &str, read_only: bool) -> InputFile {
+        let tag = InputTag {
+            id: format!("id-{name}"),
+            storage_session_id: "s".into(),
+            name: name.into(),
+            size: 1,
+            entity_id: None,
+        };
+        InputFile {
+            source: "/nowhere".into(),
+            name: name.into(),
+            read_only,
+            tag: serde_json::to_string(&tag).unwrap(),
+        }
+    }
+
+    #[test]
+    fn deleted_inputs_are_those_neither_kept_changed_nor_skipped() {
+        let inputs = [
+            input("kept", false),
+            input("changed", false),
+            input("skipped", false),
+            input("gone", false),
+            input("dir/gone too", false),
+            input("read-only", true),
+        ];
+        let result = RunResult {
+            inherited: vec![inputs[0].tag.clone(), inputs[5].tag.clone()],
+            outputs: vec![CollectedFile {
+                name: "changed".into(),
+                size: 1,
+                sha256: String::new(),
+                path: "/nowhere".into(),
+                input: Some(inputs[1].tag.clone()),
+            }],
+            skipped: vec![sandcall_sandbox::protocol::SkippedFile {
+                name: "skipped".into(),
+                reason: "too_large".into(),
+            }],
+            ..Default::default()
+        };
+        assert_eq!(deleted_inputs(&inputs, &result), ["gone", "dir/gone too"]);
+        // A run that emptied the working directory: every input but the read-only one.
+        let emptied = RunResult {
+            inherited: vec![inputs[5].tag.clone()],
+            ..Default::default()
+        };
+        assert_eq!(deleted_inputs(&inputs, &emptied).len(), 5);
+    }
 }

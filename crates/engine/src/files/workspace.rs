@@ -36,6 +36,19 @@ pub struct Lease {
     ttl_ms: u64,
 }
 
+/// The id LibreChat reads as `runtime_session_id`: the same for every run in the
+/// principal's workspace `name`, and different for another principal's of that name.
+pub fn runtime_session_id(principal: &str, name: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hash = Sha256::new();
+    hash.update(b"sandcall-workspace\0");
+    hash.update(principal.as_bytes());
+    hash.update(b"\0");
+    hash.update(name.as_bytes());
+    let digest = hash.finalize();
+    digest[..16].iter().map(|b| format!("{b:02x}")).collect()
+}
+
 fn busy() -> EngineError {
     EngineError::new(
         ErrorKind::Conflict,

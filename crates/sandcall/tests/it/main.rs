@@ -22,6 +22,7 @@ mod node;
 mod npm;
 mod openapi;
 mod principals;
+mod profiles;
 mod programmatic;
 mod rate_limits;
 mod readme;

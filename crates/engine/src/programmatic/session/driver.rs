@@ -942,8 +942,9 @@ impl Driver {
             Ending::Normal | Ending::Dormant => {}
         }
         if result.timed_out {
-            // The same words as the note on stderr: LibreChat shows the model `error`.
-            return error(error_type::TIMEOUT, "[sandbox] Time limit exceeded".into());
+            // The note on stderr's words without its `[sandbox] `: LibreChat's client
+            // matches `error` exactly to tell the model what happened.
+            return error(error_type::TIMEOUT, "Time limit exceeded".into());
         }
         if result.aborted {
             return error(error_type::SHUTTING_DOWN, "the server is shutting down".into());

@@ -640,11 +640,13 @@ impl Sessions {
         results: Vec<ToolResult>,
         request_id: Option<String>,
     ) -> Result<(Bytes, Served), EngineError> {
+        // 400, not 401: LibreChat's client tells the model a 401 means it is not allowed
+        // to run code at all, and a 400 that its request was rejected.
         let (id, pause) = self.inner.key.verify(token).ok_or_else(|| {
             EngineError::new(
-                ErrorKind::Unauthorized,
+                ErrorKind::Invalid,
                 error_type::INVALID_CONTINUATION_TOKEN,
-                "the continuation token is not valid",
+                "the continuation token is not valid: it does not parse or its signature does not verify",
             )
         })?;
         if session_id.is_some_and(|s| s != id) {

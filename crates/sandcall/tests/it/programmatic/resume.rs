@@ -41,10 +41,14 @@ fn tokens() {
         assert_eq!(st["continuation_token"], token1.as_str(), "after {results}: {st}");
     }
 
-    // An altered token: 401.
+    // An altered token (its signature does not verify), or one that does not parse: 400,
+    // which LibreChat's client tells the model is a rejected request, not a lack of
+    // authorization.
     let forged = altered(&token1);
-    let (code, v) = resume_with(&s, &first, &forged, json!([ok_result(&call["id"], json!(3))]));
-    assert_api_error(code, &v, 401, "invalid_continuation_token");
+    for bad in [forged.as_str(), "not-a-token"] {
+        let (code, v) = resume_with(&s, &first, bad, json!([ok_result(&call["id"], json!(3))]));
+        assert_api_error(code, &v, 400, "invalid_continuation_token");
+    }
 
     // The real token still works after all of the above.
     let (code, second) = resume(&s, &first, json!([ok_result(&call["id"], json!(3))]));
