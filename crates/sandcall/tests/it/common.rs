@@ -250,10 +250,24 @@ impl Server {
         content_type: Option<&str>,
         body: Option<&str>,
     ) -> (u16, Option<String>, Value) {
+        let headers: Vec<(&str, &str)> = content_type.map(|ct| ("Content-Type", ct)).into_iter().collect();
+        self.request_reading(method, path, &headers, body, "Retry-After")
+    }
+
+    /// Any request with `headers`; returns status, the response header `read`, and the
+    /// body as `request` does.
+    pub fn request_reading(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&str>,
+        read: &str,
+    ) -> (u16, Option<String>, Value) {
         let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(120)).build();
         let mut req = agent.request(method, &self.url(path));
-        if let Some(ct) = content_type {
-            req = req.set("Content-Type", ct);
+        for (name, value) in headers {
+            req = req.set(name, value);
         }
         let result = match body {
             Some(b) => req.send_string(b),
@@ -265,10 +279,10 @@ impl Server {
             Err(e) => panic!("{method} {path}: {e}"),
         };
         let status = resp.status();
-        let retry = resp.header("Retry-After").map(str::to_owned);
+        let header = resp.header(read).map(str::to_owned);
         let text = resp.into_string().unwrap();
         let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
-        (status, retry, value)
+        (status, header, value)
     }
 
     pub fn post(&self, path: &str, body: &Value) -> (u16, Value) {
