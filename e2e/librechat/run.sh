@@ -5,6 +5,11 @@
 # node:test suite in test/, and stops the servers whatever happens.
 #
 #   e2e/librechat/run.sh path/to/sandcall [node --test options...]
+#   e2e/librechat/run.sh --image IMAGE [node --test options...]
+#
+# With --image, each server is a container of IMAGE (deploy/Dockerfile) started with
+# podman and exactly the rights in deploy/container.args, its port published on
+# loopback (.ci/container runs it so, with podman's configuration in its environment).
 #
 # The servers:
 #   - "jwt":  CODEAPI_JWT_PUBLIC_KEY + CODEAPI_JWT_KID, as a LibreChat deployment with JWT
@@ -21,15 +26,22 @@ here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 
 if [ $# -lt 1 ]; then
-    echo "usage: $0 path/to/sandcall [node --test options...]" >&2
+    echo "usage: $0 path/to/sandcall | --image IMAGE [node --test options...]" >&2
     exit 2
 fi
-if [ ! -f "$1" ] || [ ! -x "$1" ]; then
-    echo "e2e: $1 is not an executable sandcall binary (build it first: cargo build --release)" >&2
-    exit 2
+image=""
+if [ "$1" = --image ]; then
+    image="${2:?usage: $0 --image IMAGE [node --test options...]}"
+    shift 2
+    mapfile -t rights < <(grep -v -e '^#' -e '^[[:space:]]*$' "$root/deploy/container.args")
+else
+    if [ ! -f "$1" ] || [ ! -x "$1" ]; then
+        echo "e2e: $1 is not an executable sandcall binary (build it first: cargo build --release)" >&2
+        exit 2
+    fi
+    binary="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
+    shift
 fi
-binary="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
-shift
 
 for tool in node npm curl; do
     if ! command -v "$tool" >/dev/null; then
@@ -78,7 +90,12 @@ fi
 
 work="$(mktemp -d)"
 pids=()
+containers=()
 stop_servers() {
+    for container in "${containers[@]}"; do
+        podman logs "$container" >"$work/${container##*-}/server.log" 2>&1 || true
+        podman rm -f -t 5 -v "$container" >/dev/null 2>&1 || true
+    done
     for pid in "${pids[@]}"; do
         kill -TERM "$pid" 2>/dev/null || true
     done
@@ -96,11 +113,43 @@ free_port() {
     node -e 'const s = require("net").createServer(); s.listen(0, "127.0.0.1", () => { console.log(s.address().port); s.close(); });'
 }
 
+# start_container NAME PORT [VAR=value...]: one container of $image, the port published
+# on loopback, its log copied to the server's log when it stops. Each has a data directory
+# of its own name: the path names the server's cgroup on the host's shared cgroup tree.
+start_container() {
+    local name="$1" port="$2" var env=()
+    shift 2
+    for var in "$@"; do
+        env+=(-e "$var")
+    done
+    local container="sandcall-e2e-$$-$name"
+    containers+=("$container")
+    podman run -d --name "$container" "${rights[@]}" --network slirp4netns -p "127.0.0.1:$port:3112" \
+        -e SANDCALL_LOG="${SANDCALL_LOG:-warn}" -e SANDCALL_DATA_DIR="/var/lib/sandcall/$name" "${env[@]}" "$image" >/dev/null 2>"$work/$name/podman.log"
+    for _ in $(seq 300); do
+        if curl -sf "http://127.0.0.1:$port/v1/health" >/dev/null 2>&1; then
+            return 0
+        fi
+        if [ "$(podman inspect --format '{{.State.Running}}' "$container" 2>/dev/null)" != true ]; then
+            break
+        fi
+        sleep 0.1
+    done
+    echo "e2e: the $name container did not answer GET /v1/health; its log:" >&2
+    cat "$work/$name/podman.log" >&2
+    podman logs "$container" >&2 || true
+    exit 1
+}
+
 # start NAME PORT [VAR=value...]: one server with its own data dir and log.
 start() {
     local name="$1" port="$2"
     shift 2
     mkdir -p "$work/$name"
+    if [ -n "$image" ]; then
+        start_container "$name" "$port" "$@"
+        return
+    fi
     env SANDCALL_LISTEN="127.0.0.1:$port" \
         SANDCALL_DATA_DIR="$work/$name/data" \
         SANDCALL_LOG="${SANDCALL_LOG:-warn}" \
@@ -145,6 +194,9 @@ status=0
     node --test --test-concurrency=1 --test-reporter=spec "$@" test/*.test.mjs
 ) || status=$?
 
+for container in "${containers[@]}"; do
+    podman logs "$container" >"$work/${container##*-}/server.log" 2>&1 || true
+done
 for name in jwt open stateful; do
     if grep -q "panicked" "$work/$name/server.log"; then
         echo "e2e: the $name server's log holds a panic:" >&2
