@@ -431,8 +431,8 @@ async fn trial_in(config: &Config, runner: &Runner) -> Result<Vec<&'static str>,
             Ok(r) if r.stdout == expected && r.exit_code == Some(0) => {}
             Ok(r) => {
                 return Err(format!(
-                    "{language:?} printed {:?}, stderr {:?}, exit {:?}, signal {:?}",
-                    r.stdout, r.stderr, r.exit_code, r.signal
+                    "{language:?} printed {:?}, stderr {:?}, exit {:?}, signal {:?}, timed out {}, out of memory {}, after {} ms",
+                    r.stdout, r.stderr, r.exit_code, r.signal, r.timed_out, r.oom_killed, r.wall_time_ms
                 ))
             }
             Err(e) => return Err(e.to_string()),
