@@ -116,24 +116,16 @@ struct Answer {
 }
 
 fn send(s: &Server, method: &str, path: &str, body: Option<&Value>) -> Answer {
-    let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(120)).build();
-    let req = agent
-        .request(method, &s.url(path))
-        .set("Content-Type", "application/json");
-    let result = match body {
-        Some(b) => req.send_string(&b.to_string()),
-        None => req.call(),
-    };
-    let resp = match result {
-        Ok(r) => r,
-        Err(ureq::Error::Status(_, r)) => r,
-        Err(e) => panic!("{method} {path}: {e}"),
-    };
-    let status = resp.status();
-    let node = resp.header("sandcall-node").unwrap_or("").to_owned();
-    let resume = resp.header("sandcall-resume").unwrap_or("").to_owned();
-    let text = resp.into_string().unwrap();
-    let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    send_with(s, method, path, body, &[])
+}
+
+fn send_with(s: &Server, method: &str, path: &str, body: Option<&Value>, extra: &[(&str, &str)]) -> Answer {
+    let mut headers = vec![("Content-Type", "application/json")];
+    headers.extend_from_slice(extra);
+    let body = body.map(Value::to_string);
+    let read = ["sandcall-node", "sandcall-resume"];
+    let (status, found, body) = s.request_reading_each(method, path, &headers, body.as_deref(), &read);
+    let [node, resume] = [0, 1].map(|i| found[i].clone().unwrap_or_default());
     Answer {
         status,
         node,
@@ -581,26 +573,13 @@ fn a_node_whose_session_was_taken_over_elsewhere_lets_it_go() {
 
 /// POST with a request id.
 fn send_named(s: &Server, path: &str, body: &Value, request_id: &str) -> Answer {
-    let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(120)).build();
-    let resp = match agent
-        .post(&s.url(path))
-        .set("Content-Type", "application/json")
-        .set("X-LibreChat-Code-Request-ID", request_id)
-        .send_string(&body.to_string())
-    {
-        Ok(r) => r,
-        Err(ureq::Error::Status(_, r)) => r,
-        Err(e) => panic!("POST {path}: {e}"),
-    };
-    let status = resp.status();
-    let node = resp.header("sandcall-node").unwrap_or("").to_owned();
-    let text = resp.into_string().unwrap();
-    Answer {
-        status,
-        node,
-        resume: String::new(),
-        body: serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    }
+    send_with(
+        s,
+        "POST",
+        path,
+        Some(body),
+        &[("X-LibreChat-Code-Request-ID", request_id)],
+    )
 }
 
 #[test]

@@ -264,6 +264,19 @@ impl Server {
         body: Option<&str>,
         read: &str,
     ) -> (u16, Option<String>, Value) {
+        let (status, mut found, value) = self.request_reading_each(method, path, headers, body, &[read]);
+        (status, found.pop().flatten(), value)
+    }
+
+    /// `request_reading` for several response headers, in `read`'s order.
+    pub fn request_reading_each(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&str>,
+        read: &[&str],
+    ) -> (u16, Vec<Option<String>>, Value) {
         let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(120)).build();
         let mut req = agent.request(method, &self.url(path));
         for (name, value) in headers {
@@ -279,10 +292,10 @@ impl Server {
             Err(e) => panic!("{method} {path}: {e}"),
         };
         let status = resp.status();
-        let header = resp.header(read).map(str::to_owned);
+        let found = read.iter().map(|name| resp.header(name).map(str::to_owned)).collect();
         let text = resp.into_string().unwrap();
         let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
-        (status, header, value)
+        (status, found, value)
     }
 
     pub fn post(&self, path: &str, body: &Value) -> (u16, Value) {
@@ -292,19 +305,10 @@ impl Server {
 
     /// A JSON POST with extra headers (credentials, `X-LibreChat-Code-Request-ID`).
     pub fn post_with(&self, path: &str, body: &Value, headers: &[(&str, &str)]) -> (u16, Value) {
-        let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(120)).build();
-        let mut req = agent.post(&self.url(path)).set("Content-Type", "application/json");
-        for (name, value) in headers {
-            req = req.set(name, value);
-        }
-        let resp = match req.send_string(&body.to_string()) {
-            Ok(r) => r,
-            Err(ureq::Error::Status(_, r)) => r,
-            Err(e) => panic!("POST {path}: {e}"),
-        };
-        let status = resp.status();
-        let text = resp.into_string().unwrap();
-        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+        let mut all = vec![("Content-Type", "application/json")];
+        all.extend_from_slice(headers);
+        let (status, _, value) = self.request_reading_each("POST", path, &all, Some(&body.to_string()), &[]);
+        (status, value)
     }
 
     /// POST /v1/exec, which must answer 200.

@@ -203,52 +203,19 @@ fn rewrite(
         over: over.clone(),
     });
     let mut upload: Option<Result<Spooled, ApiError>> = None;
-    let copied = (|| -> Result<(), Box<dyn std::error::Error>> {
-        reader.begin_object()?;
-        writer.begin_object()?;
-        while reader.has_next()? {
-            let name = reader.next_name_owned()?;
-            writer.name(&name)?;
-            if name != "params" || reader.peek()? != ValueType::Object {
-                reader.transfer_to(&mut writer)?;
-                continue;
-            }
-            reader.begin_object()?;
-            writer.begin_object()?;
-            while reader.has_next()? {
-                let name = reader.next_name_owned()?;
-                writer.name(&name)?;
-                if name != "arguments" || reader.peek()? != ValueType::Object {
-                    reader.transfer_to(&mut writer)?;
-                    continue;
-                }
-                reader.begin_object()?;
-                writer.begin_object()?;
-                while reader.has_next()? {
-                    let name = reader.next_name_owned()?;
-                    let content = matches!(name.as_str(), "text" | "base64");
-                    if content && reader.peek()? == ValueType::String {
-                        let decoded = decode(&mut reader, name == "base64", incoming, max_file)?;
-                        upload = Some(match upload.take() {
-                            None => decoded,
-                            Some(_) => Err(ApiError::bad_request("give exactly one of `text` or `base64`")),
-                        });
-                    } else {
-                        writer.name(&name)?;
-                        reader.transfer_to(&mut writer)?;
-                    }
-                }
-                reader.end_object()?;
-                writer.end_object()?;
-            }
-            reader.end_object()?;
-            writer.end_object()?;
+    let mut take_content = |name: &str, reader: &mut JsonStreamReader<_>| -> JsonResult<bool> {
+        if !matches!(name, "text" | "base64") || reader.peek()? != ValueType::String {
+            return Ok(false);
         }
-        reader.end_object()?;
-        reader.consume_trailing_whitespace()?;
-        writer.end_object()?;
-        Ok(())
-    })();
+        let decoded = decode(reader, name == "base64", incoming, max_file)?;
+        upload = Some(match upload.take() {
+            None => decoded,
+            Some(_) => Err(ApiError::bad_request("give exactly one of `text` or `base64`")),
+        });
+        Ok(true)
+    };
+    let copied = copy_object(&mut reader, &mut writer, &["params", "arguments"], &mut take_content)
+        .and_then(|()| Ok(reader.consume_trailing_whitespace()?));
     if let Err(e) = copied {
         if over.get() {
             return Err(not_an_upload(max_rest));
@@ -260,10 +227,40 @@ fn rewrite(
     Ok((out.out, upload))
 }
 
-/// The top level's `method` and `params.name`, each when a short string.
-fn scan<R: Read>(
+type JsonResult<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// Copies the object at `reader` to `writer`, going down the members `path` names (where
+/// each is an object). Each member of the object at the path's end is offered to `take`
+/// first: it returns true for one it consumed itself, which is then not copied.
+fn copy_object<R: Read, W: Write>(
     reader: &mut JsonStreamReader<R>,
-) -> Result<(Option<String>, Option<String>), Box<dyn std::error::Error>> {
+    writer: &mut JsonStreamWriter<W>,
+    path: &[&str],
+    take: &mut dyn FnMut(&str, &mut JsonStreamReader<R>) -> JsonResult<bool>,
+) -> JsonResult<()> {
+    reader.begin_object()?;
+    writer.begin_object()?;
+    while reader.has_next()? {
+        let name = reader.next_name_owned()?;
+        match path.split_first() {
+            None if take(&name, reader)? => continue,
+            Some((next, rest)) if *next == name && reader.peek()? == ValueType::Object => {
+                writer.name(&name)?;
+                copy_object(reader, writer, rest, take)?;
+                continue;
+            }
+            _ => {}
+        }
+        writer.name(&name)?;
+        reader.transfer_to(writer)?;
+    }
+    reader.end_object()?;
+    writer.end_object()?;
+    Ok(())
+}
+
+/// The top level's `method` and `params.name`, each when a short string.
+fn scan<R: Read>(reader: &mut JsonStreamReader<R>) -> JsonResult<(Option<String>, Option<String>)> {
     let (mut method, mut tool) = (None, None);
     reader.begin_object()?;
     while reader.has_next()? {
@@ -289,7 +286,7 @@ fn scan<R: Read>(
 }
 
 /// A string value of at most 64 bytes; a longer one (read through, not held) is none.
-fn short_string<R: Read>(reader: &mut JsonStreamReader<R>) -> Result<Option<String>, Box<dyn std::error::Error>> {
+fn short_string<R: Read>(reader: &mut JsonStreamReader<R>) -> JsonResult<Option<String>> {
     let mut value = Vec::new();
     let mut string = reader.next_string_reader()?;
     (&mut string).take(65).read_to_end(&mut value)?;
@@ -306,7 +303,7 @@ fn decode<R: Read>(
     base64: bool,
     incoming: &Path,
     max_file: u64,
-) -> Result<Result<Spooled, ApiError>, Box<dyn std::error::Error>> {
+) -> JsonResult<Result<Spooled, ApiError>> {
     let path = incoming.join(sandcall_api::ids::new_id());
     let file = std::fs::File::create(&path)?;
     let mut spooled = Spooled {
