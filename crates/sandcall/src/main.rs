@@ -206,10 +206,18 @@ fn load(args: &ServeArgs) -> anyhow::Result<sandcall_config::Config> {
     Ok(sandcall_config::Config::load(args.config.as_deref(), &overrides)?)
 }
 
+/// The configuration, refused when sandboxes could not see a path they need (before any
+/// install into it: `sandcall_engine::host::check_visible`).
+fn load_visible(args: &ServeArgs) -> anyhow::Result<sandcall_config::Config> {
+    let config = load(args)?;
+    sandcall_engine::host::check_visible(&config).map_err(|e| anyhow::anyhow!("refusing to start: {e}"))?;
+    Ok(config)
+}
+
 /// The configuration `serve` and `mcp` run with: loaded, and pointed at the managed
 /// runtimes (installed first if missing), off the async workers.
 async fn prepared(args: &ServeArgs) -> anyhow::Result<sandcall_config::Config> {
-    let mut config = load(args)?;
+    let mut config = load_visible(args)?;
     Ok(tokio::task::spawn_blocking(move || {
         sandcall_engine::python_runtime::prepare_for_serve(&mut config);
         sandcall_engine::npm_runtime::prepare_for_serve(&config);
