@@ -219,11 +219,18 @@ fn load_visible(args: &ServeArgs) -> anyhow::Result<sandcall_config::Config> {
 async fn prepared(args: &ServeArgs) -> anyhow::Result<sandcall_config::Config> {
     let mut config = load_visible(args)?;
     Ok(tokio::task::spawn_blocking(move || {
-        sandcall_engine::python_runtime::prepare_for_serve(&mut config);
-        sandcall_engine::npm_runtime::prepare_for_serve(&config);
+        install_runtimes(&mut config);
         config
     })
     .await?)
+}
+
+/// Points the config at the managed runtimes, installing them first when missing (a
+/// first start); what it installed, or could not, a sentence each.
+fn install_runtimes(config: &mut sandcall_config::Config) -> Vec<String> {
+    let python = sandcall_engine::python_runtime::prepare_for_serve(config);
+    let npm = sandcall_engine::npm_runtime::prepare_for_serve(config);
+    python.into_iter().chain(npm).collect()
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
@@ -231,9 +238,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// As `serve`, with MCP on stdio in place of the HTTP listener.
+/// As `serve`, with MCP on stdio in place of the HTTP listener, answering at once: the
+/// managed runtimes are installed (a first start) while it answers.
 async fn mcp(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    sandcall_server::serve_mcp_stdio(prepared(&args).await?).await?;
+    sandcall_server::serve_mcp_stdio(load_visible(&args)?, Box::new(install_runtimes)).await?;
     Ok(ExitCode::SUCCESS)
 }
 
