@@ -192,11 +192,12 @@ fn answer(result: Result<serde_json::Value, ApiError>, notice: Option<String>) -
 
 /// What a tool call answers when the server could not start.
 fn not_started(why: &str) -> ApiError {
-    ApiError::new(
-        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+    sandcall_engine::error::EngineError::new(
+        sandcall_engine::error::ErrorKind::Unavailable,
         sandcall_api::error_type::SANDBOX_FAILURE,
         format!("sandcall could not start, so no tool can run: {why}; fix that and restart `sandcall mcp`"),
     )
+    .into()
 }
 
 /// A progress notification's message while a call waits for the start.
