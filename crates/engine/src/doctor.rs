@@ -310,6 +310,23 @@ fn check_gvisor(config: &Config) -> Check {
     }
 }
 
+/// The host paths runs must see are where sandboxes can see them (`host::check_visible`).
+fn check_visible(config: &Config) -> Check {
+    let visible = host::check_visible(config);
+    Check {
+        name: "paths sandboxes see",
+        ok: visible.is_ok(),
+        detail: match visible {
+            Ok(()) => format!(
+                "the runtime directory {} and the toolchains are outside the sandbox's own mount points",
+                crate::python_runtime::runtime_dir(config).display()
+            ),
+            Err(e) => e.to_string(),
+        },
+        fix: "move the path the detail names to a directory that sandboxes see, as it says",
+    }
+}
+
 /// Runs every check, ending with a real sandboxed program in each language.
 pub async fn run(config: &Config) -> Report {
     let mut checks = vec![
@@ -327,6 +344,7 @@ pub async fn run(config: &Config) -> Report {
     if config.pins_gvisor() || crate::gvisor::find_runsc(config.host.runsc_path.as_deref()).is_ok() {
         checks.push(check_gvisor(config));
     }
+    checks.push(check_visible(config));
     let data_dir = host::data_dir(config);
     checks.push(Check {
         name: "data directory",

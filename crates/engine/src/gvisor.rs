@@ -31,6 +31,19 @@ const KERNEL_TASKS: u64 = 1024;
 const HOST_TASKS_PER_PROCESS: u64 = 4;
 /// The controllers gVisor's kernel has, where the helper makes its run cgroups inside.
 const INNER_CGROUPS: &str = "/sys/fs/cgroup";
+/// gVisor's own `/proc`, `/dev` and `/sys` in every gVisor sandbox (`oci_spec`).
+const PROC: &str = "/proc";
+const DEV: &str = "/dev";
+const SYS: &str = "/sys";
+
+/// Where every gVisor sandbox mounts something of gVisor's over the host's root it
+/// otherwise sees, each with what it puts there: a runtime under one is hidden from
+/// runs in this tier (`crate::host::check_visible`).
+pub const MOUNTED_OVER: [(&str, &str); 3] = [
+    (PROC, "gVisor's own /proc"),
+    (DEV, "a tmpfs of gVisor's"),
+    (SYS, "gVisor's own sysfs"),
+];
 
 /// Why the `gvisor` tier cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -332,9 +345,9 @@ fn oci_spec(helper_exe: &Path, writable: &[&Path]) -> serde_json::Value {
         "CAP_SYS_RESOURCE",
     ];
     let mut mounts = vec![
-        serde_json::json!({"destination": "/proc", "type": "proc", "source": "proc"}),
-        serde_json::json!({"destination": "/dev", "type": "tmpfs", "source": "tmpfs"}),
-        serde_json::json!({"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["ro", "nosuid", "nodev", "noexec"]}),
+        serde_json::json!({"destination": PROC, "type": "proc", "source": "proc"}),
+        serde_json::json!({"destination": DEV, "type": "tmpfs", "source": "tmpfs"}),
+        serde_json::json!({"destination": SYS, "type": "sysfs", "source": "sysfs", "options": ["ro", "nosuid", "nodev", "noexec"]}),
         serde_json::json!({"destination": INNER_CGROUPS, "type": "cgroup", "source": "cgroup"}),
     ];
     for dir in writable {

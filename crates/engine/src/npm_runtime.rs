@@ -272,16 +272,17 @@ fn write_lock(dir: &Path) -> Result<(), InstallError> {
 
 /// What `serve` does before serving: nothing when the set is installed; else, with
 /// `install_runtime` on, installs it, saying where; when that fails (no npm, no
-/// registry) or is off, warns that JavaScript runs without npm packages.
-pub fn prepare_for_serve(config: &Config) {
+/// registry) or is off, warns that JavaScript runs without npm packages. Says what it
+/// installed, or could not, in a sentence (`sandcall mcp` tells its first tool call).
+pub fn prepare_for_serve(config: &Config) -> Option<String> {
     let dir = crate::python_runtime::runtime_dir(config);
     if let Some(found) = find(&dir) {
         tracing::info!(npm = %found.dir.display(), packages = found.packages.len(), "npm packages for programs");
-        return;
+        return None;
     }
     if !config.languages.node.exists() {
         // JavaScript is unavailable anyway, and doctor says why.
-        return;
+        return None;
     }
     if !config.languages.install_runtime {
         tracing::warn!(
@@ -289,18 +290,30 @@ pub fn prepare_for_serve(config: &Config) {
             "the npm packages for programs are not installed and install_runtime is off: JavaScript and \
              TypeScript run without them (run `sandcall runtime install` to add lodash, dayjs, exceljs, ...)"
         );
-        return;
+        return None;
     }
     eprintln!(
         "sandcall: first start: installing the npm packages for programs (lodash, dayjs, exceljs, sharp, ...) into {}.",
         dir.display()
     );
+    let started = std::time::Instant::now();
     match install(&dir, &config.languages.node, &mut |line| eprintln!("sandcall: {line}")) {
-        Ok(installed) => eprintln!("sandcall: the npm packages are ready in {}", installed.dir.display()),
-        Err(e) => tracing::warn!(
-            "could not install the npm packages for programs ({e}); JavaScript and TypeScript run without them \
-             (`sandcall runtime install` retries)"
-        ),
+        Ok(installed) => {
+            eprintln!("sandcall: the npm packages are ready in {}", installed.dir.display());
+            Some(format!(
+                "The first start installed the npm packages for programs ({} packages: lodash, dayjs, exceljs, ...) in {:.0} s.",
+                installed.packages.len(),
+                started.elapsed().as_secs_f64()
+            ))
+        }
+        Err(e) => {
+            let why = format!(
+                "could not install the npm packages for programs ({e}); JavaScript and TypeScript run without them \
+                 (`sandcall runtime install` retries)"
+            );
+            tracing::warn!("{why}");
+            Some(format!("The first start {why}."))
+        }
     }
 }
 

@@ -412,17 +412,18 @@ fn run(step: &str, command: &mut Command, line: &mut dyn FnMut(&str)) -> Result<
 
 /// What `serve` does before serving: use the installed runtime; or install it (when
 /// `install_runtime` is on), saying where and how to skip it; or, when that fails or is
-/// off, run on the bare interpreter with a warning.
-pub fn prepare_for_serve(config: &mut Config) {
+/// off, run on the bare interpreter with a warning. Says what it installed, or could
+/// not, in a sentence (`sandcall mcp` tells its first tool call).
+pub fn prepare_for_serve(config: &mut Config) -> Option<String> {
     let dir = runtime_dir(config);
     if let Some(found) = find(&dir, &config.languages.python) {
         tracing::info!(runtime = %found.dir.display(), packages = found.packages.len(), "Python runtime");
         apply(config, &found);
-        return;
+        return None;
     }
     if !config.languages.python.exists() {
         // The server refuses to start with a missing interpreter, and says so.
-        return;
+        return None;
     }
     if !config.languages.install_runtime {
         tracing::warn!(
@@ -431,7 +432,7 @@ pub fn prepare_for_serve(config: &mut Config) {
              (run `sandcall runtime install` to add numpy, pandas, matplotlib, ...)",
             config.languages.python.display()
         );
-        return;
+        return None;
     }
     eprintln!(
         "sandcall: first start: installing the Python runtime ({} packages: numpy, pandas, matplotlib, ...) into {}.\n\
@@ -444,18 +445,26 @@ pub fn prepare_for_serve(config: &mut Config) {
         eprintln!("sandcall: {line}")
     }) {
         Ok(installed) => {
+            let seconds = started.elapsed().as_secs_f64();
             eprintln!(
-                "sandcall: the Python runtime is ready in {} ({:.0} s)",
+                "sandcall: the Python runtime is ready in {} ({seconds:.0} s)",
                 installed.dir.display(),
-                started.elapsed().as_secs_f64()
             );
             apply(config, &installed);
+            Some(format!(
+                "The first start installed the Python runtime ({} packages: numpy, pandas, matplotlib, ...) in {seconds:.0} s.",
+                installed.packages.len()
+            ))
         }
-        Err(e) => tracing::warn!(
-            "could not install the Python runtime ({e}); Python runs on the bare {} without numpy, pandas, \
-             matplotlib... (`sandcall runtime install` retries)",
-            config.languages.python.display()
-        ),
+        Err(e) => {
+            let why = format!(
+                "could not install the Python runtime ({e}); Python runs on the bare {} without numpy, pandas, \
+                 matplotlib... (`sandcall runtime install` retries)",
+                config.languages.python.display()
+            );
+            tracing::warn!("{why}");
+            Some(format!("The first start {why}."))
+        }
     }
 }
 

@@ -29,6 +29,34 @@ pub(crate) const RUNTIME_TOP: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", 
 /// Device nodes bound from the host; the sandbox cannot create device nodes itself.
 const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 
+/// The sandbox's scratch space, a tmpfs of its own each.
+const TMP: &str = "/tmp";
+const SHM: &str = "/dev/shm";
+/// The run's working directory (the staged workspace) and its code.
+const WORKDIR: &str = "/mnt/data";
+const CODE: &str = "/run/sandcall";
+const PROC: &str = "/proc";
+/// The npm packages for programs.
+const NODE_MODULES: &str = "/node_modules";
+
+/// Where `build_root` mounts something of the sandbox's own after it has bound the
+/// runtime's host paths (`extra_runtime_paths`), each with what it puts there: a host
+/// path under one of these is hidden from every run, so `sandcall serve` refuses such a
+/// runtime at start (`sandcall_engine::host::check_visible`).
+pub const MOUNTED_OVER: [(&str, &str); 6] = [
+    (TMP, "a tmpfs of its own"),
+    (SHM, "a tmpfs of its own"),
+    (PROC, "its own /proc"),
+    (WORKDIR, "the run's working directory"),
+    (CODE, "the run's code"),
+    (NODE_MODULES, "the npm packages for programs"),
+];
+
+/// `path` (absolute) below the new root.
+fn under(root: &Path, path: &str) -> PathBuf {
+    root.join(path.trim_start_matches('/'))
+}
+
 #[derive(Debug, thiserror::Error)]
 #[error("{step}: {source}")]
 pub struct MountError {
@@ -220,16 +248,16 @@ pub fn prepare_skeleton(root: &Path, extra_runtime_paths: &[PathBuf], node_modul
         step(|| format!("symlink /dev/{link}"), symlink(target, dev.join(link)))?;
     }
     for (dir, mode) in [
-        ("dev/shm", 0o1777),
-        ("tmp", 0o1777),
-        ("mnt/data", 0o755),
-        ("run/sandcall", 0o755),
-        ("proc", 0o555),
+        (SHM, 0o1777),
+        (TMP, 0o1777),
+        (WORKDIR, 0o755),
+        (CODE, 0o755),
+        (PROC, 0o555),
     ] {
-        mkdir(&root.join(dir), mode)?;
+        mkdir(&under(root, dir), mode)?;
     }
     if node_modules {
-        mkdir(&root.join("node_modules"), 0o755)?;
+        mkdir(&under(root, NODE_MODULES), 0o755)?;
     }
     Ok(())
 }
@@ -263,7 +291,7 @@ pub fn build_root(spec: &RootSpec) -> Result<(), MountError> {
     // The npm packages for programs, at the root: Node looks for `node_modules` in every
     // directory above the importing file, and `/` is above both the code and /mnt/data.
     if let Some(modules) = spec.node_modules {
-        bind_ro(modules, &root.join("node_modules"))?;
+        bind_ro(modules, &under(root, NODE_MODULES))?;
     }
     // /etc: a few host files the loader and libc read; passwd and group are our own.
     for name in ETC_FILES {
@@ -280,12 +308,12 @@ pub fn build_root(spec: &RootSpec) -> Result<(), MountError> {
         }
     }
     // Private scratch space, and the working directory and code the helper staged.
-    tmpfs(&root.join("dev/shm"), &format!("size={},mode=1777", spec.tmp_bytes))?;
-    tmpfs(&root.join("tmp"), &format!("size={},mode=1777", spec.tmp_bytes))?;
-    bind_rw(spec.workspace, &root.join("mnt/data"))?;
-    bind_ro(spec.code, &root.join("run/sandcall"))?;
+    tmpfs(&under(root, SHM), &format!("size={},mode=1777", spec.tmp_bytes))?;
+    tmpfs(&under(root, TMP), &format!("size={},mode=1777", spec.tmp_bytes))?;
+    bind_rw(spec.workspace, &under(root, WORKDIR))?;
+    bind_ro(spec.code, &under(root, CODE))?;
     if let Some(exe) = spec.tool_client {
-        bind_ro(exe, &root.join("run/sandcall/bin/sandcall"))?;
+        bind_ro(exe, &under(root, CODE).join("bin/sandcall"))?;
     }
 
     // Our own /proc: we are pid 1 of the new pid namespace, so it lists only the run.
@@ -293,7 +321,7 @@ pub fn build_root(spec: &RootSpec) -> Result<(), MountError> {
         || "mount /proc".into(),
         mount(
             Some("proc"),
-            &root.join("proc"),
+            &under(root, PROC),
             Some("proc"),
             MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
             None::<&str>,
@@ -312,7 +340,7 @@ pub fn build_root(spec: &RootSpec) -> Result<(), MountError> {
         || "detach old root".into(),
         umount2(".", MntFlags::MNT_DETACH).map_err(errno),
     )?;
-    step(|| "chdir /mnt/data".into(), chdir("/mnt/data").map_err(errno))?;
+    step(|| format!("chdir {WORKDIR}"), chdir(WORKDIR).map_err(errno))?;
     Ok(())
 }
 

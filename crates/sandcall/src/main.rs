@@ -206,16 +206,31 @@ fn load(args: &ServeArgs) -> anyhow::Result<sandcall_config::Config> {
     Ok(sandcall_config::Config::load(args.config.as_deref(), &overrides)?)
 }
 
+/// The configuration, refused when sandboxes could not see a path they need (before any
+/// install into it: `sandcall_engine::host::check_visible`).
+fn load_visible(args: &ServeArgs) -> anyhow::Result<sandcall_config::Config> {
+    let config = load(args)?;
+    sandcall_engine::host::check_visible(&config).map_err(|e| anyhow::anyhow!("refusing to start: {e}"))?;
+    Ok(config)
+}
+
 /// The configuration `serve` and `mcp` run with: loaded, and pointed at the managed
 /// runtimes (installed first if missing), off the async workers.
 async fn prepared(args: &ServeArgs) -> anyhow::Result<sandcall_config::Config> {
-    let mut config = load(args)?;
+    let mut config = load_visible(args)?;
     Ok(tokio::task::spawn_blocking(move || {
-        sandcall_engine::python_runtime::prepare_for_serve(&mut config);
-        sandcall_engine::npm_runtime::prepare_for_serve(&config);
+        install_runtimes(&mut config);
         config
     })
     .await?)
+}
+
+/// Points the config at the managed runtimes, installing them first when missing (a
+/// first start); what it installed, or could not, a sentence each.
+fn install_runtimes(config: &mut sandcall_config::Config) -> Vec<String> {
+    let python = sandcall_engine::python_runtime::prepare_for_serve(config);
+    let npm = sandcall_engine::npm_runtime::prepare_for_serve(config);
+    python.into_iter().chain(npm).collect()
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
@@ -223,9 +238,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// As `serve`, with MCP on stdio in place of the HTTP listener.
+/// As `serve`, with MCP on stdio in place of the HTTP listener, answering at once: the
+/// managed runtimes are installed (a first start) while it answers.
 async fn mcp(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    sandcall_server::serve_mcp_stdio(prepared(&args).await?).await?;
+    sandcall_server::serve_mcp_stdio(load_visible(&args)?, Box::new(install_runtimes)).await?;
     Ok(ExitCode::SUCCESS)
 }
 

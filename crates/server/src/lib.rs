@@ -67,46 +67,8 @@ pub enum ServeError {
 /// Runs the server until SIGTERM or SIGINT, then kills the running programs, reclaims
 /// their sandboxes and returns.
 pub async fn serve(config: Config) -> Result<(), ServeError> {
-    run(config, Frontend::Http).await
-}
-
-/// `sandcall mcp`: the same server machinery, answering MCP over stdin and stdout (and
-/// no HTTP listener) until the client closes stdin, or SIGTERM or SIGINT.
-pub async fn serve_mcp_stdio(config: Config) -> Result<(), ServeError> {
-    run(config, Frontend::McpStdio).await
-}
-
-/// What a started server answers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Frontend {
-    Http,
-    McpStdio,
-}
-
-async fn run(config: Config, frontend: Frontend) -> Result<(), ServeError> {
-    let auth = preflight(&config).await?;
-    let host = host::prepare(&config).map_err(|e| ServeError::Preflight(e.to_string()))?;
-    telemetry::install().map_err(|e| ServeError::Preflight(e.to_string()))?;
-    warn_if_sandboxes_outgrow_memory(&config);
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
-    let (state, runners, sessions_at_exit) = start(&config, &host, auth, shutdown_rx.clone()).await?;
-    let active = || runners.iter().map(Runner::active).sum::<usize>();
-    if frontend == Frontend::McpStdio {
-        // stdout is the protocol's: nothing else may be written there.
-        tracing::info!(cgroup = host.cgroups.version(), data_dir = %host.data_dir.display(), "sandcall serving MCP on stdio");
-        let principal = sandcall_auth::Principal(sandcall_auth::LOCAL.into());
-        tokio::select! {
-            served = mcp::serve_stdio(state, principal, shutdown_rx.clone()) => served?,
-            _ = wait_for_signal() => {}
-        }
-        let _ = shutdown_tx.send(true);
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while active() > 0 && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        host.cgroups.close();
-        return Ok(());
-    }
+    let started = start_all(&config, shutdown_rx).await?;
     let cap = listen::connection_cap(&config);
     let listener = tokio::net::TcpListener::bind(&config.listen.address)
         .await
@@ -115,11 +77,12 @@ async fn run(config: Config, frontend: Frontend) -> Result<(), ServeError> {
             source,
         })?;
     let addr = listener.local_addr()?;
+    let host = &started.host;
     tracing::info!(%addr, cgroup = host.cgroups.version(), data_dir = %host.data_dir.display(), "sandcall listening");
     // A machine-readable line for scripts and tests that listen on port 0.
     println!("sandcall listening on http://{addr}");
 
-    let app = router::router(state);
+    let app = router::router(started.state.clone());
     listen::serve(listener, app, cap, listen::Timeouts::new(&config), async move {
         wait_for_signal().await;
         tracing::info!("shutting down: killing running programs");
@@ -127,16 +90,111 @@ async fn run(config: Config, frontend: Frontend) -> Result<(), ServeError> {
     })
     .await;
     // In-flight requests have been answered; make sure every helper is gone too.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while active() > 0 && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let deadline = started.wait_for_helpers().await;
     // Every session's driver done (a paused one dormant in the store), and with many
     // nodes this node's sessions free for the others now.
-    sessions_at_exit.release_leases(deadline).await;
-    let left = host.cgroups.close();
+    started.sessions_at_exit.release_leases(deadline).await;
+    let left = started.host.cgroups.close();
     tracing::info!(left, "stopped");
     Ok(())
+}
+
+/// What `sandcall mcp` does before its engine starts, off the async workers: install
+/// the managed runtimes when they are missing (the binary's `install_runtimes`). Says
+/// what it did worth telling the first tool call, a sentence each.
+pub type Prepare = Box<dyn FnOnce(&mut Config) -> Vec<String> + Send>;
+
+/// `sandcall mcp`: MCP over stdin and stdout (and no HTTP listener) until the client
+/// closes stdin, or SIGTERM or SIGINT. It answers at once: `initialize` and `tools/list`
+/// need no engine, while `prepare` (a first start's install takes minutes) and the start
+/// of the server machinery run meanwhile. Tool calls wait for them; when the start
+/// fails, every tool call answers why, and the process keeps answering.
+pub async fn serve_mcp_stdio(config: Config, prepare: Prepare) -> Result<(), ServeError> {
+    let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
+    let (ready_tx, ready_rx) = tokio::sync::watch::channel(mcp::Start::Pending);
+    let held = std::sync::Mutex::new(None);
+    let starting = async {
+        match start_for_mcp(config, prepare, shutdown_rx.clone()).await {
+            Ok((started, notice)) => {
+                let host = &started.host;
+                // stdout is the protocol's: nothing else may be written there.
+                tracing::info!(cgroup = host.cgroups.version(), data_dir = %host.data_dir.display(), "sandcall serving MCP on stdio");
+                ready_tx.send_replace(mcp::Start::Ready(Box::new(started.state.clone()), notice));
+                *held.lock().unwrap_or_else(|p| p.into_inner()) = Some(started);
+            }
+            Err(e) => {
+                eprintln!("sandcall: {e}; every MCP tool call answers with this until sandcall mcp is restarted");
+                ready_tx.send_replace(mcp::Start::Failed(e.to_string().into()));
+            }
+        }
+        std::future::pending::<()>().await
+    };
+    let principal = sandcall_auth::Principal(sandcall_auth::LOCAL.into());
+    tokio::select! {
+        served = mcp::serve_stdio(ready_rx, principal, shutdown_rx.clone()) => served?,
+        () = starting => {}
+        _ = wait_for_signal() => {}
+    }
+    let _ = shutdown_tx.send(true);
+    let started = held.lock().unwrap_or_else(|p| p.into_inner()).take();
+    if let Some(started) = started {
+        started.wait_for_helpers().await;
+        started.host.cgroups.close();
+    }
+    Ok(())
+}
+
+/// `sandcall mcp`'s start: `prepare`, then what `serve` starts; the notice for the
+/// first tool call, if `prepare` had one.
+async fn start_for_mcp(
+    mut config: Config,
+    prepare: Prepare,
+    shutdown_rx: tokio::sync::watch::Receiver<bool>,
+) -> Result<(Started, Option<Arc<str>>), ServeError> {
+    let (config, notes) = tokio::task::spawn_blocking(move || {
+        let notes = prepare(&mut config);
+        (config, notes)
+    })
+    .await
+    .map_err(|e| ServeError::Preflight(e.to_string()))?;
+    let started = start_all(&config, shutdown_rx).await?;
+    let notice = (!notes.is_empty()).then(|| notes.join(" ").into());
+    Ok((started, notice))
+}
+
+/// A started server: what it answers with, and what its stop waits for.
+struct Started {
+    state: AppState,
+    runners: Vec<Runner>,
+    sessions_at_exit: programmatic::session::Sessions,
+    host: host::Host,
+}
+
+impl Started {
+    /// Waits (up to 10 s) until every helper is gone; the deadline it waited to.
+    async fn wait_for_helpers(&self) -> tokio::time::Instant {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let active = || self.runners.iter().map(Runner::active).sum::<usize>();
+        while active() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        deadline
+    }
+}
+
+/// Everything before a server answers: the checks, the host, the engine.
+async fn start_all(config: &Config, shutdown_rx: tokio::sync::watch::Receiver<bool>) -> Result<Started, ServeError> {
+    let auth = preflight(config).await?;
+    let host = host::prepare(config).map_err(|e| ServeError::Preflight(e.to_string()))?;
+    telemetry::install().map_err(|e| ServeError::Preflight(e.to_string()))?;
+    warn_if_sandboxes_outgrow_memory(config);
+    let (state, runners, sessions_at_exit) = start(config, &host, auth, shutdown_rx).await?;
+    Ok(Started {
+        state,
+        runners,
+        sessions_at_exit,
+        host,
+    })
 }
 
 /// The isolation tiers a server has, its own (`isolation`) first: with `namespace`, also

@@ -29,6 +29,7 @@ mod readme;
 mod runtime;
 mod s3;
 mod soak;
+mod startup;
 mod unprivileged;
 mod warm;
 mod workspaces;

@@ -13,6 +13,12 @@
 //! `upload_file` call may be that large, and its content is decoded to disk before rmcp
 //! reads the rest.
 //!
+//! `sandcall mcp` answers before its engine has started (a first start installs the
+//! managed runtimes, which takes minutes): the tools need the engine, `initialize` and
+//! `tools/list` do not. A tool call waits for the start (`Start`), with progress
+//! notifications when the client asked for them, and the first call after it is told
+//! what the start installed (or could not), in its result's `notice`.
+//!
 //! As a client (`client.rs`): the MCP servers the config names, whose tools programs call.
 //!
 //! Must not: hold logic of its own about runs or files beyond mapping MCP to the API.
@@ -33,7 +39,11 @@ use sandcall_auth::Principal;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::watch;
 
 pub mod spool;
 
@@ -121,17 +131,38 @@ fn download_path(session_id: &str, id: &str) -> String {
     format!("/v1/download/{session_id}/{id}")
 }
 
+/// Where the engine behind the tools is: starting (`sandcall mcp` answers meanwhile),
+/// ready, or failed to start.
+#[derive(Clone)]
+pub enum Start {
+    Pending,
+    /// The server's state, and what its start did that the first tool call is told (the
+    /// managed runtimes it installed, or could not).
+    Ready(Box<AppState>, Option<Arc<str>>),
+    /// Why the server could not start: every tool call answers it.
+    Failed(Arc<str>),
+}
+
+/// A started engine as one tool call has it.
+struct Ready {
+    state: AppState,
+    /// For the call's result: what the start did, and how long the call waited for it.
+    notice: Option<String>,
+}
+
 /// The MCP server of one connection (HTTP) or of the process (stdio).
 #[derive(Clone)]
 pub struct SandcallMcp {
-    state: AppState,
+    start: watch::Receiver<Start>,
+    /// Set once a tool call has been given the start's notice.
+    told: Arc<AtomicBool>,
     /// Who the calls act for over stdio; over HTTP, `authenticate`'s principal.
     principal: Option<Principal>,
     tool_router: ToolRouter<Self>,
 }
 
-/// An API error as a tool error: the API's error body as its text.
-fn tool_error(e: ApiError) -> CallToolResult {
+/// An API error as a tool error: the API's error body as its text (with `notice`).
+fn tool_error(e: ApiError, notice: Option<String>) -> CallToolResult {
     crate::telemetry::refused(e.error_type);
     let body = sandcall_api::ErrorBody {
         error: e.message,
@@ -139,23 +170,47 @@ fn tool_error(e: ApiError) -> CallToolResult {
         code: e.code.map(str::to_owned),
         retry_after_seconds: e.retry_after_s,
     };
-    let value = serde_json::to_value(&body).unwrap_or_default();
+    let mut value = serde_json::to_value(&body).unwrap_or_default();
+    if let Some(notice) = notice {
+        value["notice"] = notice.into();
+    }
     CallToolResult::structured_error(value)
 }
 
-fn answer(result: Result<serde_json::Value, ApiError>) -> CallToolResult {
+/// A tool's answer, with the start's `notice` when this call is the one told.
+fn answer(result: Result<serde_json::Value, ApiError>, notice: Option<String>) -> CallToolResult {
     match result {
-        Ok(value) => CallToolResult::structured(value),
-        Err(e) => tool_error(e),
+        Ok(mut value) => {
+            if let Some(notice) = notice {
+                value["notice"] = notice.into();
+            }
+            CallToolResult::structured(value)
+        }
+        Err(e) => tool_error(e, notice),
     }
 }
 
+/// What a tool call answers when the server could not start.
+fn not_started(why: &str) -> ApiError {
+    sandcall_engine::error::EngineError::new(
+        sandcall_engine::error::ErrorKind::Unavailable,
+        sandcall_api::error_type::SANDBOX_FAILURE,
+        format!("sandcall could not start, so no tool can run: {why}; fix that and restart `sandcall mcp`"),
+    )
+    .into()
+}
+
+/// A progress notification's message while a call waits for the start.
+const STARTING: &str = "sandcall is starting; a first start installs the managed runtimes (the Python data \
+                        stack, the npm packages), which takes a minute or more once; this call runs when it is ready";
+
 #[tool_router]
 impl SandcallMcp {
-    /// Over stdio: every call acts for `principal`.
-    pub fn stdio(state: AppState, principal: Principal) -> Self {
+    /// Over stdio: every call acts for `principal`, once `start` is ready.
+    pub fn stdio(start: watch::Receiver<Start>, principal: Principal) -> Self {
         SandcallMcp {
-            state,
+            start,
+            told: Arc::default(),
             principal: Some(principal),
             tool_router: Self::tool_router(),
         }
@@ -164,9 +219,54 @@ impl SandcallMcp {
     /// Over HTTP: each call acts for the principal `authenticate` found.
     pub fn http(state: AppState) -> Self {
         SandcallMcp {
-            state,
+            start: watch::channel(Start::Ready(Box::new(state), None)).1,
+            told: Arc::default(),
             principal: None,
             tool_router: Self::tool_router(),
+        }
+    }
+
+    /// The started engine, once it is: a call made before waits, telling the client how
+    /// long so far in a progress notification each second when it gave a progress token.
+    async fn ready(&self, ctx: &RequestContext<RoleServer>) -> Result<Ready, ApiError> {
+        let mut start = self.start.clone();
+        let began = Instant::now();
+        let waited = matches!(*start.borrow(), Start::Pending);
+        if waited {
+            let token = ctx.meta.get_progress_token();
+            loop {
+                if !matches!(*start.borrow(), Start::Pending) {
+                    break;
+                }
+                if let Some(token) = &token {
+                    let seconds = began.elapsed().as_secs_f64().floor();
+                    let progress = rmcp::model::ProgressNotificationParam::new(token.clone(), seconds)
+                        .with_message(format!("{STARTING} ({seconds:.0} s so far)"));
+                    let _ = ctx.peer.notify_progress(progress).await;
+                }
+                if let Ok(Err(_)) = tokio::time::timeout(Duration::from_secs(1), start.changed()).await {
+                    return Err(not_started("it is stopping"));
+                }
+            }
+        }
+        let current = start.borrow().clone();
+        match current {
+            Start::Ready(state, notice) => {
+                let first = !self.told.swap(true, Ordering::SeqCst);
+                let notice = notice.filter(|_| waited || first).map(|n| {
+                    if waited {
+                        format!(
+                            "{n} This call waited {:.0} s for sandcall to start.",
+                            began.elapsed().as_secs_f64()
+                        )
+                    } else {
+                        n.to_string()
+                    }
+                });
+                Ok(Ready { state: *state, notice })
+            }
+            Start::Failed(why) => Err(not_started(&why)),
+            Start::Pending => Err(not_started("it is still starting")),
         }
     }
 
@@ -191,7 +291,11 @@ impl SandcallMcp {
         Parameters(args): Parameters<ExecuteCode>,
         ctx: RequestContext<RoleServer>,
     ) -> CallToolResult {
-        answer(self.run(args, &ctx).await)
+        let ready = match self.ready(&ctx).await {
+            Ok(ready) => ready,
+            Err(e) => return tool_error(e, None),
+        };
+        answer(self.run(&ready.state, args, &ctx).await, ready.notice)
     }
 
     #[tool(
@@ -203,7 +307,11 @@ impl SandcallMcp {
         Parameters(args): Parameters<UploadFile>,
         ctx: RequestContext<RoleServer>,
     ) -> CallToolResult {
-        answer(self.upload(args, &ctx).await)
+        let ready = match self.ready(&ctx).await {
+            Ok(ready) => ready,
+            Err(e) => return tool_error(e, None),
+        };
+        answer(self.upload(&ready.state, args, &ctx).await, ready.notice)
     }
 
     #[tool(description = "List the stored files of a session (an upload's or a run's session_id).")]
@@ -212,7 +320,11 @@ impl SandcallMcp {
         Parameters(args): Parameters<ListFiles>,
         ctx: RequestContext<RoleServer>,
     ) -> CallToolResult {
-        answer(self.list(args, &ctx).await)
+        let ready = match self.ready(&ctx).await {
+            Ok(ready) => ready,
+            Err(e) => return tool_error(e, None),
+        };
+        answer(self.list(&ready.state, args, &ctx).await, ready.notice)
     }
 
     #[tool(
@@ -223,21 +335,29 @@ impl SandcallMcp {
         Parameters(args): Parameters<DownloadFile>,
         ctx: RequestContext<RoleServer>,
     ) -> CallToolResult {
-        answer(self.download(args, &ctx).await)
+        let ready = match self.ready(&ctx).await {
+            Ok(ready) => ready,
+            Err(e) => return tool_error(e, None),
+        };
+        answer(self.download(&ready.state, args, &ctx).await, ready.notice)
     }
 }
 
 impl SandcallMcp {
-    async fn run(&self, args: ExecuteCode, ctx: &RequestContext<RoleServer>) -> Result<serde_json::Value, ApiError> {
+    async fn run(
+        &self,
+        state: &AppState,
+        args: ExecuteCode,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Result<serde_json::Value, ApiError> {
         let principal = self.principal(ctx)?;
-        self.state.rate_limits.check(Group::Exec, &principal)?;
+        state.rate_limits.check(Group::Exec, &principal)?;
         let mut files = Vec::new();
         for f in args.files.unwrap_or_default() {
             // Without a name, the file keeps the one it was stored with.
             let name = match f.name {
                 Some(name) => name,
-                None => self
-                    .find(&principal, &f.session_id, &f.id)
+                None => find(state, &principal, &f.session_id, &f.id)
                     .await?
                     .name
                     .rsplit('/')
@@ -263,11 +383,8 @@ impl SandcallMcp {
             run_timeout: args.timeout_ms,
             ..Default::default()
         };
-        let cmd = exec::parse_exec(req, &self.state.config)?;
-        let (response, _warm) = self
-            .state
-            .execute(&principal, self.state.auth.isolation(&principal), cmd)
-            .await?;
+        let cmd = exec::parse_exec(req, &state.config)?;
+        let (response, _warm) = state.execute(&principal, state.auth.isolation(&principal), cmd).await?;
         let files: Vec<FileEntry> = response
             .files
             .iter()
@@ -291,22 +408,14 @@ impl SandcallMcp {
         }))
     }
 
-    async fn find(&self, principal: &Principal, session_id: &str, id: &str) -> Result<FileMeta, ApiError> {
-        let id = id.split_once('.').map_or(id, |(id, _)| id);
-        if !ids::is_id(session_id) || !ids::is_id(id) {
-            return Err(file_not_found().into());
-        }
-        self.state
-            .files
-            .get(&principal.0, session_id, id)
-            .await
-            .map_err(storage_error)?
-            .ok_or_else(|| file_not_found().into())
-    }
-
-    async fn upload(&self, args: UploadFile, ctx: &RequestContext<RoleServer>) -> Result<serde_json::Value, ApiError> {
+    async fn upload(
+        &self,
+        state: &AppState,
+        args: UploadFile,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Result<serde_json::Value, ApiError> {
         let principal = self.principal(ctx)?;
-        self.state.rate_limits.check(Group::Files, &principal)?;
+        state.rate_limits.check(Group::Files, &principal)?;
         let name = upload_name(&args.name).map_err(|e| ApiError::bad_request(e.to_string()))?;
         // A large call's content is on disk already (`spool`); a small one's is here.
         let spooled = ctx
@@ -319,7 +428,7 @@ impl SandcallMcp {
                 Ok(s) => (s.path.clone(), s.size, s.sha256.clone()),
                 Err(e) => return Err(e.clone()),
             },
-            None => self.write_small(&args, &name).await?,
+            None => write_small(state, &args, &name).await?,
         };
         let id = temp.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
         let session_id = ids::new_id();
@@ -333,17 +442,13 @@ impl SandcallMcp {
             content_type: guess_type(&name),
             sha256,
             created_ms: created,
-            expires_ms: created + self.state.config.files.file_ttl_s * 1000,
+            expires_ms: created + state.config.files.file_ttl_s * 1000,
             kind: None,
             entity_id: None,
             version: None,
             read_only: false,
         };
-        let inserted = self
-            .state
-            .files
-            .insert(meta, &temp, Quota::of(&self.state.config))
-            .await;
+        let inserted = state.files.insert(meta, &temp, Quota::of(&state.config)).await;
         // The store moved the bytes in, or they are of no more use.
         let _ = tokio::fs::remove_file(&temp).await;
         inserted.map_err(storage_error)?;
@@ -358,43 +463,16 @@ impl SandcallMcp {
         .unwrap_or_default())
     }
 
-    /// A small call's content, decoded and written to `incoming/`: its path (named by
-    /// the new file's id), size and sha256.
-    async fn write_small(&self, args: &UploadFile, name: &str) -> Result<(std::path::PathBuf, u64, String), ApiError> {
-        let bytes = match (&args.text, &args.base64) {
-            (Some(text), None) => std::borrow::Cow::Borrowed(text.as_bytes()),
-            (None, Some(b64)) => std::borrow::Cow::Owned(
-                base64::engine::general_purpose::STANDARD
-                    .decode(b64.trim())
-                    .map_err(|e| ApiError::bad_request(format!("`base64` is not valid base64: {e}")))?,
-            ),
-            _ => return Err(ApiError::bad_request("give exactly one of `text` or `base64`")),
-        };
-        let max = self.state.config.files.max_file_bytes;
-        if bytes.len() as u64 > max {
-            return Err(ApiError::too_large(format!(
-                "{name} is larger than {max} bytes (max_file_bytes)"
-            )));
-        }
-        let temp = self.state.files.incoming_dir().join(ids::new_id());
-        let write = async {
-            let mut out = tokio::fs::File::create(&temp).await?;
-            out.write_all(&bytes).await?;
-            out.flush().await
-        };
-        if let Err(e) = write.await {
-            let _ = tokio::fs::remove_file(&temp).await;
-            return Err(storage_error(e.into()).into());
-        }
-        let sha256 = Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
-        Ok((temp, bytes.len() as u64, sha256))
-    }
-
-    async fn list(&self, args: ListFiles, ctx: &RequestContext<RoleServer>) -> Result<serde_json::Value, ApiError> {
+    async fn list(
+        &self,
+        state: &AppState,
+        args: ListFiles,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Result<serde_json::Value, ApiError> {
         let principal = self.principal(ctx)?;
-        self.state.rate_limits.check(Group::Files, &principal)?;
+        state.rate_limits.check(Group::Files, &principal)?;
         let files = if ids::is_id(&args.session_id) {
-            self.state
+            state
                 .files
                 .list(&principal.0, &args.session_id)
                 .await
@@ -417,12 +495,13 @@ impl SandcallMcp {
 
     async fn download(
         &self,
+        state: &AppState,
         args: DownloadFile,
         ctx: &RequestContext<RoleServer>,
     ) -> Result<serde_json::Value, ApiError> {
         let principal = self.principal(ctx)?;
-        self.state.rate_limits.check(Group::Files, &principal)?;
-        let meta = self.find(&principal, &args.session_id, &args.file_id).await?;
+        state.rate_limits.check(Group::Files, &principal)?;
+        let meta = find(state, &principal, &args.session_id, &args.file_id).await?;
         if meta.size > MAX_DOWNLOAD_BYTES {
             return Err(ApiError::too_large(format!(
                 "{} is {} bytes, more than the {MAX_DOWNLOAD_BYTES} that download_file returns; GET {} instead",
@@ -431,7 +510,7 @@ impl SandcallMcp {
                 download_path(&meta.session_id, &meta.id)
             )));
         }
-        let reader = self.state.files.open(&meta).await.map_err(storage_error)?;
+        let reader = state.files.open(&meta).await.map_err(storage_error)?;
         let mut bytes = Vec::with_capacity(meta.size as usize);
         reader
             .take(MAX_DOWNLOAD_BYTES + 1)
@@ -451,6 +530,56 @@ impl SandcallMcp {
         }
         Ok(value)
     }
+}
+
+/// A file of `principal`'s, by session and id.
+async fn find(state: &AppState, principal: &Principal, session_id: &str, id: &str) -> Result<FileMeta, ApiError> {
+    let id = id.split_once('.').map_or(id, |(id, _)| id);
+    if !ids::is_id(session_id) || !ids::is_id(id) {
+        return Err(file_not_found().into());
+    }
+    state
+        .files
+        .get(&principal.0, session_id, id)
+        .await
+        .map_err(storage_error)?
+        .ok_or_else(|| file_not_found().into())
+}
+
+/// A small call's content, decoded and written to `incoming/`: its path (named by
+/// the new file's id), size and sha256.
+async fn write_small(
+    state: &AppState,
+    args: &UploadFile,
+    name: &str,
+) -> Result<(std::path::PathBuf, u64, String), ApiError> {
+    let bytes = match (&args.text, &args.base64) {
+        (Some(text), None) => std::borrow::Cow::Borrowed(text.as_bytes()),
+        (None, Some(b64)) => std::borrow::Cow::Owned(
+            base64::engine::general_purpose::STANDARD
+                .decode(b64.trim())
+                .map_err(|e| ApiError::bad_request(format!("`base64` is not valid base64: {e}")))?,
+        ),
+        _ => return Err(ApiError::bad_request("give exactly one of `text` or `base64`")),
+    };
+    let max = state.config.files.max_file_bytes;
+    if bytes.len() as u64 > max {
+        return Err(ApiError::too_large(format!(
+            "{name} is larger than {max} bytes (max_file_bytes)"
+        )));
+    }
+    let temp = state.files.incoming_dir().join(ids::new_id());
+    let write = async {
+        let mut out = tokio::fs::File::create(&temp).await?;
+        out.write_all(&bytes).await?;
+        out.flush().await
+    };
+    if let Err(e) = write.await {
+        let _ = tokio::fs::remove_file(&temp).await;
+        return Err(storage_error(e.into()).into());
+    }
+    let sha256 = Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
+    Ok((temp, bytes.len() as u64, sha256))
 }
 
 #[tool_handler(router = self.tool_router)]
@@ -512,14 +641,14 @@ pub fn route(state: AppState) -> axum::routing::MethodRouter<AppState> {
 }
 
 /// Serves MCP over this process's stdin and stdout until the client closes stdin (or
-/// `shutdown` fires). Every call acts for `principal`.
+/// `shutdown` fires). Every call acts for `principal`, on the engine `start` gives.
 pub async fn serve_stdio(
-    state: AppState,
+    start: watch::Receiver<Start>,
     principal: Principal,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     use rmcp::ServiceExt;
-    let server = SandcallMcp::stdio(state, principal)
+    let server = SandcallMcp::stdio(start, principal)
         .serve(rmcp::transport::stdio())
         .await
         .map_err(std::io::Error::other)?;
