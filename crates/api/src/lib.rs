@@ -537,12 +537,13 @@ pub enum ProgrammaticResponse {
         /// Input files the program deleted, as on /v1/exec; absent when none was.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         deleted_files: Vec<String>,
-        /// As on /v1/exec: output files that could not be stored.
+        /// As on /v1/exec: output files that could not be stored. (Boxed, as the next
+        /// one: rare, and large beside the other variants.)
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        artifact_delivery: Option<ArtifactDelivery>,
+        artifact_delivery: Option<Box<ArtifactDelivery>>,
         /// As on /v1/exec: what the working directory held that was not collected.
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        artifact_truncation: Option<ArtifactTruncation>,
+        artifact_truncation: Option<Box<ArtifactTruncation>>,
         /// With a workspace: its id, as on /v1/exec.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         runtime_session_id: Option<String>,

@@ -7,7 +7,9 @@
 //! `workspace_release`), so every node sees the same one. A run holds the workspace from
 //! before its inputs are resolved until its outputs are stored: one run at a time, and a
 //! second one is answered `409 workspace_busy`. The hold is a lease, so a node that dies
-//! mid-run frees it when the lease runs out.
+//! mid-run frees it when the lease runs out. A programmatic session holds it from its
+//! start to its end, pauses included (`programmatic::session::held`): it renews the
+//! lease, keeps it while dormant, and a replay holds it again under the same holder.
 //!
 //! What the next run gets is what the run's answer lists in `files`: the inputs that
 //! came back unchanged (`inherited`) and the files the run wrote, so everything the

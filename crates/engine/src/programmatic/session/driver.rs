@@ -992,12 +992,13 @@ impl Driver {
             session_id: session_id.clone(),
             stdout: result.stdout,
             stderr: result.stderr,
-            artifact_delivery: sandcall_api::ArtifactDelivery::of(stored.delivered, stored.undelivered),
+            artifact_delivery: sandcall_api::ArtifactDelivery::of(stored.delivered, stored.undelivered).map(Box::new),
             artifact_truncation: sandcall_api::ArtifactTruncation::of(
                 &stored.skipped,
                 stored.skipped_total,
                 stored.undelivered,
-            ),
+            )
+            .map(Box::new),
             files: stored.files,
             files_skipped: stored.skipped,
             files_skipped_total: stored.skipped_total,
