@@ -334,6 +334,16 @@ pub struct ProgrammaticRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<IsolationName>)]
     pub isolation: Option<String>,
+    /// First call: as on /v1/exec, the caller's workspace (LibreChat's stateful
+    /// profile): the program starts with its files and, if it completes, leaves its own
+    /// for the next run. The session holds the workspace from its start to its end,
+    /// pauses included. Ignored when `workspaces` is off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub runtime_session_hint: Option<serde_json::Value>,
+    /// First call (extension): as on /v1/exec, wins over `runtime_session_hint`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_id: Option<String>,
     /// Resume: the session the token belongs to (optional; must match it when sent).
     pub session_id: Option<String>,
     /// Resume: the token of the pause being answered.
@@ -524,6 +534,22 @@ pub enum ProgrammaticResponse {
         timed_out: bool,
         stdout_truncated: bool,
         stderr_truncated: bool,
+        /// Input files the program deleted, as on /v1/exec; absent when none was.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        deleted_files: Vec<String>,
+        /// As on /v1/exec: output files that could not be stored. (Boxed, as the next
+        /// one: rare, and large beside the other variants.)
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        artifact_delivery: Option<Box<ArtifactDelivery>>,
+        /// As on /v1/exec: what the working directory held that was not collected.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        artifact_truncation: Option<Box<ArtifactTruncation>>,
+        /// With a workspace: its id, as on /v1/exec.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        runtime_session_id: Option<String>,
+        /// With a workspace: `new` or `reused`, as on /v1/exec.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        runtime_status: Option<RuntimeStatus>,
     },
     Error {
         session_id: String,

@@ -362,6 +362,22 @@ pub struct SessionStart {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loop_deadline_ms: Option<u64>,
     pub created_ms: u64,
+    /// The workspace the session holds from its start to its end, if any: a replay
+    /// holds it again under the same holder. Its files at the start are in the
+    /// request's `files`, after the caller's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<HeldWorkspace>,
+}
+
+/// A workspace a programmatic session holds (`SessionStart::workspace`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct HeldWorkspace {
+    /// The principal's workspace name (`workspace_id` or `runtime_session_hint`).
+    pub name: String,
+    /// The holder its lease is taken under.
+    pub holder: String,
+    /// It started with files an earlier run left (`runtime_status: reused`).
+    pub reused: bool,
 }
 
 /// Where a session is, as the store knows it: small, replaced as a whole by each write.
@@ -536,6 +552,7 @@ pub(crate) async fn check_dormancy(store: &dyn SessionStore, id: &str, principal
         hash_seed: 2,
         loop_deadline_ms: None,
         created_ms: 1,
+        workspace: None,
     };
     let dormancy = |due_ms, request_id: Option<&str>| Dormancy {
         principal: principal.into(),

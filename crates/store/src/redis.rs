@@ -525,6 +525,7 @@ mod tests {
             hash_seed: 8,
             loop_deadline_ms: None,
             created_ms: 1,
+            workspace: None,
         }
     }
 

@@ -7,6 +7,7 @@ import http from 'node:http';
 import { test } from 'node:test';
 import {
   createBashExecutionTool,
+  createBashProgrammaticToolCallingTool,
   createCodeExecutionTool,
   createProgrammaticToolCallingTool,
 } from '@librechat/agents';
@@ -34,7 +35,12 @@ function conversation(u, hint, profile = 'stateful') {
     executionProfile: profile,
     runtimeSessionHint: hint,
   };
-  return { code: createCodeExecutionTool(params), bash: createBashExecutionTool(params) };
+  return {
+    code: createCodeExecutionTool(params),
+    bash: createBashExecutionTool(params),
+    programmatic: createProgrammaticToolCallingTool(params),
+    bashProgrammatic: createBashProgrammaticToolCallingTool(params),
+  };
 }
 
 test('stateful: a file written in one call is read in the next call of the conversation, and not in another conversation', { timeout: 90_000 }, async () => {
@@ -186,4 +192,45 @@ test('a mangled continuation token reaches the model as a rejected request, not 
   } finally {
     proxy.server.close();
   }
+});
+
+test('stateful: a file written by a programmatic call, around a tool call, is read by the next calls of the conversation, and not in another conversation', { timeout: 120_000 }, async () => {
+  const hint = 'v2:conversation:9e9e9e';
+  const conv = conversation(dana, hint);
+  const tools = programmaticExtra([await echoTool()]);
+  const first = await invoke(
+    conv.programmatic,
+    { code: 'open("ptc.txt", "w").write("before the call\\n")\nv = await echo_value(value="from the tool")\nopen("ptc.txt", "a").write(v["value"] + "\\n")\nprint("written")' },
+    tools,
+  );
+  assert.match(first.content, /stdout:\nwritten/);
+  assert.equal(first.artifact.runtime_status, 'new', JSON.stringify(first.artifact));
+  assert.match(first.artifact.runtime_session_id ?? '', /^[0-9a-f]{32}$/, JSON.stringify(first.artifact));
+
+  const second = await invoke(conv.bash, { command: 'cat ptc.txt' });
+  assert.match(second.content, /stdout:\nbefore the call\nfrom the tool/);
+  assert.equal(second.artifact.runtime_status, 'reused');
+  assert.equal(second.artifact.runtime_session_id, first.artifact.runtime_session_id);
+
+  // The Bash programmatic tool of the conversation reads it, and deletes it.
+  const third = await invoke(
+    conv.bashProgrammatic,
+    { code: 'v=$(echo_value \'{"value": "again"}\')\ncat ptc.txt\nrm ptc.txt\necho "$v"' },
+    tools,
+  );
+  assert.match(third.content, /before the call\nfrom the tool\n/);
+  assert.equal(third.artifact.runtime_session_id, first.artifact.runtime_session_id, JSON.stringify(third.artifact));
+  assert.deepEqual(third.artifact.deleted_files, ['ptc.txt'], JSON.stringify(third.artifact));
+  const after = await invoke(conv.bash, { command: 'ls ptc.txt 2>&1 || echo absent' });
+  assert.match(after.content, /absent/);
+
+  // Another conversation of the same user does not see the first call's file.
+  const other = conversation(dana, 'v2:conversation:9e9e9f');
+  const elsewhere = await invoke(
+    other.programmatic,
+    { code: 'import os\nawait echo_value(value="x")\nprint(os.path.exists("ptc.txt"))' },
+    tools,
+  );
+  assert.match(elsewhere.content, /stdout:\nFalse/);
+  assert.notEqual(elsewhere.artifact.runtime_session_id, first.artifact.runtime_session_id);
 });

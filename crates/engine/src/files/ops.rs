@@ -141,6 +141,7 @@ pub fn deleted_inputs(inputs: &[InputFile], result: &RunResult) -> Vec<String> {
 }
 
 /// What `ingest` made of a run's outputs.
+#[derive(Default)]
 pub struct Ingested {
     pub files: Vec<OutputFile>,
     pub skipped: Vec<SkippedFile>,

@@ -7,7 +7,9 @@
 //! `workspace_release`), so every node sees the same one. A run holds the workspace from
 //! before its inputs are resolved until its outputs are stored: one run at a time, and a
 //! second one is answered `409 workspace_busy`. The hold is a lease, so a node that dies
-//! mid-run frees it when the lease runs out.
+//! mid-run frees it when the lease runs out. A programmatic session holds it from its
+//! start to its end, pauses included (`programmatic::session::held`): it renews the
+//! lease, keeps it while dormant, and a replay holds it again under the same holder.
 //!
 //! What the next run gets is what the run's answer lists in `files`: the inputs that
 //! came back unchanged (`inherited`) and the files the run wrote, so everything the
@@ -69,21 +71,15 @@ pub async fn take(
     ttl_ms: u64,
     requested: &[FileRef],
 ) -> Result<(Lease, Vec<FileRef>), EngineError> {
-    let holder = sandcall_api::ids::new_id();
-    let now = now_ms();
-    let files = store
-        .workspace_take(principal, name, &holder, now, now.saturating_add(hold_ms))
-        .await
-        .map_err(storage_error)?
-        .ok_or_else(busy)?;
-    let lease = Lease {
-        store: store.clone(),
-        principal: principal.to_owned(),
-        name: name.to_owned(),
-        holder,
-        held: true,
+    let (lease, files) = lease(
+        store.clone(),
+        principal,
+        name,
+        sandcall_api::ids::new_id(),
+        hold_ms,
         ttl_ms,
-    };
+    )
+    .await?;
     let clashes = |n: &str| {
         requested
             .iter()
@@ -113,7 +109,103 @@ pub async fn take(
     Ok((lease, inputs))
 }
 
+/// Takes the workspace for `holder` (again, if it holds it already) until `hold_ms`
+/// from now; 409 `workspace_busy` while another holder's lease is good.
+async fn lease(
+    store: Arc<dyn FileStore>,
+    principal: &str,
+    name: &str,
+    holder: String,
+    hold_ms: u64,
+    ttl_ms: u64,
+) -> Result<(Lease, Vec<WorkspaceFile>), EngineError> {
+    let now = now_ms();
+    let files = store
+        .workspace_take(principal, name, &holder, now, now.saturating_add(hold_ms))
+        .await
+        .map_err(storage_error)?
+        .ok_or_else(busy)?;
+    let lease = Lease {
+        store,
+        principal: principal.to_owned(),
+        name: name.to_owned(),
+        holder,
+        held: true,
+        ttl_ms,
+    };
+    Ok((lease, files))
+}
+
+/// Holds the workspace again under the `holder` a programmatic session took it with
+/// (a replay of the session, on this node or another): its files are not read, the
+/// session's journal has them. 409 `workspace_busy` if another run holds it now (the
+/// session's lease ran out meanwhile and someone else took it).
+pub async fn hold_again(
+    store: Arc<dyn FileStore>,
+    principal: &str,
+    name: &str,
+    holder: &str,
+    hold_ms: u64,
+    ttl_ms: u64,
+) -> Result<Lease, EngineError> {
+    Ok(lease(store, principal, name, holder.to_owned(), hold_ms, ttl_ms)
+        .await?
+        .0)
+}
+
+/// Gives back the workspace `holder` holds, unchanged: for a programmatic session that
+/// ends while no driver holds its `Lease` (dormant, and expired or cancelled).
+pub async fn let_go(store: &dyn FileStore, principal: &str, name: &str, holder: &str) {
+    if let Err(e) = store.workspace_release(principal, name, holder, None).await {
+        tracing::warn!(error = %e, "giving a workspace back");
+    }
+}
+
 impl Lease {
+    /// The holder the lease is taken under (journalled by a programmatic session).
+    pub fn holder(&self) -> &str {
+        &self.holder
+    }
+
+    /// Moves the lease's end to `hold_ms` from now (a programmatic session, at each
+    /// pause and resume). False if another holder has it: the lease ran out meanwhile,
+    /// and this run's files will not be saved.
+    pub async fn renew(&self, hold_ms: u64) -> bool {
+        let now = now_ms();
+        match self
+            .store
+            .workspace_take(
+                &self.principal,
+                &self.name,
+                &self.holder,
+                now,
+                now.saturating_add(hold_ms),
+            )
+            .await
+        {
+            Ok(taken) => taken.is_some(),
+            Err(e) => {
+                tracing::warn!(error = %e, "renewing a workspace's lease");
+                // The lease is still good until its end: a store down for a moment is
+                // not a lost workspace.
+                true
+            }
+        }
+    }
+
+    /// Gives the workspace back unchanged, now (dropping the lease does it too, but
+    /// later: a caller told of the run's end may otherwise find it still held).
+    pub async fn give_back(mut self) {
+        self.held = false;
+        let_go(&*self.store, &self.principal, &self.name, &self.holder).await;
+    }
+
+    /// Leaves the workspace held in the store, for a later holder of the same name: a
+    /// programmatic session that goes dormant keeps it until it ends.
+    pub fn keep(mut self) {
+        self.held = false;
+    }
+
     /// Saves what the run left (its answer's `files`) as the workspace, and gives it back.
     /// Its files live `file_ttl_s` from now: those the run did not change too.
     pub async fn save(mut self, files: &[OutputFile]) {

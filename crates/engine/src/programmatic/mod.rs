@@ -95,6 +95,7 @@ pub fn parse_start(req: ProgrammaticRequest, config: &Config) -> Result<StartCom
         loop_timeout_ms,
         request_id: None,
         isolation: crate::isolation::parse_isolation(request.isolation.as_deref())?,
+        workspace: exec::parse_workspace(req.workspace_id, req.runtime_session_hint, config)?,
         request,
     })
 }

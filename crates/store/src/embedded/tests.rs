@@ -256,6 +256,7 @@ fn session_start() -> SessionStart {
         hash_seed: 9,
         loop_deadline_ms: None,
         created_ms: 1,
+        workspace: None,
     }
 }
 

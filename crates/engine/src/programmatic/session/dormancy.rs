@@ -110,7 +110,9 @@ impl Sessions {
         let expiry_ms = inner.config.sessions.session_expiry_s.saturating_mul(1000);
         let expired = state.open && now_ms().saturating_sub(state.paused_ms) > expiry_ms;
         if state.pause == 0 || expired {
+            let held = self.workspace_of(&id).await;
             let _ = inner.store.remove(&id).await;
+            self.let_go_workspace(held).await;
             return false;
         }
         // Each outstanding call is named by its place in the pause (a dormant session
@@ -246,9 +248,11 @@ impl Sessions {
                 drop(shared);
                 self.remove(session);
             }
+            let held = self.workspace_of(id).await;
             if let Err(e) = store.remove(id).await {
                 tracing::warn!(session = %id, error = %e, "could not remove an expired session's journal");
             }
+            self.let_go_workspace(held).await;
             self.let_go(id).await;
             return;
         }

@@ -25,6 +25,10 @@ pub(super) struct DriverSpec {
     pub(super) replay: Option<Replay>,
     /// The session's state as journalled.
     pub(super) state: SessionState,
+    /// The inputs staged, for `deleted_files`.
+    pub(super) staged: Vec<sandcall_sandbox::protocol::InputFile>,
+    /// The workspace the session runs in, if any.
+    pub(super) held: Option<SessionWorkspace>,
 }
 
 impl DriverSpec {
@@ -151,6 +155,8 @@ pub(super) struct Driver {
     /// Answers of the MCP servers the program's calls went to: (call key, reply).
     mcp_tx: mpsc::UnboundedSender<(u64, ToolReply)>,
     mcp_rx: mpsc::UnboundedReceiver<(u64, ToolReply)>,
+    staged: Vec<sandcall_sandbox::protocol::InputFile>,
+    held: Option<SessionWorkspace>,
 }
 
 impl Driver {
@@ -172,6 +178,8 @@ impl Driver {
             loop_deadline,
             replay,
             state,
+            staged,
+            held,
         } = spec;
         let config = sessions.inner.config.clone();
         let (mcp_tx, mcp_rx) = mpsc::unbounded_channel::<(u64, ToolReply)>();
@@ -213,6 +221,15 @@ impl Driver {
             keep_live: false,
             mcp_tx,
             mcp_rx,
+            staged,
+            held,
+        }
+    }
+
+    /// Moves the workspace's lease on, if the session holds one.
+    async fn renew_workspace(&mut self) {
+        if let Some(held) = &self.held {
+            held.renew(&self.id).await;
         }
     }
 
@@ -483,6 +500,8 @@ impl Driver {
         if !self.journal_pause(&response, &entries).await {
             return;
         }
+        // Held for the pause, which may last until session_expiry.
+        self.renew_workspace().await;
         self.paused_at = Some(Instant::now());
         self.keep_live = false;
         self.session
@@ -614,6 +633,7 @@ impl Driver {
             self.stop(Ending::Unjournalled);
             return;
         }
+        self.renew_workspace().await;
         let journalled = keys.into_iter().zip(entries).filter_map(|(key, entry)| match entry {
             JournalEntry::Reply { reply, .. } => Some((key, reply)),
             JournalEntry::Call { .. } => None,
@@ -691,6 +711,7 @@ impl Driver {
             self.stop(Ending::Unjournalled);
             return;
         }
+        self.renew_workspace().await;
         for (_, key, _, _) in std::mem::take(&mut self.outstanding) {
             self.reply(key, ToolReply::error("timeout", message.clone())).await;
         }
@@ -754,6 +775,11 @@ impl Driver {
             self.release().await;
             self.sessions.drop_dormant(&self.session);
             let _ = tokio::fs::remove_dir_all(&self.outbox).await;
+            // Its workspace stays held (the lease runs past the pause's expiry): the
+            // replay holds it again, and an expiry or a cancel gives it back.
+            if let Some(held) = self.held.take() {
+                held.lease.keep();
+            }
             // No sandbox holds it now: any node may bring it back.
             if let Some(node) = &self.sessions.inner.node {
                 if let Err(e) = self.store.release(&id, node).await {
@@ -771,11 +797,16 @@ impl Driver {
         let shared_and_lost = self.ending == Ending::Unjournalled && self.sessions.inner.node.is_some();
         if shared_and_lost {
             tracing::warn!(session = %id, "a session's journal moved on without this node; its copy here ends");
+            // The node that runs it on holds its workspace, under the same holder.
+            if let Some(held) = self.held.take() {
+                held.lease.keep();
+            }
         } else if let Err(e) = self.store.remove(&id).await {
             tracing::warn!(session = %id, error = %e, "could not remove a session's journal");
         }
         let wall_ms = outcome.as_ref().map_or(0, |r| r.wall_time_ms);
-        let response = self.respond(outcome).await;
+        let mut response = self.respond(outcome).await;
+        self.end_workspace(&mut response).await;
         let status = match &response {
             ProgrammaticResponse::Completed { .. } => "completed",
             ProgrammaticResponse::Error { error_type, .. } => error_type.as_str(),
@@ -817,7 +848,8 @@ impl Driver {
             // field for them, so nothing is stored that nobody would be told about.
             Ok(mut result) if self.ending == Ending::Normal && !result.timed_out && !result.aborted => {
                 let inner = &self.sessions.inner;
-                let stored = ops::ingest_outputs(
+                let deleted = ops::deleted_inputs(&self.staged, &result);
+                let stored = ops::ingest(
                     &*inner.files,
                     &self.session.principal,
                     &self.id,
@@ -826,11 +858,17 @@ impl Driver {
                     &mut result,
                 )
                 .await;
-                self.ending(result, self.ending, self.delivered, stored)
+                self.ending(result, self.ending, self.delivered, stored, deleted)
             }
             Ok(result) => {
                 let _ = tokio::fs::remove_dir_all(&self.outbox).await;
-                self.ending(result, self.ending, self.delivered, (Vec::new(), Vec::new(), 0))
+                self.ending(
+                    result,
+                    self.ending,
+                    self.delivered,
+                    ops::Ingested::default(),
+                    Vec::new(),
+                )
             }
             Err(e) => {
                 let _ = tokio::fs::remove_dir_all(&self.outbox).await;
@@ -895,7 +933,8 @@ impl Driver {
         result: RunResult,
         ending: Ending,
         delivered: u64,
-        (files, files_skipped, files_skipped_total): (Vec<OutputFile>, Vec<SkippedFile>, usize),
+        stored: ops::Ingested,
+        deleted_files: Vec<String>,
     ) -> ProgrammaticResponse {
         let session_id = self.session.id.clone();
         let mut result = result;
@@ -953,9 +992,19 @@ impl Driver {
             session_id: session_id.clone(),
             stdout: result.stdout,
             stderr: result.stderr,
-            files,
-            files_skipped,
-            files_skipped_total,
+            artifact_delivery: sandcall_api::ArtifactDelivery::of(stored.delivered, stored.undelivered).map(Box::new),
+            artifact_truncation: sandcall_api::ArtifactTruncation::of(
+                &stored.skipped,
+                stored.skipped_total,
+                stored.undelivered,
+            )
+            .map(Box::new),
+            files: stored.files,
+            files_skipped: stored.skipped,
+            files_skipped_total: stored.skipped_total,
+            deleted_files,
+            runtime_session_id: None,
+            runtime_status: None,
             tool_calls_made: delivered,
             execution_time: result.wall_time_ms,
             exit_code: result.exit_code,
@@ -963,6 +1012,28 @@ impl Driver {
             timed_out: false,
             stdout_truncated: result.stdout_truncated,
             stderr_truncated: result.stderr_truncated,
+        }
+    }
+
+    /// The session has ended: its workspace is given back, saved with the files its
+    /// answer lists if it completed, unchanged otherwise (an `error` answer lists no
+    /// files, and the next run starts from what the last answer listed).
+    async fn end_workspace(&mut self, response: &mut ProgrammaticResponse) {
+        let Some(held) = self.held.take() else {
+            return;
+        };
+        match response {
+            ProgrammaticResponse::Completed {
+                files,
+                runtime_session_id,
+                runtime_status,
+                ..
+            } => {
+                *runtime_status = Some(held.status());
+                *runtime_session_id = Some(held.runtime_session_id);
+                held.lease.save(files).await;
+            }
+            _ => held.lease.give_back().await,
         }
     }
 

@@ -26,7 +26,7 @@ use crate::isolation::{IsolationTier, Tiers};
 use crate::runner::{RunError, RunSpec};
 use bytes::Bytes;
 use sandcall_api::ids;
-use sandcall_api::{error_type, OutputFile, ProgrammaticResponse, SkippedFile, ToolArguments, ToolCall, ToolResult};
+use sandcall_api::{error_type, ProgrammaticResponse, ToolArguments, ToolCall, ToolResult};
 use sandcall_auth::Principal;
 use sandcall_config::{Config, Isolation};
 use sandcall_sandbox::protocol::{Command, Event, RunResult, ToolReply};
@@ -42,6 +42,7 @@ use tokio::time::Instant;
 
 mod dormancy;
 mod driver;
+mod held;
 mod ownership;
 mod registry;
 mod replay;
@@ -51,6 +52,7 @@ mod tests;
 
 use dormancy::*;
 use driver::*;
+use held::*;
 use registry::*;
 use replay::*;
 use state::*;
@@ -316,6 +318,8 @@ pub struct StartCommand {
     pub request: sandcall_api::ProgrammaticRequest,
     /// The isolation tier the request asked for (`Tiers::pick` decides).
     pub isolation: Option<sandcall_config::Isolation>,
+    /// The caller's workspace the session runs in (`workspaces` on), held to its end.
+    pub workspace: Option<String>,
 }
 
 #[derive(Clone)]
@@ -455,7 +459,21 @@ impl Sessions {
         let inner = &self.inner;
         let (isolation, tier) = inner.tiers.pick(tier, cmd.isolation)?;
         request.isolation = Some(isolation.name().to_owned());
-        spec.inputs = ops::resolve_inputs(&*inner.files, &principal.0, &cmd.files, spec.limits.workspace_bytes).await?;
+        // The workspace is held from here to the session's end (`held`); its files
+        // are journalled with the caller's, so that a replay stages the same ones.
+        let mut files = cmd.files;
+        let held = match &cmd.workspace {
+            Some(name) => {
+                let held = self
+                    .take_workspace(&principal.0, name, spec.timeout_ms, &mut files)
+                    .await?;
+                request.files = Some(files.clone());
+                Some(held)
+            }
+            None => None,
+        };
+        spec.inputs = ops::resolve_inputs(&*inner.files, &principal.0, &files, spec.limits.workspace_bytes).await?;
+        let staged = spec.inputs.clone();
         let slot = self.take_session_slot(principal).await?;
         // The program runs from the start: it needs a run slot like any /v1/exec run.
         let run_slot = inner.admission.admit(&principal.0).await?;
@@ -489,6 +507,7 @@ impl Sessions {
             hash_seed,
             loop_deadline_ms: cmd.loop_timeout_ms.map(|ms| now_ms() + ms),
             created_ms: now_ms(),
+            workspace: held.as_ref().map(|h| h.journalled.clone()),
         };
         // Journalled before the program starts: no answer about it goes out before.
         if let Err(e) = inner.store.create(&id, &record, &SessionState::default()).await {
@@ -557,6 +576,8 @@ impl Sessions {
             loop_deadline,
             replay: None,
             state: SessionState::default(),
+            staged,
+            held,
         };
         self.inner.drivers.spawn(driver.run(helper, rx, slot, run_slot));
         session.next_outcome_json(0).await

@@ -229,9 +229,12 @@ impl Sessions {
     /// it kept there while dormant).
     pub(super) async fn forget(&self, session: &Arc<Session>) {
         self.remove(session);
+        // No driver holds its workspace: it is given back here, as it was.
+        let held = self.workspace_of(&session.id).await;
         if let Err(e) = self.inner.store.remove(&session.id).await {
             tracing::warn!(session = %session.id, error = %e, "could not remove a session's journal");
         }
+        self.let_go_workspace(held).await;
     }
 
     pub(super) fn remove(&self, session: &Arc<Session>) {

@@ -96,7 +96,9 @@ impl Sessions {
         for (id, principal, state) in listed {
             if state.open && state.pause > 0 {
                 if now_ms().saturating_sub(state.paused_ms) > expiry_ms {
+                    let held = self.workspace_of(&id).await;
                     let _ = inner.store.remove(&id).await;
+                    self.let_go_workspace(held).await;
                     continue;
                 }
                 if self.keep_dormant(&id, principal, state.paused_ms).await {
@@ -168,6 +170,16 @@ impl Sessions {
             .cloned()
             .ok_or_else(|| format!("this server has no \"{}\" isolation tier", isolation.name()))?;
         let mut spec = cmd.spec;
+        // The workspace, held again under the session's holder before anything runs:
+        // if another run holds it now, the session cannot go on in it.
+        let held = match journal.start.workspace.clone() {
+            Some(journalled) => Some(
+                self.hold_workspace_again(&session.principal, journalled, spec.timeout_ms)
+                    .await
+                    .map_err(|e| e.message)?,
+            ),
+            None => None,
+        };
         spec.inputs = ops::resolve_inputs(
             &*inner.files,
             &session.principal,
@@ -176,6 +188,7 @@ impl Sessions {
         )
         .await
         .map_err(|e| e.message)?;
+        let staged = spec.inputs.clone();
         // A warm sandbox, as the first run had, when one hashes alike: a cold start (a
         // helper, namespaces, a cgroup, the interpreter and the preamble from nothing)
         // was most of a replayed resume's time (docs/scaling.md). A warm Python sandbox
@@ -244,6 +257,8 @@ impl Sessions {
             loop_deadline,
             replay: Some(replay),
             state,
+            staged,
+            held,
         };
         Ok((driver, helper))
     }

@@ -5,7 +5,7 @@
 //! The tests, by concern: `calls` (the call-and-answer loop), `stubs` (the tools as
 //! Python and Bash see them), `refusals` (schemas, budgets and sizes checked before a
 //! call reaches the caller), `resume` (tokens, partial answers, retries), `timeouts`
-//! (time limits and expiry) and `cancel`. `support` holds the helpers they share.
+//! (time limits and expiry), `cancel` and `workspace` (a session in a workspace). `support` holds the helpers they share.
 
 mod calls;
 mod cancel;
@@ -14,3 +14,4 @@ mod resume;
 mod stubs;
 mod support;
 mod timeouts;
+mod workspace;
