@@ -153,19 +153,6 @@ pub struct Ingested {
     pub undelivered: usize,
 }
 
-/// `ingest`, as a tuple of the files, the skipped ones and how many were skipped.
-pub async fn ingest_outputs(
-    store: &dyn FileStore,
-    principal: &str,
-    session_id: &str,
-    config: &Config,
-    outbox: &Path,
-    result: &mut RunResult,
-) -> (Vec<OutputFile>, Vec<SkippedFile>, usize) {
-    let i = ingest(store, principal, session_id, config, outbox, result).await;
-    (i.files, i.skipped, i.skipped_total)
-}
-
 /// Moves what the helper collected into the store under the run's session, and lists
 /// it for the response. A file the principal's quota has no room for is skipped as
 /// `quota_exceeded`. The outbox is removed afterwards, whatever happened.
