@@ -29,6 +29,7 @@ mod readme;
 mod runtime;
 mod s3;
 mod soak;
+mod toolchains;
 mod unprivileged;
 mod warm;
 mod workspaces;
