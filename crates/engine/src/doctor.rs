@@ -170,7 +170,9 @@ fn check_languages(config: &Config) -> Check {
             State::MissingInterpreter { .. } => {
                 format!("{name}: missing interpreter: {}", state.why().unwrap_or_default())
             }
-            State::MissingTranspiler { .. } => format!("{name}: missing transpiler: {}", state.why().unwrap_or_default()),
+            State::MissingTranspiler { .. } => {
+                format!("{name}: missing transpiler: {}", state.why().unwrap_or_default())
+            }
             State::NotDeclared => format!("{name}: not declared"),
         };
         lines.push(line);

@@ -141,9 +141,7 @@ pub enum InstallError {
         #[source]
         source: std::io::Error,
     },
-    #[error(
-        "the packages are installed but {names} still cannot run: {why} (is /usr/bin in `toolchain_path`?)"
-    )]
+    #[error("the packages are installed but {names} still cannot run: {why} (is /usr/bin in `toolchain_path`?)")]
     StillMissing { names: String, why: String },
 }
 
@@ -353,7 +351,11 @@ mod tests {
         std::fs::create_dir_all(dir.join("partial")).unwrap();
         assert!(!lists_present(&dir));
         assert!(!lists_present(&dir.join("nonexistent")));
-        std::fs::write(dir.join("deb.debian.org_debian_dists_bookworm_main_binary-amd64_Packages.lz4"), "").unwrap();
+        std::fs::write(
+            dir.join("deb.debian.org_debian_dists_bookworm_main_binary-amd64_Packages.lz4"),
+            "",
+        )
+        .unwrap();
         assert!(lists_present(&dir));
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -364,7 +366,10 @@ mod tests {
         let notice = start_notice(&config).unwrap();
         assert!(notice.contains("go, java, php"), "{notice}");
         assert!(notice.contains(&format!("`{COMMAND}`")), "{notice}");
-        assert!(notice.contains("apt-get install -y --no-install-recommends gcc libc6-dev"), "{notice}");
+        assert!(
+            notice.contains("apt-get install -y --no-install-recommends gcc libc6-dev"),
+            "{notice}"
+        );
     }
 
     #[test]

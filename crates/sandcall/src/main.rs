@@ -228,7 +228,10 @@ fn toolchains_install(args: &ServeArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Ok(added) => {
-            eprintln!("sandcall: the toolchains of {} are installed", toolchains::names(&added));
+            eprintln!(
+                "sandcall: the toolchains of {} are installed",
+                toolchains::names(&added)
+            );
             ExitCode::SUCCESS
         }
         Err(toolchains::InstallError::CannotInstall { why, line }) => {

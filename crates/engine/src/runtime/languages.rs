@@ -492,7 +492,10 @@ pub enum State {
     /// A declared language index with no declaration.
     NotDeclared,
     /// Its interpreter (config key `key`) is not there.
-    MissingInterpreter { path: PathBuf, key: &'static str },
+    MissingInterpreter {
+        path: PathBuf,
+        key: &'static str,
+    },
     /// Commands of its toolchain are not in `toolchain_path`; `packages` are the Debian
     /// packages that have them (none for a language the operator declared).
     MissingToolchain {
@@ -501,7 +504,9 @@ pub enum State {
         searched: String,
     },
     /// TypeScript's transpiler: neither `typescript_transpiler` nor the npm set has it.
-    MissingTranspiler { configured: bool },
+    MissingTranspiler {
+        configured: bool,
+    },
 }
 
 impl State {
@@ -530,9 +535,9 @@ impl State {
                     absent.join(", ")
                 ))
             }
-            State::MissingTranspiler { configured: true } => Some(
-                "its transpiler (sucrase) is not installed on this server (config `typescript_transpiler`)".into(),
-            ),
+            State::MissingTranspiler { configured: true } => {
+                Some("its transpiler (sucrase) is not installed on this server (config `typescript_transpiler`)".into())
+            }
             State::MissingTranspiler { configured: false } => Some(
                 "its transpiler (sucrase, part of the managed npm packages) is not installed on this server \
                  (`sandcall runtime install` adds it, and needs npm)"
@@ -575,9 +580,7 @@ pub fn state(language: Language, config: &Config) -> State {
             searched: dirs.join(":"),
         };
     }
-    if declaration(language).transpiler
-        && !transpiler_on_host(config).join("package.json").is_file()
-    {
+    if declaration(language).transpiler && !transpiler_on_host(config).join("package.json").is_file() {
         return State::MissingTranspiler {
             configured: config.languages.typescript_transpiler.is_some(),
         };
@@ -723,7 +726,10 @@ mod tests {
         assert!(runtime_paths(&config).iter().all(|p| !p.starts_with(&dir)));
         // The npm set with sucrase in it: TypeScript is ready, and the runner reads the
         // transpiler under /node_modules, which the set is bound at.
-        let set = dir.join(crate::npm_runtime::set_id(crate::npm_runtime::PACKAGE_JSON, crate::npm_runtime::LOCK));
+        let set = dir.join(crate::npm_runtime::set_id(
+            crate::npm_runtime::PACKAGE_JSON,
+            crate::npm_runtime::LOCK,
+        ));
         std::fs::create_dir_all(set.join("node_modules/sucrase")).unwrap();
         std::fs::write(set.join("package-lock.json"), crate::npm_runtime::LOCK).unwrap();
         assert!(missing(Language::TypeScript, &config).is_some(), "no package.json yet");

@@ -11,8 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 /// Every package of the list, in order, as the line installs them.
-const ALL_PACKAGES: &str =
-    "gcc libc6-dev g++ golang-go default-jdk-headless php-cli rustc r-base-core gfortran gdc";
+const ALL_PACKAGES: &str = "gcc libc6-dev g++ golang-go default-jdk-headless php-cli rustc r-base-core gfortran gdc";
 
 /// A fresh directory under target/ (sandboxes replace /tmp): `name` in it, empty.
 fn scratch(name: &str) -> PathBuf {
@@ -82,7 +81,10 @@ fn doctor_lists_each_languages_state_and_the_packages_of_the_missing_toolchains(
         "{stdout}"
     );
     for ready in ["python", "bash", "javascript", "typescript"] {
-        assert!(stdout.contains(&format!("\n       - {ready}: ready (")), "{ready}: {stdout}");
+        assert!(
+            stdout.contains(&format!("\n       - {ready}: ready (")),
+            "{ready}: {stdout}"
+        );
     }
     let where_ = empty.display();
     for (language, packages, tool) in [
@@ -104,9 +106,13 @@ fn doctor_lists_each_languages_state_and_the_packages_of_the_missing_toolchains(
     }
     // With the machine's own toolchains (CI installs them all): every language ready,
     // with the commands it runs, and no command offered.
-    let out = sandcall(&["doctor", "--data-dir", data.to_str().unwrap()], Path::new("/usr/bin"), &[])
-        .output()
-        .unwrap();
+    let out = sandcall(
+        &["doctor", "--data-dir", data.to_str().unwrap()],
+        Path::new("/usr/bin"),
+        &[],
+    )
+    .output()
+    .unwrap();
     let (stdout, _) = text(&out);
     assert!(stdout.contains("[pass] languages: 13 of 13 ready\n"), "{stdout}");
     assert!(stdout.contains("\n       - go: ready (/usr/bin/go)\n"), "{stdout}");
@@ -125,7 +131,13 @@ fn without_apt_get_runtime_install_toolchains_prints_the_exact_apt_line_and_fail
     let data = Server::new_dir().join("data");
     // PATH holds no apt-get (and nothing else).
     let out = sandcall(
-        &["runtime", "install", "--toolchains", "--data-dir", data.to_str().unwrap()],
+        &[
+            "runtime",
+            "install",
+            "--toolchains",
+            "--data-dir",
+            data.to_str().unwrap(),
+        ],
         &empty,
         &[("PATH", empty.to_str().unwrap())],
     )
@@ -191,7 +203,13 @@ fn as_root_runtime_install_toolchains_asks_apt_get_for_only_the_missing_packages
     let log = fake_apt_get(&bin);
     let data = Server::new_dir().join("data");
     let out = sandcall(
-        &["runtime", "install", "--toolchains", "--data-dir", data.to_str().unwrap()],
+        &[
+            "runtime",
+            "install",
+            "--toolchains",
+            "--data-dir",
+            data.to_str().unwrap(),
+        ],
         &toolchains,
         &[("PATH", &format!("{}:/usr/bin:/bin", bin.display()))],
     )
@@ -216,7 +234,13 @@ fn as_root_runtime_install_toolchains_asks_apt_get_for_only_the_missing_packages
     // With every toolchain found, there is nothing to do and apt-get is not run.
     std::fs::remove_file(&log).unwrap();
     let out = sandcall(
-        &["runtime", "install", "--toolchains", "--data-dir", data.to_str().unwrap()],
+        &[
+            "runtime",
+            "install",
+            "--toolchains",
+            "--data-dir",
+            data.to_str().unwrap(),
+        ],
         Path::new("/usr/bin"),
         &[("PATH", &format!("{}:/usr/bin:/bin", bin.display()))],
     )
@@ -224,7 +248,10 @@ fn as_root_runtime_install_toolchains_asks_apt_get_for_only_the_missing_packages
     .unwrap();
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}{stderr}");
-    assert!(stderr.contains("every compiled language's toolchain is installed"), "{stderr}");
+    assert!(
+        stderr.contains("every compiled language's toolchain is installed"),
+        "{stderr}"
+    );
     assert!(!log.exists(), "apt-get ran with nothing to install");
     std::fs::remove_dir_all(&toolchains).unwrap();
     std::fs::remove_dir_all(&bin).unwrap();
