@@ -82,12 +82,6 @@ if [ -e "$here/node_modules" ] && [ ! -L "$here/node_modules" ]; then
 fi
 ln -sfn "$cache/node_modules" "$here/node_modules"
 
-# TypeScript's transpiler (sucrase), pinned in runtimes/node and installed under target/.
-if ! transpiler="$("$root/runtimes/node/install.sh")"; then
-    echo "e2e: the TypeScript transpiler could not be installed (runtimes/node/install.sh)" >&2
-    exit 1
-fi
-
 work="$(mktemp -d)"
 pids=()
 containers=()
@@ -153,7 +147,6 @@ start() {
     env SANDCALL_LISTEN="127.0.0.1:$port" \
         SANDCALL_DATA_DIR="$work/$name/data" \
         SANDCALL_LOG="${SANDCALL_LOG:-warn}" \
-        SANDCALL_TYPESCRIPT_TRANSPILER="$transpiler" \
         "$@" "$binary" serve >"$work/$name/server.log" 2>&1 &
     pids+=($!)
     local pid=$!

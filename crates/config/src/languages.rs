@@ -23,9 +23,9 @@ pub struct LanguagesConfig {
     /// Node.js, which runs JavaScript and TypeScript. Default `/usr/bin/node`. When it is
     /// missing, `js` and `ts` answer `unsupported_capability`.
     pub node: PathBuf,
-    /// The TypeScript transpiler: the directory of the `sucrase` npm package (its
+    /// The TypeScript transpiler: the directory of a `sucrase` npm package (its
     /// `node_modules` directory is bound read-only into every sandbox). Default none:
-    /// `ts` answers `unsupported_capability`.
+    /// the one in the managed npm set (`runtime_dir`), which the first start installs.
     pub typescript_transpiler: Option<PathBuf>,
     /// More host paths bound read-only into every sandbox (an interpreter outside /usr,
     /// say). Default none.

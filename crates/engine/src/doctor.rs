@@ -3,6 +3,7 @@
 use crate::host;
 use crate::runner::{RunSpec, Runner, RunnerSettings};
 use crate::runtime;
+use crate::runtime::languages::State;
 use sandcall_api::Language;
 use sandcall_config::{Config, Isolation};
 use std::fmt::Write as _;
@@ -138,58 +139,80 @@ fn check_interpreter(name: &'static str, path: &Path) -> Check {
     }
 }
 
-/// JavaScript and TypeScript need Node (and TypeScript its transpiler); without them the
-/// server still serves, and those languages answer `unsupported_capability`. Reported,
-/// never failed.
-fn check_optional_languages(config: &Config) -> Check {
-    let detail = [Language::JavaScript, Language::TypeScript]
-        .into_iter()
-        .map(|l| match runtime::languages::missing(l, config) {
-            None => format!("{} available", l.names()[0]),
-            Some(why) => format!("{} unavailable: {why}", l.names()[0]),
-        })
-        .collect::<Vec<_>>()
-        .join("; ");
+/// Each language's state, one line each: ready (with the commands it runs), or what is
+/// missing (the interpreter, the toolchain and its Debian packages, the transpiler) and
+/// the command that adds it. Every language but Python and Bash (checked above) is
+/// optional: reported, never failed.
+fn check_languages(config: &Config) -> Check {
+    let built_in = runtime::languages::LANGUAGES.iter().map(|d| d.language);
+    let declared = (0..config.languages.declared.len()).filter_map(|i| u16::try_from(i).ok().map(Language::Declared));
+    let mut ready = 0;
+    let mut lines = Vec::new();
+    for l in built_in.chain(declared) {
+        let name = runtime::languages::name(l, config);
+        let state = runtime::languages::state(l, config);
+        let line = match &state {
+            State::Ready => {
+                ready += 1;
+                format!("{name}: ready ({})", ready_detail(l, config))
+            }
+            State::MissingToolchain {
+                packages,
+                absent,
+                searched,
+            } if !packages.is_empty() => format!(
+                "{name}: missing toolchain (Debian {} {}): {} not found in {searched} (config `toolchain_path`)",
+                if packages.len() == 1 { "package" } else { "packages" },
+                packages.join(" "),
+                absent.join(", ")
+            ),
+            State::MissingToolchain { .. } => format!("{name}: missing toolchain: {}", state.why().unwrap_or_default()),
+            State::MissingInterpreter { .. } => {
+                format!("{name}: missing interpreter: {}", state.why().unwrap_or_default())
+            }
+            State::MissingTranspiler { .. } => {
+                format!("{name}: missing transpiler: {}", state.why().unwrap_or_default())
+            }
+            State::NotDeclared => format!("{name}: not declared"),
+        };
+        lines.push(line);
+    }
+    let mut detail = format!("{ready} of {} ready", lines.len());
+    let toolchains = crate::toolchains::missing(config);
+    if !toolchains.is_empty() {
+        let _ = write!(
+            detail,
+            "; `{}` adds {} ({})",
+            crate::toolchains::COMMAND,
+            crate::toolchains::names(&toolchains),
+            crate::toolchains::apt_install_line(&crate::toolchains::packages(&toolchains))
+        );
+    }
+    for line in lines {
+        let _ = write!(detail, "\n       - {line}");
+    }
     Check {
-        name: "javascript and typescript",
+        name: "languages",
         ok: true,
         detail,
-        fix: "install Node.js 20 (apt-get install nodejs) and set `node`; for TypeScript run `npm ci` in runtimes/node and set `typescript_transpiler`",
+        fix: "`sandcall runtime install --toolchains` (the compiled languages' Debian packages), `sandcall runtime install` (TypeScript's transpiler, with the npm packages), Node.js 20 for JavaScript and TypeScript (apt-get install nodejs npm); or set `node`, `toolchain_path`, `typescript_transpiler`",
     }
 }
 
-/// The compiled languages' toolchains and the operator's languages: each found (where)
-/// or not (why). Optional like Node: reported, never failed.
-fn check_toolchains(config: &Config) -> Check {
-    let built_in = runtime::languages::LANGUAGES
-        .iter()
-        .filter(|d| d.build.is_some())
-        .map(|d| d.language);
-    let declared = (0..config.languages.declared.len()).filter_map(|i| u16::try_from(i).ok().map(Language::Declared));
-    let detail = built_in
-        .chain(declared)
-        .map(|l| {
-            let name = runtime::languages::name(l, config);
-            match runtime::languages::missing(l, config) {
-                None => {
-                    let found: Vec<String> = runtime::languages::tools(l, config)
-                        .into_iter()
-                        .filter_map(|t| runtime::languages::find_tool(t, config))
-                        .map(|p| p.display().to_string())
-                        .collect();
-                    format!("{name} available ({})", found.join(", "))
-                }
-                Some(why) => format!("{name} unavailable: {why}"),
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("; ");
-    Check {
-        name: "compiled and declared languages",
-        ok: true,
-        detail,
-        fix: "install the toolchains (apt-get install gcc g++ golang-go default-jdk-headless php-cli rustc r-base-core gfortran gdc) or set `toolchain_path`",
+/// What a ready language runs: its interpreter, its toolchain's commands, its transpiler.
+fn ready_detail(language: Language, config: &Config) -> String {
+    let mut found: Vec<String> = runtime::languages::tools(language, config)
+        .into_iter()
+        .filter_map(|t| runtime::languages::find_tool(t, config))
+        .map(|p| p.display().to_string())
+        .collect();
+    if found.is_empty() {
+        found.push(runtime::languages::interpreter(language, config).display().to_string());
     }
+    if runtime::languages::declaration(language).transpiler {
+        found.push(runtime::languages::transpiler_on_host(config).display().to_string());
+    }
+    found.join(", ")
 }
 
 /// Which credentials are configured; a JWT key source that cannot be read or parsed
@@ -337,8 +360,7 @@ pub async fn run(config: &Config) -> Report {
     ];
     checks.push(check_interpreter("python interpreter", &config.languages.python));
     checks.push(check_interpreter("bash interpreter", &config.languages.bash));
-    checks.push(check_optional_languages(config));
-    checks.push(check_toolchains(config));
+    checks.push(check_languages(config));
     checks.push(check_python_runtime(config));
     checks.push(check_npm_packages(config));
     if config.pins_gvisor() || crate::gvisor::find_runsc(config.host.runsc_path.as_deref()).is_ok() {

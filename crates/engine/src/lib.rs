@@ -29,6 +29,7 @@ pub mod run;
 pub mod runner;
 pub mod runtime;
 pub mod telemetry;
+pub mod toolchains;
 
 use admission::Admission;
 use error::EngineError;

@@ -6,7 +6,7 @@
 //! working directory (`/mnt/data`), so `import x from "x"` (ES modules do not read
 //! NODE_PATH) and `require("x")` both find it, in plain and programmatic runs, warm and
 //! cold. The hash covers the lock and package.json: changing either makes a new set next
-//! to the old.
+//! to the old. The set holds TypeScript's transpiler too (`TRANSPILER`).
 //!
 //! Owns finding, installing and describing the set. An install happens in a
 //! `.npm-<hash>.partial-<pid>` directory and is renamed into place only when complete,
@@ -25,6 +25,9 @@ pub const PACKAGE_JSON: &str = include_str!("../../../runtimes/npm/package.json"
 pub const LOCK: &str = include_str!("../../../runtimes/npm/package-lock.json");
 /// Where the set's `node_modules` is bound inside every sandbox.
 pub const SANDBOX_PATH: &str = "/node_modules";
+/// The package of the set that is TypeScript's transpiler (`runtime::languages`): the
+/// first start installs it with the rest, so TypeScript needs no setting of its own.
+pub const TRANSPILER: &str = "sucrase";
 
 /// An installed npm set.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,7 +55,7 @@ pub enum InstallError {
         #[source]
         source: std::io::Error,
     },
-    #[error("npm is not installed ({0}): JavaScript and TypeScript programs run without npm packages (apt-get install npm, then `sandcall runtime install`)")]
+    #[error("npm is not installed ({0}): JavaScript programs run without npm packages and TypeScript is unavailable (apt-get install npm, then `sandcall runtime install`)")]
     NoNpm(String),
     #[error("npm ci failed ({status}): {output}")]
     Npm { status: String, output: String },
@@ -138,10 +141,22 @@ pub fn set_id(package_json: &str, lock: &str) -> String {
     format!("npm-{hex}")
 }
 
+/// The name of this build's set (`set_id` of the checked-in files), computed once.
+pub fn this_set_id() -> &'static str {
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(|| set_id(PACKAGE_JSON, LOCK))
+}
+
+/// Where this build's set has TypeScript's transpiler in `runtime_dir` (there when the
+/// set is installed: only complete installs get the set's name).
+pub fn transpiler_dir(runtime_dir: &Path) -> PathBuf {
+    runtime_dir.join(this_set_id()).join("node_modules").join(TRANSPILER)
+}
+
 /// The set of this build's lock in `runtime_dir`, if installed.
 pub fn find(runtime_dir: &Path) -> Option<Installed> {
     // Canonical, since it becomes a bind-mount source: no `..`, no symlink.
-    let dir = std::fs::canonicalize(runtime_dir.join(set_id(PACKAGE_JSON, LOCK))).ok()?;
+    let dir = std::fs::canonicalize(runtime_dir.join(this_set_id())).ok()?;
     // Only complete installs are renamed there.
     if !dir.join("node_modules").is_dir() || !dir.join("package-lock.json").is_file() {
         return None;
@@ -287,13 +302,15 @@ pub fn prepare_for_serve(config: &Config) -> Option<String> {
     if !config.languages.install_runtime {
         tracing::warn!(
             runtime_dir = %dir.display(),
-            "the npm packages for programs are not installed and install_runtime is off: JavaScript and \
-             TypeScript run without them (run `sandcall runtime install` to add lodash, dayjs, exceljs, ...)"
+            "the npm packages for programs are not installed and install_runtime is off: JavaScript runs \
+             without them and TypeScript (whose transpiler they hold) is unavailable (run `sandcall runtime \
+             install` to add lodash, dayjs, exceljs, ... and sucrase)"
         );
         return None;
     }
     eprintln!(
-        "sandcall: first start: installing the npm packages for programs (lodash, dayjs, exceljs, sharp, ...) into {}.",
+        "sandcall: first start: installing the npm packages for programs (lodash, dayjs, exceljs, sharp, ...) and \
+         TypeScript's transpiler (sucrase) into {}.",
         dir.display()
     );
     let started = std::time::Instant::now();
@@ -301,15 +318,15 @@ pub fn prepare_for_serve(config: &Config) -> Option<String> {
         Ok(installed) => {
             eprintln!("sandcall: the npm packages are ready in {}", installed.dir.display());
             Some(format!(
-                "The first start installed the npm packages for programs ({} packages: lodash, dayjs, exceljs, ...) in {:.0} s.",
+                "The first start installed the npm packages for programs ({} packages: lodash, dayjs, exceljs, ... and TypeScript's transpiler) in {:.0} s.",
                 installed.packages.len(),
                 started.elapsed().as_secs_f64()
             ))
         }
         Err(e) => {
             let why = format!(
-                "could not install the npm packages for programs ({e}); JavaScript and TypeScript run without them \
-                 (`sandcall runtime install` retries)"
+                "could not install the npm packages for programs ({e}); JavaScript runs without them and \
+                 TypeScript is unavailable (`sandcall runtime install` retries)"
             );
             tracing::warn!("{why}");
             Some(format!("The first start {why}."))
@@ -339,6 +356,7 @@ mod tests {
             "js-yaml",
             "mathjs",
             "pptxgenjs",
+            TRANSPILER,
         ] {
             assert!(names.contains(&wanted), "{wanted} is not in runtimes/npm/package.json");
         }

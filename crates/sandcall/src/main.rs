@@ -67,9 +67,21 @@ enum KeysCommand {
 #[derive(Subcommand)]
 enum RuntimeCommand {
     /// Install the pinned Python runtime (numpy, pandas, matplotlib, ...) and the pinned
-    /// npm packages for programs (lodash, dayjs, exceljs, ...) from the package
-    /// registries into `runtime_dir`, unless they are there already.
-    Install(ServeArgs),
+    /// npm packages for programs (lodash, dayjs, exceljs, ..., and TypeScript's
+    /// transpiler) from the package registries into `runtime_dir`, unless they are there
+    /// already; with --toolchains, the compiled languages' Debian packages instead.
+    Install(InstallArgs),
+}
+
+#[derive(clap::Args)]
+struct InstallArgs {
+    #[command(flatten)]
+    serve: ServeArgs,
+    /// Install the Debian packages of the compiled languages (C, C++, Go, Java, PHP,
+    /// Rust, R, Fortran, D) whose toolchain is missing, with apt-get (as root); without
+    /// root or apt-get, print the apt-get command and fail.
+    #[arg(long)]
+    toolchains: bool,
 }
 
 #[derive(clap::Args)]
@@ -94,7 +106,8 @@ fn main() -> ExitCode {
         Command::Serve(args) => run_async(serve(args)),
         Command::Mcp(args) => run_async(mcp(args)),
         Command::Doctor(args) => run_async(doctor(args)),
-        Command::Runtime(RuntimeCommand::Install(args)) => runtime_install(&args),
+        Command::Runtime(RuntimeCommand::Install(args)) if args.toolchains => toolchains_install(&args.serve),
+        Command::Runtime(RuntimeCommand::Install(args)) => runtime_install(&args.serve),
         Command::Openapi => {
             print!("{}", sandcall_server::router::document());
             ExitCode::SUCCESS
@@ -198,6 +211,44 @@ fn runtime_install(args: &ServeArgs) -> ExitCode {
     }
 }
 
+/// `runtime install --toolchains`: the missing toolchains' Debian packages, or the
+/// command that installs them.
+fn toolchains_install(args: &ServeArgs) -> ExitCode {
+    use sandcall_engine::toolchains;
+    let config = match load(args) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("sandcall: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match toolchains::install(&config, &mut |line| eprintln!("sandcall: {line}")) {
+        Ok(added) if added.is_empty() => {
+            eprintln!("sandcall: every compiled language's toolchain is installed");
+            ExitCode::SUCCESS
+        }
+        Ok(added) => {
+            eprintln!(
+                "sandcall: the toolchains of {} are installed",
+                toolchains::names(&added)
+            );
+            ExitCode::SUCCESS
+        }
+        Err(toolchains::InstallError::CannotInstall { why, line }) => {
+            eprintln!(
+                "sandcall: cannot install the compiled languages' toolchains here: {why}. The command that \
+                 installs them (as root, on Debian or Ubuntu):"
+            );
+            println!("{line}");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("sandcall: installing the toolchains failed: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn load(args: &ServeArgs) -> anyhow::Result<sandcall_config::Config> {
     let overrides = sandcall_config::Overrides {
         listen: args.listen.clone(),
@@ -230,6 +281,9 @@ async fn prepared(args: &ServeArgs) -> anyhow::Result<sandcall_config::Config> {
 fn install_runtimes(config: &mut sandcall_config::Config) -> Vec<String> {
     let python = sandcall_engine::python_runtime::prepare_for_serve(config);
     let npm = sandcall_engine::npm_runtime::prepare_for_serve(config);
+    if let Some(notice) = sandcall_engine::toolchains::start_notice(config) {
+        eprintln!("sandcall: {notice}");
+    }
     python.into_iter().chain(npm).collect()
 }
 

@@ -110,8 +110,10 @@ pub struct Build<'a> {
     pub run: &'a str,
     /// The commands the toolchain needs, looked up in `toolchain_path`.
     pub tools: &'a [&'a str],
-    /// The Debian package that provides them (for `doctor` and `.ci/run`).
-    pub package: &'a str,
+    /// The Debian packages that provide them, so that they compile and link without
+    /// apt's recommended packages: the one list `sandcall runtime install --toolchains`
+    /// installs from (`crate::toolchains`), and `doctor` names.
+    pub packages: &'a [&'a str],
     /// Host paths to bind read-only into every sandbox when they exist (configuration
     /// the toolchain reads outside /usr); a last component may hold one `*`.
     pub paths: &'a [&'a str],
@@ -224,7 +226,7 @@ pub const LANGUAGES: [Declaration; 13] = [
             compile: Some(r#"gcc -std=gnu17 -O2 -g -pipe -o "$BUILD/main" main.c -lm"#),
             run: r#""$BUILD/main""#,
             tools: &["gcc"],
-            package: "gcc",
+            packages: &["gcc", "libc6-dev"],
             paths: &[],
         },
     ),
@@ -236,7 +238,7 @@ pub const LANGUAGES: [Declaration; 13] = [
             compile: Some(r#"g++ -std=gnu++17 -O2 -g -pipe -o "$BUILD/main" main.cpp -lm"#),
             run: r#""$BUILD/main""#,
             tools: &["g++"],
-            package: "g++",
+            packages: &["g++", "libc6-dev"],
             paths: &[],
         },
     ),
@@ -256,7 +258,7 @@ pub const LANGUAGES: [Declaration; 13] = [
             compile: Some(r#"go build -o "$BUILD/main" main.go"#),
             run: r#""$BUILD/main""#,
             tools: &["go"],
-            package: "golang-go",
+            packages: &["golang-go"],
             paths: &[],
         },
     ),
@@ -273,7 +275,7 @@ pub const LANGUAGES: [Declaration; 13] = [
             run: r#"java -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:-UsePerfData -Xss4m -Xmx$((SANDCALL_MEMORY_MB / 2))m -XX:ReservedCodeCacheSize=32m "$CODE""#,
             // javac: the source-file mode needs the JDK's compiler, not just a JRE.
             tools: &["java", "javac"],
-            package: "default-jdk-headless",
+            packages: &["default-jdk-headless"],
             paths: &["/etc/java-*-openjdk"],
         },
     ),
@@ -285,7 +287,7 @@ pub const LANGUAGES: [Declaration; 13] = [
             compile: None,
             run: r#"php -d display_errors=stderr -d log_errors=0 "$CODE""#,
             tools: &["php"],
-            package: "php-cli",
+            packages: &["php-cli"],
             paths: &["/etc/php"],
         },
     ),
@@ -297,7 +299,7 @@ pub const LANGUAGES: [Declaration; 13] = [
             compile: Some(r#"rustc --edition 2021 -C debuginfo=0 -o "$BUILD/main" main.rs"#),
             run: r#""$BUILD/main""#,
             tools: &["rustc", "cc"],
-            package: "rustc",
+            packages: &["rustc"],
             paths: &[],
         },
     ),
@@ -309,7 +311,7 @@ pub const LANGUAGES: [Declaration; 13] = [
             compile: None,
             run: r#"Rscript "$CODE""#,
             tools: &["Rscript"],
-            package: "r-base-core",
+            packages: &["r-base-core"],
             paths: &["/etc/R"],
         },
     ),
@@ -321,7 +323,7 @@ pub const LANGUAGES: [Declaration; 13] = [
             compile: Some(r#"gfortran -O2 -g -fcheck=bounds -pipe -o "$BUILD/main" main.f90"#),
             run: r#""$BUILD/main""#,
             tools: &["gfortran"],
-            package: "gfortran",
+            packages: &["gfortran", "libc6-dev"],
             paths: &[],
         },
     ),
@@ -334,7 +336,7 @@ pub const LANGUAGES: [Declaration; 13] = [
             compile: Some(r#"gdc -g -pipe -o "$BUILD/main" main.d"#),
             run: r#""$BUILD/main""#,
             tools: &["gdc"],
-            package: "gdc",
+            packages: &["gdc", "libc6-dev"],
             paths: &[],
         },
     ),
@@ -390,7 +392,7 @@ pub fn build(language: Language, config: &Config) -> Option<Build<'_>> {
             compile: l.compile.as_deref(),
             run: &l.run,
             tools: &[],
-            package: "",
+            packages: &[],
             paths: &[],
         }),
         _ => declaration(language).build,
@@ -415,12 +417,26 @@ pub fn interpreter_key(language: Language) -> &'static str {
     }
 }
 
-/// The sucrase package directory, if `language` needs it.
-pub fn transpiler(language: Language, config: &Config) -> Option<&Path> {
-    if declaration(language).transpiler {
-        config.languages.typescript_transpiler.as_deref()
-    } else {
-        None
+/// Where the TypeScript transpiler (the `sucrase` package) is inside the sandbox, if
+/// `language` needs it: `typescript_transpiler` when the operator set one (bound at the
+/// same path), else the managed npm set's, under `/node_modules` (which every sandbox
+/// binds when the set is installed; `missing` says when it is not).
+pub fn transpiler(language: Language, config: &Config) -> Option<PathBuf> {
+    if !declaration(language).transpiler {
+        return None;
+    }
+    Some(match &config.languages.typescript_transpiler {
+        Some(dir) => dir.clone(),
+        None => Path::new(crate::npm_runtime::SANDBOX_PATH).join(crate::npm_runtime::TRANSPILER),
+    })
+}
+
+/// The transpiler's package directory on the host: `typescript_transpiler`, else the
+/// managed npm set's `sucrase` (there when the set is installed). No file system access.
+pub fn transpiler_on_host(config: &Config) -> PathBuf {
+    match &config.languages.typescript_transpiler {
+        Some(dir) => dir.clone(),
+        None => crate::npm_runtime::transpiler_dir(&crate::python_runtime::runtime_dir(config)),
     }
 }
 
@@ -469,25 +485,87 @@ pub fn tools(language: Language, config: &Config) -> Vec<&str> {
     }
 }
 
-/// Why `language` cannot run on this host (its interpreter, toolchain or transpiler is
-/// missing), or None when it can. A few `stat`s.
-pub fn missing(language: Language, config: &Config) -> Option<String> {
+/// Whether `language` can run on this host, and if not, what is missing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum State {
+    Ready,
+    /// A declared language index with no declaration.
+    NotDeclared,
+    /// Its interpreter (config key `key`) is not there.
+    MissingInterpreter {
+        path: PathBuf,
+        key: &'static str,
+    },
+    /// Commands of its toolchain are not in `toolchain_path`; `packages` are the Debian
+    /// packages that have them (none for a language the operator declared).
+    MissingToolchain {
+        packages: &'static [&'static str],
+        absent: Vec<String>,
+        searched: String,
+    },
+    /// TypeScript's transpiler: neither `typescript_transpiler` nor the npm set has it.
+    MissingTranspiler {
+        configured: bool,
+    },
+}
+
+impl State {
+    /// Why the language cannot run, as the API and `doctor` say it; None when ready.
+    pub fn why(&self) -> Option<String> {
+        match self {
+            State::Ready => None,
+            State::NotDeclared => Some("it is not declared".into()),
+            State::MissingInterpreter { path, key } => Some(format!(
+                "its interpreter ({}) is not installed on this server (config `{key}`)",
+                path.display()
+            )),
+            State::MissingToolchain {
+                packages,
+                absent,
+                searched,
+            } => {
+                let package = match packages {
+                    [] => String::new(),
+                    [one] => format!(" (Debian package {one})"),
+                    many => format!(" (Debian packages {})", many.join(" ")),
+                };
+                Some(format!(
+                    "its toolchain{package} is not installed on this server: {} not found in {searched} (config \
+                     `toolchain_path`)",
+                    absent.join(", ")
+                ))
+            }
+            State::MissingTranspiler { configured: true } => {
+                Some("its transpiler (sucrase) is not installed on this server (config `typescript_transpiler`)".into())
+            }
+            State::MissingTranspiler { configured: false } => Some(
+                "its transpiler (sucrase, part of the managed npm packages) is not installed on this server \
+                 (`sandcall runtime install` adds it, and needs npm)"
+                    .into(),
+            ),
+        }
+    }
+}
+
+/// Whether `language` can run on this host: its interpreter, toolchain and transpiler.
+/// A few `stat`s.
+pub fn state(language: Language, config: &Config) -> State {
     if let Language::Declared(i) = language {
         if config.languages.declared.get(usize::from(i)).is_none() {
-            return Some("it is not declared".into());
+            return State::NotDeclared;
         }
     }
     let path = interpreter(language, config);
     if !executable(path) {
-        return Some(format!(
-            "its interpreter ({}) is not installed on this server (config `{}`)",
-            path.display(),
-            interpreter_key(language)
-        ));
+        return State::MissingInterpreter {
+            path: path.to_path_buf(),
+            key: interpreter_key(language),
+        };
     }
-    let absent: Vec<&str> = tools(language, config)
+    let absent: Vec<String> = tools(language, config)
         .into_iter()
         .filter(|t| find_tool(t, config).is_none())
+        .map(String::from)
         .collect();
     if !absent.is_empty() {
         let dirs: Vec<String> = config
@@ -496,29 +574,24 @@ pub fn missing(language: Language, config: &Config) -> Option<String> {
             .iter()
             .map(|d| d.display().to_string())
             .collect();
-        let package = declaration(language)
-            .build
-            .map(|b| format!(" (Debian package {})", b.package))
-            .unwrap_or_default();
-        return Some(format!(
-            "its toolchain{package} is not installed on this server: {} not found in {} (config `toolchain_path`)",
-            absent.join(", "),
-            dirs.join(":")
-        ));
+        return State::MissingToolchain {
+            packages: declaration(language).build.map_or(&[], |b| b.packages),
+            absent,
+            searched: dirs.join(":"),
+        };
     }
-    if declaration(language).transpiler {
-        let ok = config
-            .languages
-            .typescript_transpiler
-            .as_ref()
-            .is_some_and(|dir| dir.join("package.json").is_file());
-        if !ok {
-            return Some(
-                "its transpiler (sucrase) is not installed on this server (config `typescript_transpiler`)".into(),
-            );
-        }
+    if declaration(language).transpiler && !transpiler_on_host(config).join("package.json").is_file() {
+        return State::MissingTranspiler {
+            configured: config.languages.typescript_transpiler.is_some(),
+        };
     }
-    None
+    State::Ready
+}
+
+/// Why `language` cannot run on this host (its interpreter, toolchain or transpiler is
+/// missing), or None when it can. A few `stat`s.
+pub fn missing(language: Language, config: &Config) -> Option<String> {
+    state(language, config).why()
 }
 
 /// `pattern`'s matches: itself, or when its last component holds a `*`, the entries
@@ -627,9 +700,54 @@ mod tests {
             ..Config::default()
         };
         assert!(missing(Language::JavaScript, &config).is_none());
+        assert!(missing(Language::Bash, &config).is_none());
+    }
+
+    #[test]
+    fn the_transpiler_comes_from_the_npm_set_unless_one_is_configured() {
+        let dir = std::env::temp_dir().join(format!("sandcall-ts-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut config = Config {
+            languages: sandcall_config::LanguagesConfig {
+                node: PathBuf::from("/usr/bin/bash"),
+                runtime_dir: Some(dir.clone()),
+                ..Default::default()
+            },
+            ..Config::default()
+        };
+        // No npm set: TypeScript is missing, and the message says what adds it.
+        let why = missing(Language::TypeScript, &config).unwrap();
+        assert!(why.contains("sandcall runtime install"), "{why}");
+        assert_eq!(transpiler(Language::JavaScript, &config), None);
+        assert_eq!(
+            transpiler(Language::TypeScript, &config),
+            Some(PathBuf::from("/node_modules/sucrase"))
+        );
+        assert!(runtime_paths(&config).iter().all(|p| !p.starts_with(&dir)));
+        // The npm set with sucrase in it: TypeScript is ready, and the runner reads the
+        // transpiler under /node_modules, which the set is bound at.
+        let set = dir.join(crate::npm_runtime::set_id(
+            crate::npm_runtime::PACKAGE_JSON,
+            crate::npm_runtime::LOCK,
+        ));
+        std::fs::create_dir_all(set.join("node_modules/sucrase")).unwrap();
+        std::fs::write(set.join("package-lock.json"), crate::npm_runtime::LOCK).unwrap();
+        assert!(missing(Language::TypeScript, &config).is_some(), "no package.json yet");
+        std::fs::write(set.join("node_modules/sucrase/package.json"), "{}").unwrap();
+        assert_eq!(missing(Language::TypeScript, &config), None);
+        assert_eq!(
+            config_env(Language::TypeScript, &config),
+            vec![("SANDCALL_TYPESCRIPT".to_string(), "/node_modules/sucrase".to_string())]
+        );
+        // A configured one wins, and when it is not there the message names the key.
+        config.languages.typescript_transpiler = Some(PathBuf::from("/nonexistent/sucrase"));
         let why = missing(Language::TypeScript, &config).unwrap();
         assert!(why.contains("typescript_transpiler"), "{why}");
-        assert!(missing(Language::Bash, &config).is_none());
+        assert_eq!(
+            transpiler(Language::TypeScript, &config),
+            Some(PathBuf::from("/nonexistent/sucrase"))
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -643,7 +761,7 @@ mod tests {
         };
         let why = missing(Language::C, &config).unwrap();
         assert!(
-            why.contains("gcc") && why.contains("toolchain_path") && why.contains("Debian package gcc"),
+            why.contains("gcc") && why.contains("toolchain_path") && why.contains("(Debian packages gcc libc6-dev)"),
             "{why}"
         );
         let config = Config {

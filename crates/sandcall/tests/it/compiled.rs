@@ -434,11 +434,11 @@ fn a_missing_toolchain_is_an_unsupported_capability_and_doctor_says_why() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     assert!(
-        text.contains("c unavailable: its toolchain (Debian package gcc) is not installed on this server: gcc not found in /nonexistent (config `toolchain_path`)"),
+        text.contains("- c: missing toolchain (Debian packages gcc libc6-dev): gcc not found in /nonexistent (config `toolchain_path`)"),
         "{text}"
     );
     assert!(
-        text.contains("rust unavailable: its toolchain (Debian package rustc)"),
+        text.contains("- rust: missing toolchain (Debian package rustc): "),
         "{text}"
     );
 }

@@ -30,6 +30,7 @@ mod runtime;
 mod s3;
 mod soak;
 mod startup;
+mod toolchains;
 mod unprivileged;
 mod warm;
 mod workspaces;

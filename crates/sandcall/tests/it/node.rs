@@ -1,30 +1,17 @@
 //! JavaScript and TypeScript (Node) over HTTP: the same sandbox, limits, warm pool and
-//! files as Python, and programs that call tools. TypeScript needs the pinned transpiler
-//! installed by runtimes/node/install.sh (which .ci/run runs).
+//! files as Python, and programs that call tools. TypeScript's transpiler is the one in
+//! the managed npm set (`sandcall runtime install`, which .ci/run runs into
+//! SANDCALL_RUNTIME_DIR): no server here sets `typescript_transpiler`.
 
 use crate::common::Server;
 use crate::files::{download_output, Client};
 use serde_json::{json, Value};
-use std::path::PathBuf;
 
-/// The sucrase install that runtimes/node/install.sh makes.
-pub fn transpiler() -> String {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/runtimes-node/node_modules/sucrase");
-    assert!(
-        dir.join("package.json").is_file(),
-        "{} is missing: run runtimes/node/install.sh first (.ci/run does)",
-        dir.display()
-    );
-    std::fs::canonicalize(dir).unwrap().to_string_lossy().into_owned()
-}
-
-/// A server that runs TypeScript; `warm` gives JavaScript and TypeScript warm sets of
-/// that size.
+/// A server that runs TypeScript (with nothing but the managed npm set for it); `warm`
+/// gives JavaScript and TypeScript warm sets of that size.
 pub fn node_server(warm: usize) -> Server {
-    let ts = transpiler();
     Server::start_with(
         &[
-            ("SANDCALL_TYPESCRIPT_TRANSPILER", &ts),
             ("SANDCALL_WARM_POOL_SIZE", &warm.to_string()),
             ("SANDCALL_WARM_LANGUAGES", r#"["javascript","typescript"]"#),
         ],
@@ -314,14 +301,31 @@ fn without_node_js_and_ts_are_an_unsupported_capability_and_doctor_says_why() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     assert!(
-        text.contains("[pass] javascript and typescript: javascript unavailable: its interpreter (/nonexistent/node) is not installed"),
+        text.contains("- javascript: missing interpreter: its interpreter (/nonexistent/node) is not installed"),
         "{text}"
     );
     assert!(text.contains("[pass] sandbox trial run: bash, python ran"), "{text}");
-    // With Node but no transpiler, TypeScript alone is refused.
-    let s = Server::start();
+    // With Node but no npm set (TypeScript's transpiler is in it), TypeScript alone is
+    // refused, and doctor says which command adds it.
+    // (An empty runtime directory, under target/: sandboxes replace /tmp.)
+    let runtimes = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/it-empty-runtimes");
+    std::fs::create_dir_all(&runtimes).unwrap();
+    let runtimes = runtimes.to_str().unwrap();
+    let s = Server::start_with(&[("SANDCALL_RUNTIME_DIR", runtimes)], "");
     let (status, v) = s.post("/v1/exec", &json!({"lang": "ts", "code": "console.log(1)"}));
     assert_eq!((status, &v["code"]), (400, &json!("unsupported_capability")), "{v}");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sandcall"))
+        .args(["doctor", "--data-dir"])
+        .arg(dir.join("data"))
+        .env("SANDCALL_RUNTIME_DIR", runtimes)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("- typescript: missing transpiler: ") && text.contains("(`sandcall runtime install` adds it"),
+        "{text}"
+    );
+    assert!(text.contains("- javascript: ready (/usr/bin/node)"), "{text}");
     let r = s.exec(json!({"lang": "js", "code": "console.log(1)"}));
     assert_eq!(r["stdout"], "1\n", "{r}");
 }
