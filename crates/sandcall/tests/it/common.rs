@@ -91,6 +91,18 @@ impl Server {
         dir
     }
 
+    /// A new directory outside /tmp (under target/), for what sandboxes must see, such as
+    /// a runtime directory: every sandbox mounts a tmpfs of its own on /tmp, and the
+    /// server refuses a runtime directory there.
+    pub fn new_visible_dir() -> PathBuf {
+        require_root();
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../target/it-dirs")
+            .join(format!("{}-{}", std::process::id(), rand_suffix()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
     /// Starts `sandcall serve` with its files in `dir`, as root or as `user` (uid, gid).
     pub fn launch(dir: PathBuf, env: &[(&str, &str)], config: &str, user: Option<(u32, u32)>) -> Server {
         Server::launch_at(dir, env, config, user, "127.0.0.1:0")

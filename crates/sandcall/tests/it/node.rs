@@ -308,8 +308,7 @@ fn without_node_js_and_ts_are_an_unsupported_capability_and_doctor_says_why() {
     // With Node but no npm set (TypeScript's transpiler is in it), TypeScript alone is
     // refused, and doctor says which command adds it.
     // (An empty runtime directory, under target/: sandboxes replace /tmp.)
-    let runtimes = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/it-empty-runtimes");
-    std::fs::create_dir_all(&runtimes).unwrap();
+    let runtimes = Server::new_visible_dir();
     let runtimes = runtimes.to_str().unwrap();
     let s = Server::start_with(&[("SANDCALL_RUNTIME_DIR", runtimes)], "");
     let (status, v) = s.post("/v1/exec", &json!({"lang": "ts", "code": "console.log(1)"}));

@@ -261,7 +261,7 @@ fn runtimes_and_doctor_list_the_npm_packages() {
 fn without_the_set_js_runs_with_node_modules_only() {
     // A runtime directory without the set: JavaScript still runs, `import 'lodash'`
     // fails as it would anywhere, and /v1/runtimes lists no npm set.
-    let empty = Server::new_dir();
+    let empty = Server::new_visible_dir();
     let s = Server::start_with(&[("SANDCALL_RUNTIME_DIR", empty.to_str().unwrap())], "");
     let r = s.exec(json!({"lang": "js", "code": "console.log(1);\nawait import('lodash');"}));
     assert_eq!(r["stdout"], "1\n", "{r}");

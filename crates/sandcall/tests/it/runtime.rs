@@ -324,7 +324,7 @@ fn serve_capturing(dir: &std::path::Path, env: &[(&str, &str)]) -> (std::process
 fn first_start_without_the_registry_warns_and_serves_on_the_bare_interpreter() {
     crate::common::require_root();
     let dir = Server::new_dir();
-    let runtimes = dir.join("runtimes");
+    let runtimes = Server::new_visible_dir();
     // pip pointed at a closed port, without retries: the registry is unreachable.
     let (mut child, url, stderr) = serve_capturing(
         &dir,
@@ -367,6 +367,7 @@ fn first_start_without_the_registry_warns_and_serves_on_the_bare_interpreter() {
     let _ = child.kill();
     let _ = child.wait();
     let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&runtimes);
 }
 
 #[test]
