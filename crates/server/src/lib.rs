@@ -296,6 +296,7 @@ async fn start(
             sessions,
             files: store.clone(),
             outbox_dir,
+            egress: None,
         },
         auth,
         rate_limits: rate_limit::RateLimits::new(config),
