@@ -272,7 +272,8 @@ impl fmt::Display for HostRule {
 /// The bounds of one run's egress.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Limits {
-    /// Upstream connections the run may open in all (refused attempts do not count).
+    /// Upstream connections the run may attempt in all: those the policy allows count
+    /// (whether or not they then resolve and connect), those it refuses do not.
     pub max_connections: u32,
     /// Bytes the run may send upstream, over all its connections.
     pub max_bytes_out: u64,

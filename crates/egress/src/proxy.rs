@@ -161,7 +161,13 @@ async fn handle(conn: &Arc<ClientConn>, mut req: Request<Incoming>) -> Response<
 /// the hop-by-hop and `Proxy-*` headers; the response streams back the same way.
 async fn forward(conn: &Arc<ClientConn>, req: Request<Incoming>, upstream: (Metered, OpenRecord)) -> Response<Body> {
     let (mut parts, body) = req.into_parts();
-    let authority = parts.uri.authority().map(|a| a.as_str().to_string());
+    // The target's host replaces any Host header (RFC 9112, 3.2.2): the upstream serves
+    // the name that was checked, and userinfo in the target goes nowhere.
+    let host = match parts.uri.authority() {
+        Some(a) if a.port().is_some() => format!("{}:{}", a.host(), a.port_u16().unwrap_or(80)),
+        Some(a) => a.host().to_string(),
+        None => String::new(),
+    };
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     parts.uri = match path.parse::<Uri>() {
         Ok(uri) => uri,
@@ -169,10 +175,11 @@ async fn forward(conn: &Arc<ClientConn>, req: Request<Incoming>, upstream: (Mete
     };
     parts.version = http::Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers);
-    if !parts.headers.contains_key(header::HOST) {
-        if let Some(value) = authority.and_then(|a| HeaderValue::from_str(&a).ok()) {
+    match HeaderValue::from_str(&host) {
+        Ok(value) => {
             parts.headers.insert(header::HOST, value);
         }
+        Err(_) => return text(StatusCode::BAD_REQUEST, "the request target has no valid host"),
     }
     let (metered, record) = upstream;
     let counts = record.counts.clone();

@@ -265,3 +265,61 @@ impl Drop for OpenRecord {
         self.run.finish(self.index, &self.counts, timed_out);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::Policy;
+
+    fn run() -> Arc<RunEgress> {
+        let limits = crate::Limits {
+            max_connections: 1,
+            max_bytes_out: 1,
+            max_bytes_in: 1,
+            max_connection_seconds: 1,
+        };
+        RunEgress::new(Policy::default().grant(None, limits).unwrap(), Resolver::system())
+    }
+
+    fn refused(host: &str) -> Record {
+        Record {
+            host: host.into(),
+            port: 443,
+            address: None,
+            bytes_out: 0,
+            bytes_in: 0,
+            outcome: Outcome::Refused,
+            reason: Some("not in the policy".into()),
+        }
+    }
+
+    #[test]
+    fn records_stop_at_their_cap_and_the_summary_counts_the_rest() {
+        let run = run();
+        for i in 0..MAX_RECORDS + 5 {
+            run.record(refused(&format!("h{i}.example")));
+        }
+        assert_eq!(run.records().len(), MAX_RECORDS);
+        let summary = run.summary();
+        assert_eq!(
+            (summary.connections, summary.refused, summary.records_dropped),
+            (MAX_RECORDS as u64 + 5, MAX_RECORDS as u64 + 5, 5)
+        );
+        assert_eq!(run.limit_reason(), None);
+    }
+
+    #[test]
+    fn records_and_summaries_serialize_plainly() {
+        let run = run();
+        run.record(refused("api.other.com"));
+        let json = serde_json::to_value(run.records()).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!([{"host": "api.other.com", "port": 443, "address": null, "bytes_out": 0, "bytes_in": 0,
+                "outcome": "refused", "reason": "not in the policy"}])
+        );
+        let summary = serde_json::to_value(run.summary()).unwrap();
+        assert_eq!(summary["connections"], 1);
+        assert_eq!(summary["refused"], 1);
+    }
+}

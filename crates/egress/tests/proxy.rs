@@ -329,7 +329,7 @@ async fn plain_http_is_forwarded_in_origin_form_without_proxy_headers() {
     let proxy = start_proxy(&run).await;
     let mut stream = TcpStream::connect(proxy).await.unwrap();
     let request = format!(
-        "GET http://{upstream}/data/set.csv?v=2 HTTP/1.1\r\nHost: {upstream}\r\nX-Mine: kept\r\n\
+        "GET http://user:pw@{upstream}/data/set.csv?v=2 HTTP/1.1\r\nHost: elsewhere.internal\r\nX-Mine: kept\r\n\
          Proxy-Authorization: Basic c2VjcmV0\r\nProxy-Connection: keep-alive\r\nConnection: keep-alive, X-Drop\r\n\
          X-Drop: hop\r\n\r\n"
     );
@@ -340,7 +340,14 @@ async fn plain_http_is_forwarded_in_origin_form_without_proxy_headers() {
     assert!(head.starts_with("GET /data/set.csv?v=2 HTTP/1.1\r\n"), "{head}");
     assert!(lower.contains(&format!("host: {upstream}\r\n")), "{head}");
     assert!(lower.contains("x-mine: kept\r\n"), "{head}");
-    for gone in ["proxy-authorization", "proxy-connection", "x-drop", "keep-alive"] {
+    for gone in [
+        "proxy-authorization",
+        "proxy-connection",
+        "x-drop",
+        "keep-alive",
+        "elsewhere",
+        "user:pw",
+    ] {
         assert!(!lower.contains(gone), "{gone} reached the upstream: {head}");
     }
     // The same client connection may send another request (a new upstream connection).
