@@ -88,6 +88,21 @@ pub fn proxy_env() -> Vec<(String, String)> {
     env
 }
 
+/// The preload that puts Node's fetch behind the proxy (`runtime/egress_proxy.cjs`).
+const NODE_PRELOAD: &str = include_str!("runtime/egress_proxy.cjs");
+const NODE_PRELOAD_FILE: &str = "egress_proxy.cjs";
+
+/// What a JavaScript or TypeScript run with network needs besides the environment: the
+/// preload and the option that loads it.
+pub fn node_preload(spec: &mut crate::run::RunSpec) {
+    spec.support_files
+        .push((NODE_PRELOAD_FILE.to_owned(), NODE_PRELOAD.to_owned()));
+    spec.env.push((
+        "NODE_OPTIONS".to_owned(),
+        format!("--require={}/{NODE_PRELOAD_FILE}", crate::runtime::CODE_DIR),
+    ));
+}
+
 /// A run's socket on the host, served while the run lasts. Dropping it stops taking
 /// connections and removes the socket (connections in flight end with the sandbox).
 pub struct Endpoint {

@@ -176,6 +176,12 @@ impl Engine {
                     .map_err(|e| EngineError::internal(error_type::SANDBOX_FAILURE, &format!("egress socket: {e}")))?;
                 spec.egress = Some(endpoint.message());
                 spec.env.extend(egress::proxy_env());
+                if matches!(
+                    language,
+                    sandcall_api::Language::JavaScript | sandcall_api::Language::TypeScript
+                ) {
+                    egress::node_preload(&mut spec);
+                }
                 Some(endpoint)
             }
             _ => None,
