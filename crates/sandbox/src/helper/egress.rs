@@ -59,10 +59,6 @@ impl Pipe {
 
     /// Reads what `from` holds while there is room.
     fn fill(&mut self, from: &OwnedFd) -> Result<(), ()> {
-        if self.is_empty() {
-            self.start = 0;
-            self.end = 0;
-        }
         if self.closed || self.end == self.buf.len() {
             return Ok(());
         }
@@ -84,6 +80,12 @@ impl Pipe {
                 Ok(n) => self.start += n,
                 Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => {}
                 Err(_) => return Err(()),
+            }
+            // All written: the whole buffer is room again (`poll_fds` reads only
+            // while there is room).
+            if self.is_empty() {
+                self.start = 0;
+                self.end = 0;
             }
         }
         if self.closed && self.is_empty() && !self.shut {
