@@ -509,3 +509,32 @@ async fn closing_the_run_ends_its_tunnels() {
     read_to_close(&mut tunnel).await;
     assert_eq!(settled_records(&run, 1).await[0].outcome, Outcome::Relayed);
 }
+
+#[tokio::test]
+async fn a_client_that_stalls_in_its_request_head_is_closed() {
+    let run = run_with(&["example.com".into()], &[], ROOMY);
+    let mut stream = TcpStream::connect(start_proxy(&run).await).await.unwrap();
+    stream
+        .write_all(b"CONNECT example.com:443 HTTP/1.1\r\nHost: exa")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let mut buf = [0u8; 256];
+    // The head's time limit is 10 s; a connection still open after 15 s is a failure.
+    let end = tokio::time::timeout(Duration::from_secs(15), async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(end.is_ok(), "the stalled connection stayed open");
+    assert!(
+        started.elapsed() >= Duration::from_secs(9),
+        "closed after {:?}",
+        started.elapsed()
+    );
+    assert!(run.records().is_empty());
+}
