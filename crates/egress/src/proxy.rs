@@ -331,7 +331,12 @@ async fn open(conn: &Arc<ClientConn>, raw_host: &str, port: u16) -> Result<(Mete
     if run.out.spent() || run.inb.spent() {
         return forbidden(None, Outcome::Limited, BYTES_LIMIT.to_string());
     }
-    if run.opened.fetch_add(1, Ordering::Relaxed) >= run.grant.limits.max_connections {
+    let max = run.grant.limits.max_connections;
+    if run
+        .opened
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| (n < max).then_some(n + 1))
+        .is_err()
+    {
         return forbidden(None, Outcome::Limited, CONNECTION_LIMIT.to_string());
     }
     let addresses = match resolve(run, &host, port).await {

@@ -538,3 +538,31 @@ async fn a_client_that_stalls_in_its_request_head_is_closed() {
     );
     assert!(run.records().is_empty());
 }
+
+#[tokio::test]
+async fn connections_to_the_proxy_past_the_cap_are_closed_at_once() {
+    // max_connections 1: the cap on open connections to the proxy is its floor, 16.
+    let run = run_with(
+        &["example.com".into()],
+        &[],
+        Limits {
+            max_connections: 1,
+            ..ROOMY
+        },
+    );
+    let proxy = start_proxy(&run).await;
+    let mut idle = Vec::new();
+    for _ in 0..16 {
+        idle.push(TcpStream::connect(proxy).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut extra = TcpStream::connect(proxy).await.unwrap();
+    let started = Instant::now();
+    read_to_close(&mut extra).await;
+    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    // One closes; the next connection is served.
+    drop(idle.pop());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (_, status, _) = connect_through(proxy, "other.example:443").await;
+    assert_eq!(status, 403);
+}
