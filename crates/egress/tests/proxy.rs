@@ -566,3 +566,42 @@ async fn connections_to_the_proxy_past_the_cap_are_closed_at_once() {
     let (_, status, _) = connect_through(proxy, "other.example:443").await;
     assert_eq!(status, 403);
 }
+
+#[tokio::test]
+async fn an_allowed_host_that_does_not_answer_gets_502_and_a_failed_record() {
+    let closed = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
+    let run = run_with(&[format!("127.0.0.1:{}", closed.port())], &["127.0.0.1/32"], ROOMY);
+    let (_, status, body) = connect_through(start_proxy(&run).await, &closed.to_string()).await;
+    assert_eq!(status, 502);
+    assert_eq!(
+        body,
+        format!(
+            "sandcall egress: could not connect to 127.0.0.1 port {}\n",
+            closed.port()
+        )
+    );
+    let record = only(&run.records()).clone();
+    assert_eq!((record.outcome, record.address), (Outcome::Failed, Some(closed.ip())));
+    assert_eq!(run.summary().failed, 1);
+}
+
+#[tokio::test]
+async fn an_answer_of_exactly_the_byte_budget_is_not_limited() {
+    let (upstream, _heads) = http_server().await;
+    // The answer is 75 bytes; a budget of 75 holds it exactly.
+    let limits = Limits {
+        max_bytes_in: 75,
+        ..ROOMY
+    };
+    let run = run_with(&[format!("127.0.0.1:{}", upstream.port())], &["127.0.0.1/32"], limits);
+    let mut stream = TcpStream::connect(start_proxy(&run).await).await.unwrap();
+    let (status, body) = ask(&mut stream, &format!("GET http://{upstream}/ HTTP/1.1\r\n\r\n")).await;
+    assert_eq!((status, body.as_str()), (200, "hello"));
+    drop(stream);
+    let records = settled_records(&run, 1).await;
+    assert_eq!(
+        (only(&records).outcome, only(&records).bytes_in),
+        (Outcome::Relayed, 75)
+    );
+    assert_eq!(run.limit_reason(), None);
+}
