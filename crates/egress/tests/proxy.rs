@@ -255,15 +255,13 @@ async fn a_name_resolving_to_loopback_is_refused_unless_the_address_is_named() {
     let refusing = run_with(std::slice::from_ref(&rule), &[], ROOMY);
     let (_, status, body) = connect_through(start_proxy(&refusing).await, &target).await;
     assert_eq!(status, 403);
-    assert_eq!(
-        body,
-        "sandcall egress: localhost resolves to a loopback address (127.0.0.1), which egress refuses\n"
-    );
+    // The first refused address of the answer is named (/etc/hosts may list ::1 too).
     let record = only(&refusing.records()).clone();
-    assert_eq!(
-        (record.outcome, record.address),
-        (Outcome::Refused, Some("127.0.0.1".parse().unwrap()))
-    );
+    let address = record.address.expect("the refused address is recorded");
+    assert!(address.is_loopback(), "{address}");
+    let want = format!("sandcall egress: localhost resolves to a loopback address ({address}), which egress refuses\n");
+    assert_eq!(body, want);
+    assert_eq!(record.outcome, Outcome::Refused);
 
     let allowing = run_with(&[rule], &["127.0.0.0/8", "::1/128"], ROOMY);
     let (mut tunnel, status, _) = connect_through(start_proxy(&allowing).await, &target).await;
@@ -451,7 +449,7 @@ async fn a_connection_ends_at_its_time_limit() {
     assert_eq!(status, 200);
     let started = Instant::now();
     read_to_close(&mut tunnel).await;
-    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+    assert!(started.elapsed() < Duration::from_secs(4), "{:?}", started.elapsed());
     let records = settled_records(&run, 1).await;
     assert_eq!(only(&records).outcome, Outcome::Limited);
     assert_eq!(run.limit_reason(), Some("network connection time limit exceeded"));
@@ -541,30 +539,33 @@ async fn a_client_that_stalls_in_its_request_head_is_closed() {
 
 #[tokio::test]
 async fn connections_to_the_proxy_past_the_cap_are_closed_at_once() {
-    // max_connections 1: the cap on open connections to the proxy is its floor, 16.
-    let run = run_with(
-        &["example.com".into()],
-        &[],
-        Limits {
-            max_connections: 1,
-            ..ROOMY
-        },
-    );
-    let proxy = start_proxy(&run).await;
-    let mut idle = Vec::new();
-    for _ in 0..16 {
-        idle.push(TcpStream::connect(proxy).await.unwrap());
+    // The cap on open connections to the proxy is max_connections, within 16 and 256.
+    for (max_connections, cap) in [(1, 16), (1000, 256)] {
+        let run = run_with(
+            &["example.com".into()],
+            &[],
+            Limits {
+                max_connections,
+                ..ROOMY
+            },
+        );
+        let proxy = start_proxy(&run).await;
+        let mut idle = Vec::new();
+        for _ in 0..cap {
+            idle.push(TcpStream::connect(proxy).await.unwrap());
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut extra = TcpStream::connect(proxy).await.unwrap();
+        let started = Instant::now();
+        read_to_close(&mut extra).await;
+        // The served ones would close only at the head's time limit, 10 s.
+        assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+        // One closes; the next connection is served.
+        drop(idle.pop());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (_, status, _) = connect_through(proxy, "other.example:443").await;
+        assert_eq!(status, 403);
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let mut extra = TcpStream::connect(proxy).await.unwrap();
-    let started = Instant::now();
-    read_to_close(&mut extra).await;
-    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
-    // One closes; the next connection is served.
-    drop(idle.pop());
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let (_, status, _) = connect_through(proxy, "other.example:443").await;
-    assert_eq!(status, 403);
 }
 
 #[tokio::test]
@@ -601,7 +602,8 @@ async fn an_answer_of_exactly_the_byte_budget_is_not_limited() {
     let records = settled_records(&run, 1).await;
     assert_eq!(
         (only(&records).outcome, only(&records).bytes_in),
-        (Outcome::Relayed, 75)
+        (Outcome::Relayed, 75),
+        "{records:?}"
     );
     assert_eq!(run.limit_reason(), None);
 }
