@@ -18,7 +18,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
@@ -38,18 +38,15 @@ type Body = Either<Incoming, Full<Bytes>>;
 /// What the requests of one client connection share.
 struct ClientConn {
     run: Arc<RunEgress>,
-    /// Tunnels and upstream connections; dropping the set ends them.
-    tasks: Mutex<JoinSet<()>>,
+    /// Tunnels and upstream connections. An async lock: the connection's end awaits the
+    /// set while holding it (no request can spawn more by then).
+    tasks: tokio::sync::Mutex<JoinSet<()>>,
     timed_out: Arc<AtomicBool>,
 }
 
 impl ClientConn {
-    fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
-        self.tasks.lock().unwrap_or_else(|p| p.into_inner()).spawn(task);
-    }
-
-    fn take_tasks(&self) -> JoinSet<()> {
-        std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|p| p.into_inner()))
+    async fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.tasks.lock().await.spawn(task);
     }
 }
 
@@ -66,12 +63,11 @@ impl RunEgress {
         };
         let conn = Arc::new(ClientConn {
             run: self.clone(),
-            tasks: Mutex::new(JoinSet::new()),
+            tasks: tokio::sync::Mutex::new(JoinSet::new()),
             timed_out: Arc::new(AtomicBool::new(false)),
         });
         let limit = Duration::from_secs(u64::from(self.grant.limits.max_connection_seconds));
-        let serving = serve_client(conn.clone(), client);
-        tokio::pin!(serving);
+        let mut serving = Box::pin(serve_client(conn.clone(), client));
         tokio::select! {
             _ = &mut serving => return,
             _ = tokio::time::sleep(limit) => {
@@ -81,7 +77,10 @@ impl RunEgress {
             }
             _ = self.closed.cancelled() => {}
         }
-        conn.take_tasks().shutdown().await;
+        // Ends the client connection (and releases the tasks' lock), then its tunnels and
+        // upstream connections, waiting for them: their records are complete on return.
+        drop(serving);
+        conn.tasks.lock().await.shutdown().await;
     }
 }
 
@@ -108,7 +107,7 @@ where
     {
         tracing::debug!(error = %e, "egress: client connection ended with an error");
     }
-    let mut tasks = conn.take_tasks();
+    let mut tasks = conn.tasks.lock().await;
     while tasks.join_next().await.is_some() {}
 }
 
@@ -132,7 +131,8 @@ async fn handle(conn: &Arc<ClientConn>, mut req: Request<Incoming>) -> Response<
                 let mut client = TokioIo::new(upgraded);
                 let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
             }
-        });
+        })
+        .await;
         return Response::new(Either::Right(Full::new(Bytes::new())));
     }
     let uri = req.uri();
@@ -192,7 +192,8 @@ async fn forward(conn: &Arc<ClientConn>, req: Request<Incoming>, upstream: (Mete
         if let Err(e) = connection.await {
             tracing::debug!(error = %e, "egress: upstream connection ended with an error");
         }
-    });
+    })
+    .await;
     match sender.send_request(Request::from_parts(parts, body)).await {
         Ok(response) => {
             let (mut parts, body) = response.into_parts();

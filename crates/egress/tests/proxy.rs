@@ -438,21 +438,36 @@ async fn the_byte_limit_cuts_the_connection_and_sets_the_reason() {
 }
 
 #[tokio::test]
-async fn a_connection_ends_at_its_time_limit() {
+async fn a_connection_ends_at_its_time_limit_with_its_record_complete() {
     let upstream = echo_server().await;
     let limits = Limits {
         max_connection_seconds: 1,
         ..ROOMY
     };
     let run = run_with(&[format!("127.0.0.1:{}", upstream.port())], &["127.0.0.1/32"], limits);
-    let (mut tunnel, status, _) = connect_through(start_proxy(&run).await, &upstream.to_string()).await;
-    assert_eq!(status, 200);
+    // `serve` called here, so that the test sees the moment it returns.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy = listener.local_addr().unwrap();
+    let client = tokio::spawn(async move {
+        let (mut tunnel, status, _) = connect_through(proxy, &upstream.to_string()).await;
+        assert_eq!(status, 200);
+        tunnel.write_all(b"abc").await.unwrap();
+        read_to_close(&mut tunnel).await
+    });
+    let (stream, _) = listener.accept().await.unwrap();
     let started = Instant::now();
-    read_to_close(&mut tunnel).await;
+    run.serve(stream).await;
     assert!(started.elapsed() < Duration::from_secs(4), "{:?}", started.elapsed());
-    let records = settled_records(&run, 1).await;
-    assert_eq!(only(&records).outcome, Outcome::Limited);
+    // Complete as `serve` returns: outcome, reason and bytes.
+    let record = only(&run.records()).clone();
+    assert_eq!(
+        (record.outcome, record.bytes_out, record.bytes_in),
+        (Outcome::Limited, 3, 3)
+    );
+    assert_eq!(record.reason.as_deref(), Some("network connection time limit exceeded"));
+    assert_eq!(run.open_connections(), 0);
     assert_eq!(run.limit_reason(), Some("network connection time limit exceeded"));
+    assert_eq!(client.await.unwrap(), 3);
 }
 
 #[tokio::test]
