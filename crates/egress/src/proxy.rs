@@ -133,7 +133,11 @@ async fn handle(conn: &Arc<ClientConn>, mut req: Request<Incoming>) -> Response<
             }
         })
         .await;
-        return Response::new(Either::Right(Full::new(Bytes::new())));
+        let mut established = Response::new(Either::Right(Full::new(Bytes::new())));
+        established
+            .extensions_mut()
+            .insert(hyper::ext::ReasonPhrase::from_static(b"Connection established"));
+        return established;
     }
     let uri = req.uri();
     let target = match (uri.scheme_str(), uri.authority()) {
