@@ -301,7 +301,12 @@ fn refuse(
 /// a checked address. The record of a connection that opens is completed as it closes.
 async fn open(conn: &Arc<ClientConn>, raw_host: &str, port: u16) -> Result<(Metered, OpenRecord), Box<Response<Body>>> {
     let run = &conn.run;
-    let shown: String = raw_host.chars().take(256).collect();
+    // Records name the host as rules do (lower case, no trailing dot) where it parses.
+    let parsed = Host::parse(raw_host);
+    let shown: String = match &parsed {
+        Some(host) => host.to_string(),
+        None => raw_host.chars().take(256).collect(),
+    };
     let forbidden = |address, outcome, reason| {
         Err(refuse(
             conn,
@@ -313,7 +318,7 @@ async fn open(conn: &Arc<ClientConn>, raw_host: &str, port: u16) -> Result<(Mete
             reason,
         ))
     };
-    let Some(host) = Host::parse(raw_host) else {
+    let Some(host) = parsed else {
         return forbidden(None, Outcome::Refused, format!("{shown} is not a valid host name"));
     };
     match run.grant.check(&host, port) {

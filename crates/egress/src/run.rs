@@ -135,7 +135,8 @@ impl RunEgress {
         &self.grant
     }
 
-    /// Every connection attempt so far, in the order they began (at most `MAX_RECORDS`).
+    /// Every connection attempt so far, in the order they were decided (refused, failed or
+    /// connected), at most `MAX_RECORDS`.
     pub fn records(&self) -> Vec<Record> {
         self.lock_records().clone()
     }

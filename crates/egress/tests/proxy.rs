@@ -219,11 +219,12 @@ async fn a_host_outside_the_policy_gets_403_naming_it_and_a_record() {
     let mut stream = TcpStream::connect(proxy).await.unwrap();
     let (status, body) = ask(
         &mut stream,
-        "GET http://api.other.com/x HTTP/1.1\r\nHost: api.other.com\r\n\r\n",
+        "GET http://API.Other.com./x HTTP/1.1\r\nHost: api.other.com\r\n\r\n",
     )
     .await;
     assert_eq!(status, 403, "{body}");
     let records = run.records();
+    // Both named as rules name hosts: lower case, without the trailing dot.
     assert_eq!(records.len(), 2);
     for record in records {
         assert_eq!(
