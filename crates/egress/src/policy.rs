@@ -294,7 +294,8 @@ pub struct Policy {
 
 impl Policy {
     /// A run's grant: the request's `network.allow` entries (None: all of the policy),
-    /// each of which the policy must cover, port by port.
+    /// each of which the policy must cover, port by port (else `NotAllowed` naming the
+    /// entry; an entry that is not a rule at all gives `InvalidRule`).
     pub fn grant(&self, requested: Option<&[String]>, limits: Limits) -> Result<Grant, PolicyError> {
         let rules = match requested {
             None => self.rules.clone(),
@@ -304,7 +305,7 @@ impl Policy {
                     let not_allowed = || PolicyError::NotAllowed {
                         host: entry.chars().take(MAX_RULE_LEN).collect(),
                     };
-                    let rule = HostRule::parse(entry).map_err(|_| not_allowed())?;
+                    let rule = HostRule::parse(entry)?;
                     if !self.covers(&rule) {
                         return Err(not_allowed());
                     }
@@ -489,6 +490,9 @@ mod tests {
             assert_eq!(err, PolicyError::NotAllowed { host: host.into() });
             assert!(err.to_string().contains(host), "{err}");
         }
+        let err = p.grant(Some(&strings(&["api example.com"])), LIMITS).unwrap_err();
+        assert!(matches!(err, PolicyError::InvalidRule { .. }), "{err:?}");
+        assert!(err.to_string().contains("\"api example.com\""), "{err}");
         // Ports may be covered by two rules of the same host.
         let p = policy(&["h:80", "h:443"]);
         assert!(p.grant(Some(&strings(&["h"])), LIMITS).is_ok());
