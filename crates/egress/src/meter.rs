@@ -91,7 +91,15 @@ impl AsyncRead for Metered {
         let this = &mut *self;
         let take = this.inb.reserve(want);
         if take == 0 {
-            return Poll::Ready(Err(cut(&this.counts)));
+            // The budget is spent exactly: an upstream that ends here has not passed it;
+            // one more byte would (that byte is not passed on).
+            let mut probe = [0u8; 1];
+            let mut probe = ReadBuf::new(&mut probe);
+            ready!(Pin::new(&mut this.inner).poll_read(cx, &mut probe))?;
+            return match probe.filled().len() {
+                0 => Poll::Ready(Ok(())),
+                _ => Poll::Ready(Err(cut(&this.counts))),
+            };
         }
         let dst = buf.initialize_unfilled_to(take as usize);
         let mut part = ReadBuf::new(dst);

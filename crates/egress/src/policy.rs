@@ -17,6 +17,8 @@ const DEFAULT_PORTS: [u16; 2] = [80, 443];
 const MAX_RULE_LEN: usize = 512;
 /// The most ports one rule may list.
 const MAX_PORTS: usize = 64;
+/// The most entries a request's `network.allow` may have.
+const MAX_REQUESTED: usize = 256;
 
 /// Why a rule could not be read or a request asked for more than its policy.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -294,19 +296,24 @@ pub struct Policy {
 
 impl Policy {
     /// A run's grant: the request's `network.allow` entries (None: all of the policy),
-    /// each of which the policy must cover, port by port.
+    /// each of which the policy must cover, port by port (else `NotAllowed` naming the
+    /// entry; an entry that is not a rule at all gives `InvalidRule`).
     pub fn grant(&self, requested: Option<&[String]>, limits: Limits) -> Result<Grant, PolicyError> {
         let rules = match requested {
             None => self.rules.clone(),
             Some(entries) => {
+                if entries.len() > MAX_REQUESTED {
+                    return Err(PolicyError::InvalidRule {
+                        rule: format!("{} entries", entries.len()),
+                        why: "a request may name at most 256 hosts",
+                    });
+                }
                 let mut rules = Vec::with_capacity(entries.len());
                 for entry in entries {
-                    let not_allowed = || PolicyError::NotAllowed {
-                        host: entry.chars().take(MAX_RULE_LEN).collect(),
-                    };
-                    let rule = HostRule::parse(entry).map_err(|_| not_allowed())?;
+                    let rule = HostRule::parse(entry)?;
                     if !self.covers(&rule) {
-                        return Err(not_allowed());
+                        let host = entry.chars().take(MAX_RULE_LEN).collect();
+                        return Err(PolicyError::NotAllowed { host });
                     }
                     rules.push(rule);
                 }
@@ -489,6 +496,15 @@ mod tests {
             assert_eq!(err, PolicyError::NotAllowed { host: host.into() });
             assert!(err.to_string().contains(host), "{err}");
         }
+        let err = p.grant(Some(&strings(&["api example.com"])), LIMITS).unwrap_err();
+        assert!(matches!(err, PolicyError::InvalidRule { .. }), "{err:?}");
+        assert!(err.to_string().contains("\"api example.com\""), "{err}");
+        let many: Vec<String> = (0..257).map(|_| "files.example.org".to_string()).collect();
+        assert!(matches!(
+            p.grant(Some(&many), LIMITS),
+            Err(PolicyError::InvalidRule { .. })
+        ));
+        assert!(p.grant(Some(&many[..256]), LIMITS).is_ok());
         // Ports may be covered by two rules of the same host.
         let p = policy(&["h:80", "h:443"]);
         assert!(p.grant(Some(&strings(&["h"])), LIMITS).is_ok());

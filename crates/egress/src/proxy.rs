@@ -18,7 +18,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
@@ -38,18 +38,15 @@ type Body = Either<Incoming, Full<Bytes>>;
 /// What the requests of one client connection share.
 struct ClientConn {
     run: Arc<RunEgress>,
-    /// Tunnels and upstream connections; dropping the set ends them.
-    tasks: Mutex<JoinSet<()>>,
+    /// Tunnels and upstream connections. An async lock: the connection's end awaits the
+    /// set while holding it (no request can spawn more by then).
+    tasks: tokio::sync::Mutex<JoinSet<()>>,
     timed_out: Arc<AtomicBool>,
 }
 
 impl ClientConn {
-    fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
-        self.tasks.lock().unwrap_or_else(|p| p.into_inner()).spawn(task);
-    }
-
-    fn take_tasks(&self) -> JoinSet<()> {
-        std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|p| p.into_inner()))
+    async fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.tasks.lock().await.spawn(task);
     }
 }
 
@@ -66,12 +63,11 @@ impl RunEgress {
         };
         let conn = Arc::new(ClientConn {
             run: self.clone(),
-            tasks: Mutex::new(JoinSet::new()),
+            tasks: tokio::sync::Mutex::new(JoinSet::new()),
             timed_out: Arc::new(AtomicBool::new(false)),
         });
         let limit = Duration::from_secs(u64::from(self.grant.limits.max_connection_seconds));
-        let serving = serve_client(conn.clone(), client);
-        tokio::pin!(serving);
+        let mut serving = Box::pin(serve_client(conn.clone(), client));
         tokio::select! {
             _ = &mut serving => return,
             _ = tokio::time::sleep(limit) => {
@@ -81,7 +77,10 @@ impl RunEgress {
             }
             _ = self.closed.cancelled() => {}
         }
-        conn.take_tasks().shutdown().await;
+        // Ends the client connection (and releases the tasks' lock), then its tunnels and
+        // upstream connections, waiting for them: their records are complete on return.
+        drop(serving);
+        conn.tasks.lock().await.shutdown().await;
     }
 }
 
@@ -108,7 +107,7 @@ where
     {
         tracing::debug!(error = %e, "egress: client connection ended with an error");
     }
-    let mut tasks = conn.take_tasks();
+    let mut tasks = conn.tasks.lock().await;
     while tasks.join_next().await.is_some() {}
 }
 
@@ -132,8 +131,13 @@ async fn handle(conn: &Arc<ClientConn>, mut req: Request<Incoming>) -> Response<
                 let mut client = TokioIo::new(upgraded);
                 let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
             }
-        });
-        return Response::new(Either::Right(Full::new(Bytes::new())));
+        })
+        .await;
+        let mut established = Response::new(Either::Right(Full::new(Bytes::new())));
+        established
+            .extensions_mut()
+            .insert(hyper::ext::ReasonPhrase::from_static(b"Connection established"));
+        return established;
     }
     let uri = req.uri();
     let target = match (uri.scheme_str(), uri.authority()) {
@@ -192,7 +196,8 @@ async fn forward(conn: &Arc<ClientConn>, req: Request<Incoming>, upstream: (Mete
         if let Err(e) = connection.await {
             tracing::debug!(error = %e, "egress: upstream connection ended with an error");
         }
-    });
+    })
+    .await;
     match sender.send_request(Request::from_parts(parts, body)).await {
         Ok(response) => {
             let (mut parts, body) = response.into_parts();
@@ -296,7 +301,12 @@ fn refuse(
 /// a checked address. The record of a connection that opens is completed as it closes.
 async fn open(conn: &Arc<ClientConn>, raw_host: &str, port: u16) -> Result<(Metered, OpenRecord), Box<Response<Body>>> {
     let run = &conn.run;
-    let shown: String = raw_host.chars().take(256).collect();
+    // Records name the host as rules do (lower case, no trailing dot) where it parses.
+    let parsed = Host::parse(raw_host);
+    let shown: String = match &parsed {
+        Some(host) => host.to_string(),
+        None => raw_host.chars().take(256).collect(),
+    };
     let forbidden = |address, outcome, reason| {
         Err(refuse(
             conn,
@@ -308,7 +318,7 @@ async fn open(conn: &Arc<ClientConn>, raw_host: &str, port: u16) -> Result<(Mete
             reason,
         ))
     };
-    let Some(host) = Host::parse(raw_host) else {
+    let Some(host) = parsed else {
         return forbidden(None, Outcome::Refused, format!("{shown} is not a valid host name"));
     };
     match run.grant.check(&host, port) {
@@ -331,7 +341,12 @@ async fn open(conn: &Arc<ClientConn>, raw_host: &str, port: u16) -> Result<(Mete
     if run.out.spent() || run.inb.spent() {
         return forbidden(None, Outcome::Limited, BYTES_LIMIT.to_string());
     }
-    if run.opened.fetch_add(1, Ordering::Relaxed) >= run.grant.limits.max_connections {
+    let max = run.grant.limits.max_connections;
+    if run
+        .opened
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| (n < max).then_some(n + 1))
+        .is_err()
+    {
         return forbidden(None, Outcome::Limited, CONNECTION_LIMIT.to_string());
     }
     let addresses = match resolve(run, &host, port).await {

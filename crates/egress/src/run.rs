@@ -14,9 +14,11 @@ use tokio_util::sync::CancellationToken;
 /// The records a run keeps; attempts past them are counted in the summary only, so that a
 /// program looping on refused hosts cannot grow the server's memory.
 pub const MAX_RECORDS: usize = 1000;
-/// Connections to the proxy a run may hold open at once, at least (more when its
-/// `max_connections` is higher); further ones are closed at once.
+/// Connections to the proxy a run may hold open at once: its `max_connections`, within
+/// these bounds (each holds a descriptor of the server, two while it relays). Further ones
+/// are closed at once.
 const MIN_OPEN_CLIENTS: usize = 16;
+const MAX_OPEN_CLIENTS: usize = 256;
 
 pub(crate) const CONNECTION_LIMIT: &str = "network connection limit exceeded";
 pub(crate) const TIME_LIMIT: &str = "network connection time limit exceeded";
@@ -109,7 +111,7 @@ pub struct RunEgress {
 
 impl RunEgress {
     pub fn new(grant: Grant, resolver: Resolver) -> Arc<RunEgress> {
-        let clients = (grant.limits.max_connections as usize).clamp(MIN_OPEN_CLIENTS, Semaphore::MAX_PERMITS);
+        let clients = (grant.limits.max_connections as usize).clamp(MIN_OPEN_CLIENTS, MAX_OPEN_CLIENTS);
         Arc::new(RunEgress {
             out: Arc::new(Budget::new(grant.limits.max_bytes_out)),
             inb: Arc::new(Budget::new(grant.limits.max_bytes_in)),
@@ -133,7 +135,8 @@ impl RunEgress {
         &self.grant
     }
 
-    /// Every connection attempt so far, in the order they began (at most `MAX_RECORDS`).
+    /// Every connection attempt so far, in the order they were decided (refused, failed or
+    /// connected), at most `MAX_RECORDS`.
     pub fn records(&self) -> Vec<Record> {
         self.lock_records().clone()
     }
