@@ -185,9 +185,10 @@ print(requests.get({url:?}, verify="/tmp/ca.pem", timeout=20).text)
     let r = run(&s, "python", &py, json!({"allow": [host]}));
     assert_eq!(r["stdout"], format!("{GREETING}\n{GREETING}\n"), "{r}");
     assert_eq!(r["network"]["connections"], 2, "{r}");
-    // The requests reached the upstream through the tunnel: TLS end to end, so the
-    // proxy saw no request line of theirs.
     assert_eq!(up.seen().len(), 3, "{:?}", up.seen());
+    // Each run's socket on the host is gone with its run.
+    let left: Vec<_> = std::fs::read_dir(s.data_dir.join("egress")).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
 }
 
 #[test]
@@ -377,6 +378,16 @@ fn the_connection_limit_refuses_with_the_sandbox_reason() {
         "{r}"
     );
     assert_eq!(up.seen().len(), 2);
+    // `/metrics` (open in local mode) counts them.
+    let (status, _, text) = s.request("GET", "/metrics", None, None);
+    assert_eq!(status, 200);
+    let text = text.as_str().unwrap_or_default().to_owned();
+    for line in [
+        "sandcall_egress_connections_total{outcome=\"relayed\"} 2",
+        "sandcall_egress_connections_total{outcome=\"refused\"} 2",
+    ] {
+        assert!(text.lines().any(|l| l == line), "no {line} in {text}");
+    }
 }
 
 #[test]
