@@ -9,7 +9,7 @@
 use crate::address::refused_kind;
 use crate::meter::{ConnCounts, Metered, BYTES_LIMIT};
 use crate::policy::{Host, HostCheck};
-use crate::run::{OpenRecord, Outcome, Record, RunEgress, CONNECTION_LIMIT};
+use crate::run::{OpenRecord, Outcome, Record, RunEgress, Serving, CONNECTION_LIMIT};
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri};
 use http_body_util::{Either, Full};
@@ -57,6 +57,8 @@ impl RunEgress {
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
+        // Declared first, dropped last: the call counts until its tunnels have ended.
+        let _serving = Serving::begin(self);
         let Ok(_permit) = self.clients.clone().try_acquire_owned() else {
             tracing::debug!("egress: too many open connections to the proxy; closing one");
             return;

@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
-use tokio::sync::Semaphore;
+use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 /// The records a run keeps; attempts past them are counted in the summary only, so that a
@@ -106,6 +106,9 @@ pub struct RunEgress {
     records: Mutex<Vec<Record>>,
     limit_reason: OnceLock<&'static str>,
     pub(crate) clients: Arc<Semaphore>,
+    /// `serve` calls under way, and the wake-up for `close_and_wait` when one ends.
+    pub(crate) serving: AtomicU32,
+    pub(crate) served: Notify,
     pub(crate) closed: CancellationToken,
 }
 
@@ -126,6 +129,8 @@ impl RunEgress {
             records: Mutex::new(Vec::new()),
             limit_reason: OnceLock::new(),
             clients: Arc::new(Semaphore::new(clients)),
+            serving: AtomicU32::new(0),
+            served: Notify::new(),
             closed: CancellationToken::new(),
         })
     }
@@ -166,6 +171,22 @@ impl RunEgress {
     /// connections are closed at once. For the end of a run.
     pub fn close(&self) {
         self.closed.cancel();
+    }
+
+    /// `close`, then waits until every `serve` call has returned: from then on the
+    /// records and the summary are final.
+    pub async fn close_and_wait(&self) {
+        self.close();
+        loop {
+            let ended = self.served.notified();
+            tokio::pin!(ended);
+            // Registered before the count is read, so that no wake-up falls in between.
+            ended.as_mut().enable();
+            if self.serving.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            ended.await;
+        }
     }
 
     fn lock_records(&self) -> MutexGuard<'_, Vec<Record>> {
@@ -250,6 +271,23 @@ fn limit_of(reason: Option<&str>) -> Option<&'static str> {
     [BYTES_LIMIT, CONNECTION_LIMIT, TIME_LIMIT]
         .into_iter()
         .find(|r| Some(*r) == reason)
+}
+
+/// Counts a `serve` call under way, until it returns.
+pub(crate) struct Serving<'a>(&'a RunEgress);
+
+impl<'a> Serving<'a> {
+    pub(crate) fn begin(run: &'a RunEgress) -> Self {
+        run.serving.fetch_add(1, Ordering::AcqRel);
+        Serving(run)
+    }
+}
+
+impl Drop for Serving<'_> {
+    fn drop(&mut self) {
+        self.0.serving.fetch_sub(1, Ordering::AcqRel);
+        self.0.served.notify_waiters();
+    }
 }
 
 /// Completes a relayed connection's record when the connection is dropped, however it

@@ -520,11 +520,34 @@ async fn bad_requests_get_4xx_without_a_hang() {
 async fn closing_the_run_ends_its_tunnels() {
     let upstream = echo_server().await;
     let run = run_with(&[format!("127.0.0.1:{}", upstream.port())], &["127.0.0.1/32"], ROOMY);
-    let (mut tunnel, status, _) = connect_through(start_proxy(&run).await, &upstream.to_string()).await;
+    let proxy = start_proxy(&run).await;
+    let (mut tunnel, status, _) = connect_through(proxy, &upstream.to_string()).await;
     assert_eq!(status, 200);
-    run.close();
+    tunnel.write_all(b"abcd").await.unwrap();
+    let mut back = [0u8; 4];
+    tokio::time::timeout(PATIENCE, tunnel.read_exact(&mut back))
+        .await
+        .unwrap()
+        .unwrap();
+    // A second client connection, still sending its head.
+    let mut slow = TcpStream::connect(proxy).await.unwrap();
+    slow.write_all(b"CONNECT ").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    tokio::time::timeout(PATIENCE, run.close_and_wait())
+        .await
+        .expect("close_and_wait returned");
+    // Final as close_and_wait returns.
+    let record = only(&run.records()).clone();
+    assert_eq!(
+        (record.outcome, record.bytes_out, record.bytes_in),
+        (Outcome::Relayed, 4, 4)
+    );
+    assert_eq!(run.open_connections(), 0);
     read_to_close(&mut tunnel).await;
-    assert_eq!(settled_records(&run, 1).await[0].outcome, Outcome::Relayed);
+    read_to_close(&mut slow).await;
+    // Later connections are closed at once.
+    let mut late = TcpStream::connect(proxy).await.unwrap();
+    read_to_close(&mut late).await;
 }
 
 #[tokio::test]
