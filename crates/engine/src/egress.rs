@@ -30,9 +30,10 @@ pub trait EgressPolicy: Send + Sync {
 pub trait RunEgress: Send + Sync {
     /// Serves one connection relayed from the sandbox, until it ends.
     fn serve(self: Arc<Self>, conn: tokio::net::UnixStream) -> Pin<Box<dyn Future<Output = ()> + Send>>;
-    /// The counts so far; also logs the run's connections (host, port, address, bytes,
-    /// outcome), once the run is over.
-    fn finish(&self, run_id: &str) -> NetworkSummary;
+    /// Once the run is over: ends whatever of it is still connected, waits for its
+    /// connections to be done, logs them (host, port, address, bytes, outcome) and
+    /// gives the counts.
+    fn finish(self: Arc<Self>, run_id: String) -> Pin<Box<dyn Future<Output = NetworkSummary> + Send>>;
     /// The `[sandbox]` reason when a bound ended or refused the run's traffic.
     fn limit_reason(&self) -> Option<&'static str>;
 }
@@ -143,10 +144,13 @@ impl Endpoint {
 
     /// The run is over: its summary (counted in `/metrics`, logged) and the `[sandbox]`
     /// line for its stderr, if a bound cut it.
-    pub fn finish(self, run_id: &str) -> (NetworkSummary, Option<String>) {
-        let summary = self.run.finish(run_id);
+    pub async fn finish(self, run_id: &str) -> (NetworkSummary, Option<String>) {
+        let run = self.run.clone();
+        // No more connections: the socket goes first.
+        drop(self);
+        let summary = run.clone().finish(run_id.to_owned()).await;
         crate::telemetry::egress(&summary);
-        let note = self.run.limit_reason().map(|r| format!("[sandbox] {r}"));
+        let note = run.limit_reason().map(|r| format!("[sandbox] {r}"));
         (summary, note)
     }
 }

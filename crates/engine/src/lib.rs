@@ -236,7 +236,7 @@ impl Engine {
         response.files_skipped_total = stored.skipped_total;
         response.deleted_files = deleted;
         if let Some(endpoint) = endpoint {
-            let (summary, note) = endpoint.finish(&response.session_id);
+            let (summary, note) = endpoint.finish(&response.session_id).await;
             response.network = Some(summary);
             exec::append_notes(&mut response.stderr, note.as_slice());
         }

@@ -79,29 +79,33 @@ impl sandcall_engine::egress::RunEgress for RunProxy {
         Box::pin(async move { run.serve(conn).await })
     }
 
-    fn finish(&self, run_id: &str) -> NetworkSummary {
-        let summary = self.0.summary();
-        // The run is over: whatever of it is still connected ends now.
-        self.0.close();
-        for r in self.0.records() {
-            tracing::info!(
-                run = run_id,
-                host = r.host,
-                port = r.port,
-                address = r.address.map(|a| a.to_string()),
-                bytes_out = r.bytes_out,
-                bytes_in = r.bytes_in,
-                outcome = ?r.outcome,
-                reason = r.reason,
-                "egress connection"
-            );
-        }
-        NetworkSummary {
-            connections: summary.connections,
-            refused: summary.refused,
-            bytes_out: summary.bytes_out,
-            bytes_in: summary.bytes_in,
-        }
+    fn finish(self: Arc<Self>, run_id: String) -> Pin<Box<dyn Future<Output = NetworkSummary> + Send>> {
+        Box::pin(async move {
+            let run = &self.0;
+            // The run is over: whatever of it is still connected ends now, and the
+            // records are final once every connection is done.
+            run.close_and_wait().await;
+            for r in run.records() {
+                tracing::info!(
+                    run = run_id,
+                    host = r.host,
+                    port = r.port,
+                    address = r.address.map(|a| a.to_string()),
+                    bytes_out = r.bytes_out,
+                    bytes_in = r.bytes_in,
+                    outcome = ?r.outcome,
+                    reason = r.reason,
+                    "egress connection"
+                );
+            }
+            let summary = run.summary();
+            NetworkSummary {
+                connections: summary.connections,
+                refused: summary.refused,
+                bytes_out: summary.bytes_out,
+                bytes_in: summary.bytes_in,
+            }
+        })
     }
 
     fn limit_reason(&self) -> Option<&'static str> {
