@@ -274,6 +274,13 @@ fn asking_for_more_than_the_policy_is_a_400_naming_the_host() {
         assert_eq!(v["error_type"], "invalid_request", "{v}");
         assert!(v["error"].as_str().unwrap().contains(names), "{v}");
     }
+    // Programmatic sessions have no network yet: asking is refused, not ignored.
+    let (status, v) = s.post(
+        "/v1/exec/programmatic",
+        &json!({"code": "print(1)", "network": {"allow": ["api.example.com:443"]}}),
+    );
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["code"], "unsupported_capability", "{v}");
     // A principal the configuration does not name gets no network at all.
     let s = Server::start_with(
         &[],
