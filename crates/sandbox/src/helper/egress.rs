@@ -120,13 +120,11 @@ pub(crate) struct EgressRelays {
 }
 
 impl EgressRelays {
-    /// Brings up the loopback of the network namespace of process `init` and listens on
+    /// Brings up the loopback of the network namespace `theirs` (the run's) and listens on
     /// 127.0.0.1:`endpoint.port` there. A child does it and hands the listener back: the
     /// helper itself never leaves its own network namespace (without root it could not
     /// return to the host's, which its user namespace does not own).
-    pub(crate) fn open(init: i32, endpoint: &Egress) -> Result<Self, HelperError> {
-        let path = format!("/proc/{init}/ns/net");
-        let theirs = std::fs::File::open(&path).map_err(|source| HelperError::EgressNamespace { path, source })?;
+    pub(crate) fn open(theirs: &std::fs::File, endpoint: &Egress) -> Result<Self, HelperError> {
         let (ours, child_end) = std::os::unix::net::UnixStream::pair().map_err(HelperError::EgressListen)?;
         // SAFETY: the helper is single-threaded, so the child's copy of its memory is
         // consistent; the child makes a few system calls and leaves with _exit.

@@ -159,6 +159,8 @@ pub enum HelperError {
     },
     #[error("egress: fork: {0}")]
     EgressFork(#[source] Errno),
+    #[error("egress: the sandbox was not built for a run with egress (Prepare::egress)")]
+    EgressWithoutNamespace,
     /// Bringing the run's loopback up, or listening on it.
     #[error("egress: listen in the run's network namespace: {0}")]
     EgressListen(#[source] io::Error),
