@@ -99,6 +99,12 @@ pub struct Prepare {
     /// `CAP_SYS_NICE`).
     #[serde(default)]
     pub background: bool,
+    /// The run will have egress (`Run::egress`): the helper holds the run's network
+    /// namespace from init's clone on (it makes the listener there at the `Run`), and in
+    /// the `gvisor` tier its gVisor sandbox may open host unix sockets (`runsc
+    /// --host-uds=open`), so that the helper reaches the run's proxy socket.
+    #[serde(default)]
+    pub egress: bool,
 }
 
 /// How to start a program ahead of its run.
@@ -160,6 +166,19 @@ pub struct Run {
     /// Where to put the files the run created or changed, if anywhere.
     #[serde(default)]
     pub collect: Option<Collect>,
+    /// The run's way out (docs/egress.md): a listener on the sandbox's loopback, relayed
+    /// to the server's egress proxy. None: the sandbox's loopback stays down.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<Egress>,
+}
+
+/// A run's egress endpoint: the helper listens on 127.0.0.1:`port` inside the run's
+/// network namespace, and relays each connection to the unix socket `socket` on the
+/// host (outside the sandbox's root), where the server's proxy serves it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Egress {
+    pub socket: PathBuf,
+    pub port: u16,
 }
 
 /// A file to stage: a host path the helper reads, and the relative name it gets.
