@@ -230,15 +230,13 @@ impl Gvisor {
     }
 
     /// The command that starts the gVisor sandbox of run `id` with the helper in it, joined to
-    /// `cgroup` before it execs (so that nothing of it ever runs outside). A run with
-    /// egress may open host unix sockets: its helper relays to the run's proxy socket
-    /// (docs/egress.md); every other run may not.
-    pub fn command(&self, id: &str, cgroup: &RunCgroup, egress: bool) -> std::io::Result<tokio::process::Command> {
+    /// `cgroup` before it execs (so that nothing of it ever runs outside). No gVisor sandbox
+    /// may open host unix sockets (`--host-uds`): with the host's root visible read-only,
+    /// that would reach every socket on the host, other sandboxes' control sockets
+    /// included; so runs in this tier have no egress (`egress::grant`).
+    pub fn command(&self, id: &str, cgroup: &RunCgroup) -> std::io::Result<tokio::process::Command> {
         let mut command = tokio::process::Command::new(&self.runsc);
         command.arg("--root").arg(&self.state).args(RUNSC_FLAGS);
-        if egress {
-            command.arg("--host-uds=open");
-        }
         command
             .arg("run")
             .arg("--bundle")

@@ -417,7 +417,7 @@ async fn spawn_in_gvisor(
         .host_cgroup(&prepare.run_id, &prepare.limits)
         .map_err(RunError::Spawn)?;
     let started = HelperPipes::new().and_then(|ends| {
-        let command = gvisor.command(&prepare.run_id, &cgroup, prepare.egress)?;
+        let command = gvisor.command(&prepare.run_id, &cgroup)?;
         let child = spawn_with(command, ends.helper_stdin, ends.helper_stdout)?;
         Ok((child, ends.stdin, ends.stdout))
     });

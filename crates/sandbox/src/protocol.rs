@@ -100,9 +100,7 @@ pub struct Prepare {
     #[serde(default)]
     pub background: bool,
     /// The run will have egress (`Run::egress`): the helper holds the run's network
-    /// namespace from init's clone on (it makes the listener there at the `Run`), and in
-    /// the `gvisor` tier its gVisor sandbox may open host unix sockets (`runsc
-    /// --host-uds=open`), so that the helper reaches the run's proxy socket.
+    /// namespace from init's clone on (it makes the listener there at the `Run`).
     #[serde(default)]
     pub egress: bool,
 }

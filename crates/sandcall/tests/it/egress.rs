@@ -397,3 +397,27 @@ fn the_byte_limit_cuts_the_traffic_with_the_sandbox_reason() {
     );
     assert!(r["network"]["bytes_in"].as_u64().unwrap() <= 100_000, "{r}");
 }
+
+#[test]
+fn a_run_in_the_gvisor_tier_asking_for_network_is_refused() {
+    // gVisor's sandbox could reach the run's host socket only with `runsc --host-uds`,
+    // which would open every host socket to it: that tier has no egress, and says so.
+    let up = Upstream::http();
+    let host = format!("127.0.0.2:{}", up.port);
+    let s = egress_server(std::slice::from_ref(&host), "\"127.0.0.2/32\"", "");
+    let ask = json!({"code": "print(1)", "network": {}, "isolation": "gvisor"});
+    let (status, v) = s.post("/v1/exec", &ask);
+    assert_eq!((status, &v["code"]), (400, &json!("unsupported_capability")), "{v}");
+    assert!(v["error"].as_str().unwrap().contains("gvisor"), "{v}");
+    if crate::common::gvisor_pass() {
+        return;
+    }
+    // The same server still gives network to a namespace run.
+    let r = run(
+        &s,
+        "bash",
+        &format!("curl -sS --max-time 20 http://{host}/x"),
+        json!({}),
+    );
+    assert_eq!(r["stdout"], GREETING, "{r}");
+}
