@@ -372,9 +372,9 @@ pub struct ProgrammaticRequest {
     /// First call (extension): as on /v1/exec, wins over `runtime_session_hint`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace_id: Option<String>,
-    /// (extension, not yet supported) Network for the session's program: refused with
-    /// `400` and `code` `unsupported_capability`, so that a caller never gets a session
-    /// without the network it asked for. Use `/v1/exec` for runs with network.
+    /// First call (extension): network for the session's program, as on /v1/exec, for the
+    /// whole session. A session granted network is not replayed after a restart or an
+    /// eviction: its resume then ends it with an error (docs/egress.md, "Replay").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkRequest>,
     /// Resume: the session the token belongs to (optional; must match it when sent).
@@ -583,6 +583,10 @@ pub enum ProgrammaticResponse {
         /// With a workspace: `new` or `reused`, as on /v1/exec.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         runtime_status: Option<RuntimeStatus>,
+        /// (extension) For a session granted network: its connections and bytes, as on
+        /// /v1/exec.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        network: Option<Box<NetworkSummary>>,
     },
     Error {
         session_id: String,

@@ -117,6 +117,19 @@ pub fn node_preload(spec: &mut crate::run::RunSpec) {
     ));
 }
 
+/// Builds `spec` for a run with network served by `endpoint`: the helper's relay, the
+/// environment naming the proxy, and Node's preload.
+pub fn prepare_run(spec: &mut crate::run::RunSpec, endpoint: &Endpoint, language: sandcall_api::Language) {
+    spec.egress = Some(endpoint.message());
+    spec.env.extend(proxy_env());
+    if matches!(
+        language,
+        sandcall_api::Language::JavaScript | sandcall_api::Language::TypeScript
+    ) {
+        node_preload(spec);
+    }
+}
+
 /// A run's socket on the host, served while the run lasts. Dropping it stops taking
 /// connections and removes the socket (connections in flight end with the sandbox).
 pub struct Endpoint {
