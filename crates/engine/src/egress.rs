@@ -36,6 +36,12 @@ pub trait RunEgress: Send + Sync {
     fn finish(self: Arc<Self>, run_id: String) -> Pin<Box<dyn Future<Output = NetworkSummary> + Send>>;
     /// The `[sandbox]` reason when a bound ended or refused the run's traffic.
     fn limit_reason(&self) -> Option<&'static str>;
+    /// The run's connections so far, in the order they were made (a connection still
+    /// open has its bytes so far), and how many were not recorded: for a programmatic
+    /// session's audit trail.
+    fn connections(&self) -> (Vec<sandcall_api::AuditConnection>, u64) {
+        (Vec::new(), 0)
+    }
 }
 
 /// What the engine holds of egress: the policy and the directory of the runs' sockets.

@@ -1,6 +1,7 @@
 //! Egress for programmatic sessions (docs/egress.md): a session granted network keeps
-//! its proxy across its pauses, its answer carries the summary, and a session granted
-//! network is not replayed after a restart (its requests would be made again).
+//! its proxy across its pauses, its connections are in its audit trail beside its tool
+//! calls, its answer carries the summary, and a session granted network is not
+//! replayed after a restart (its requests would be made again).
 
 use crate::common::Server;
 use crate::egress::{egress_server, Upstream, GREETING};
@@ -52,6 +53,18 @@ fn answer(s: &Server, paused: &Value, result: Value) -> (u16, Value) {
     )
 }
 
+/// The session's audit trail (`GET .../calls`).
+fn calls(s: &Server, paused: &Value) -> Value {
+    let (code, _, v) = s.request(
+        "GET",
+        &format!("{ROUTE}/{}/calls", paused["session_id"].as_str().unwrap()),
+        None,
+        None,
+    );
+    assert_eq!(code, 200, "{v}");
+    v
+}
+
 /// The paths the upstream was asked for, in order.
 fn paths(up: &Upstream) -> Vec<String> {
     up.seen()
@@ -67,6 +80,18 @@ fn a_session_reaches_an_allowed_host_before_and_after_a_tool_call_pause() {
     let s = egress_server(std::slice::from_ref(&host), "\"127.0.0.2/32\"", "");
     let paused = start(&s, fetching_program(&host));
     assert_eq!(paused["partial_stdout"], format!("before {GREETING}\n"), "{paused}");
+    // While paused, the trail lists the call and the connection made before it.
+    let trail = calls(&s, &paused);
+    assert_eq!(trail["calls"].as_array().unwrap().len(), 1, "{trail}");
+    assert_eq!(trail["calls"][0]["name"], "get", "{trail}");
+    let port = up.port;
+    let first = &trail["connections"][0];
+    assert_eq!(trail["connections"].as_array().unwrap().len(), 1, "{trail}");
+    assert_eq!(
+        (&first["host"], &first["port"], &first["address"], &first["outcome"]),
+        (&json!("127.0.0.2"), &json!(port), &json!("127.0.0.2"), &json!("relayed")),
+        "{trail}"
+    );
     let (status, done) = answer(&s, &paused, json!(42));
     assert_eq!(status, 200, "{done}");
     assert_eq!(done["status"], "completed", "{done}");
@@ -80,6 +105,46 @@ fn a_session_reaches_an_allowed_host_before_and_after_a_tool_call_pause() {
     assert_eq!(done["network"]["connections"], 2, "{done}");
     assert_eq!(done["network"]["refused"], 0, "{done}");
     assert!(done["network"]["bytes_in"].as_u64().unwrap() > 0, "{done}");
+    // After the end, the trail has both connections, with their bytes.
+    let trail = calls(&s, &paused);
+    let connections = trail["connections"].as_array().unwrap();
+    assert_eq!(connections.len(), 2, "{trail}");
+    for c in connections {
+        assert_eq!(c["outcome"], "relayed", "{trail}");
+        assert!(c["bytes_in"].as_u64().unwrap() > GREETING.len() as u64, "{trail}");
+        assert!(c["bytes_out"].as_u64().unwrap() > 0, "{trail}");
+    }
+    assert_eq!(trail["calls"][0]["outcome"]["status"], "answered", "{trail}");
+}
+
+#[test]
+fn a_refused_host_is_in_the_trail_as_refused() {
+    let up = Upstream::http();
+    let host = format!("127.0.0.2:{}", up.port);
+    let s = egress_server(std::slice::from_ref(&host), "\"127.0.0.2/32\"", "");
+    let code = [
+        "import urllib.request, urllib.error",
+        "try:",
+        "    urllib.request.urlopen('http://evil.example.org/x', timeout=20).read()",
+        "    print('reached')",
+        "except Exception as e:",
+        "    print('refused')",
+        "r = get(n=1)",
+        "",
+    ]
+    .join("\n");
+    let paused = start(&s, code);
+    assert_eq!(paused["partial_stdout"], "refused\n", "{paused}");
+    let trail = calls(&s, &paused);
+    let c = &trail["connections"][0];
+    assert_eq!(trail["connections"].as_array().unwrap().len(), 1, "{trail}");
+    assert_eq!((&c["host"], &c["port"]), (&json!("evil.example.org"), &json!(80)), "{trail}");
+    assert_eq!(c["outcome"], "refused", "{trail}");
+    assert!(!c["reason"].as_str().unwrap_or_default().is_empty(), "{trail}");
+    let (status, done) = answer(&s, &paused, json!(1));
+    assert_eq!((status, &done["status"]), (200, &json!("completed")), "{done}");
+    assert_eq!(done["network"]["refused"], 1, "{done}");
+    assert!(up.seen().is_empty(), "{:?}", up.seen());
 }
 
 #[test]

@@ -585,6 +585,9 @@ impl Sessions {
             },
             Some(commands),
         ));
+        if let Some(endpoint) = &endpoint {
+            session.audit().attach_network(endpoint.run.clone());
+        }
         self.map().insert(id.clone(), session.clone());
         if let Some(request_id) = cmd.request_id {
             self.name_request(&session, request_id).await;
@@ -627,11 +630,14 @@ impl Sessions {
         if let Some(session) = held.filter(|s| s.lock().dormant.is_none()) {
             let audit = session.audit();
             let (calls, calls_dropped) = audit.list();
+            let (connections, connections_dropped) = audit.connections();
             return Ok(sandcall_api::CallsResponse {
                 session_id: session.id.clone(),
                 calls,
                 calls_dropped,
                 trail_released: audit.released(),
+                connections,
+                connections_dropped,
             });
         }
         let store = &self.inner.store;
@@ -650,6 +656,8 @@ impl Sessions {
             calls: kept.calls,
             calls_dropped: kept.dropped,
             trail_released: false,
+            connections: Vec::new(),
+            connections_dropped: 0,
         })
     }
 
