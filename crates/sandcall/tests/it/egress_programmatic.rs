@@ -89,7 +89,12 @@ fn a_session_reaches_an_allowed_host_before_and_after_a_tool_call_pause() {
     assert_eq!(trail["connections"].as_array().unwrap().len(), 1, "{trail}");
     assert_eq!(
         (&first["host"], &first["port"], &first["address"], &first["outcome"]),
-        (&json!("127.0.0.2"), &json!(port), &json!("127.0.0.2"), &json!("relayed")),
+        (
+            &json!("127.0.0.2"),
+            &json!(port),
+            &json!("127.0.0.2"),
+            &json!("relayed")
+        ),
         "{trail}"
     );
     let (status, done) = answer(&s, &paused, json!(42));
@@ -138,7 +143,11 @@ fn a_refused_host_is_in_the_trail_as_refused() {
     let trail = calls(&s, &paused);
     let c = &trail["connections"][0];
     assert_eq!(trail["connections"].as_array().unwrap().len(), 1, "{trail}");
-    assert_eq!((&c["host"], &c["port"]), (&json!("evil.example.org"), &json!(80)), "{trail}");
+    assert_eq!(
+        (&c["host"], &c["port"]),
+        (&json!("evil.example.org"), &json!(80)),
+        "{trail}"
+    );
     assert_eq!(c["outcome"], "refused", "{trail}");
     assert!(!c["reason"].as_str().unwrap_or_default().is_empty(), "{trail}");
     let (status, done) = answer(&s, &paused, json!(1));
