@@ -175,3 +175,29 @@ fn a_session_granted_network_is_not_replayed_after_a_restart() {
     let (status, v) = answer(&s, &paused, json!(42));
     assert!(status == 404 || status == 409 || v["status"] == "error", "{status} {v}");
 }
+
+#[test]
+fn a_session_granted_network_is_not_replayed_after_an_eviction() {
+    let up = Upstream::http();
+    let host = format!("127.0.0.2:{}", up.port);
+    let config = format!(
+        "egress_allow = [\"{host}\"]\negress_principals = [\"*\"]\negress_allow_addresses = [\"127.0.0.2/32\"]\n"
+    );
+    let s = Server::start_with(
+        &[crate::common::NO_POOL, ("SANDCALL_SESSION_IDLE_EVICT_S", "1")],
+        &config,
+    );
+    let paused = start(&s, fetching_program(&host));
+    assert_eq!(paths(&up), ["/a"]);
+    // Evicted: its sandbox goes, the session waits in the store.
+    let t = std::time::Instant::now();
+    while crate::common::run_cgroups(&s.instance()) > 0 || !crate::common::descendants(s.pid()).is_empty() {
+        assert!(t.elapsed().as_secs() < 20, "the paused session was not evicted");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let (status, v) = answer(&s, &paused, json!(42));
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["status"], "error", "{v}");
+    assert!(v["error"].as_str().unwrap().contains("granted network"), "{v}");
+    assert_eq!(paths(&up), ["/a"]);
+}
