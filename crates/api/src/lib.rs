@@ -372,9 +372,9 @@ pub struct ProgrammaticRequest {
     /// First call (extension): as on /v1/exec, wins over `runtime_session_hint`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace_id: Option<String>,
-    /// (extension, not yet supported) Network for the session's program: refused with
-    /// `400` and `code` `unsupported_capability`, so that a caller never gets a session
-    /// without the network it asked for. Use `/v1/exec` for runs with network.
+    /// First call (extension): network for the session's program, as on /v1/exec, for the
+    /// whole session. A session granted network is not replayed after a restart or an
+    /// eviction: its resume then ends it with an error (docs/egress.md, "Replay").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkRequest>,
     /// Resume: the session the token belongs to (optional; must match it when sent).
@@ -400,6 +400,37 @@ pub struct CallsResponse {
     /// `calls` is then empty; the log (target `sandcall::audit`) keeps the whole trail.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub trail_released: bool,
+    /// (extension) For a session granted network: every connection its program asked
+    /// the proxy for, in the order they were made, refused ones included.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub connections: Vec<AuditConnection>,
+    /// (extension) Connections not listed: past the trail's bounds (its 10,000 records
+    /// and 2 MiB, tool calls and connections together) or the proxy's 1,000 records.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub connections_dropped: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// One connection of a session's program through the egress proxy (docs/egress.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct AuditConnection {
+    pub host: String,
+    pub port: u16,
+    /// The address connected to, or the one refused; none when the name did not resolve
+    /// or the host was refused before resolving.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    pub bytes_out: u64,
+    pub bytes_in: u64,
+    /// `relayed`, `refused` (policy or address rules), `failed` (resolving or
+    /// connecting) or `limited` (a bound of the run refused or cut it).
+    pub outcome: String,
+    /// Why it was refused, failed or limited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// One tool call of a session, as the audit trail keeps it.
@@ -583,6 +614,10 @@ pub enum ProgrammaticResponse {
         /// With a workspace: `new` or `reused`, as on /v1/exec.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         runtime_status: Option<RuntimeStatus>,
+        /// (extension) For a session granted network: its connections and bytes, as on
+        /// /v1/exec.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        network: Option<Box<NetworkSummary>>,
     },
     Error {
         session_id: String,

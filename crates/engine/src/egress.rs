@@ -36,6 +36,12 @@ pub trait RunEgress: Send + Sync {
     fn finish(self: Arc<Self>, run_id: String) -> Pin<Box<dyn Future<Output = NetworkSummary> + Send>>;
     /// The `[sandbox]` reason when a bound ended or refused the run's traffic.
     fn limit_reason(&self) -> Option<&'static str>;
+    /// The run's connections so far, in the order they were made (a connection still
+    /// open has its bytes so far), and how many were not recorded: for a programmatic
+    /// session's audit trail.
+    fn connections(&self) -> (Vec<sandcall_api::AuditConnection>, u64) {
+        (Vec::new(), 0)
+    }
 }
 
 /// What the engine holds of egress: the policy and the directory of the runs' sockets.
@@ -115,6 +121,19 @@ pub fn node_preload(spec: &mut crate::run::RunSpec) {
         "NODE_OPTIONS".to_owned(),
         format!("--require={}/{NODE_PRELOAD_FILE}", crate::runtime::CODE_DIR),
     ));
+}
+
+/// Builds `spec` for a run with network served by `endpoint`: the helper's relay, the
+/// environment naming the proxy, and Node's preload.
+pub fn prepare_run(spec: &mut crate::run::RunSpec, endpoint: &Endpoint, language: sandcall_api::Language) {
+    spec.egress = Some(endpoint.message());
+    spec.env.extend(proxy_env());
+    if matches!(
+        language,
+        sandcall_api::Language::JavaScript | sandcall_api::Language::TypeScript
+    ) {
+        node_preload(spec);
+    }
 }
 
 /// A run's socket on the host, served while the run lasts. Dropping it stops taking

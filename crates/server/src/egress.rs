@@ -111,4 +111,24 @@ impl sandcall_engine::egress::RunEgress for RunProxy {
     fn limit_reason(&self) -> Option<&'static str> {
         self.0.limit_reason()
     }
+
+    fn connections(&self) -> (Vec<sandcall_api::AuditConnection>, u64) {
+        use sandcall_egress::Outcome;
+        let records = self.0.records().into_iter().map(|r| sandcall_api::AuditConnection {
+            host: r.host,
+            port: r.port,
+            address: r.address.map(|a| a.to_string()),
+            bytes_out: r.bytes_out,
+            bytes_in: r.bytes_in,
+            outcome: match r.outcome {
+                Outcome::Relayed => "relayed",
+                Outcome::Refused => "refused",
+                Outcome::Failed => "failed",
+                Outcome::Limited => "limited",
+            }
+            .to_owned(),
+            reason: r.reason,
+        });
+        (records.collect(), self.0.summary().records_dropped)
+    }
 }

@@ -348,6 +348,7 @@ async fn start(
             outbox_dir: outbox_dir.clone(),
             store: session_store,
             node: cluster.as_ref().map(|c| c.node_url().to_owned()),
+            egress: egress.clone(),
         },
     );
     // Sessions an earlier server left paused wait for their resume (replay).

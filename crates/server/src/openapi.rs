@@ -24,6 +24,7 @@ use utoipa::{Modify, OpenApi, ToSchema};
         ErrorBody,
         sandcall_api::CallsResponse,
         sandcall_api::AuditCall,
+        sandcall_api::AuditConnection,
         sandcall_api::AuditOutcome,
         ExecRequest,
         ExecResponse,

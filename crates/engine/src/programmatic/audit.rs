@@ -10,7 +10,7 @@
 //! once the call is handed out: a replayed run (new keys) meets its journalled calls by
 //! id and adds no second record for a call already listed.
 
-use sandcall_api::{AuditCall, AuditOutcome};
+use sandcall_api::{AuditCall, AuditConnection, AuditOutcome};
 use sandcall_sandbox::protocol::ToolReply;
 use sha2::{Digest, Sha256};
 use std::time::{Instant, SystemTime};
@@ -85,6 +85,9 @@ pub struct Audit {
     /// The records were let go by `release` (an ended session's, past
     /// `max_ended_session_bytes`).
     released: bool,
+    /// The session's proxy, when it was granted network: its connection records are
+    /// listed beside the calls (`connections`).
+    network: Option<std::sync::Arc<dyn crate::egress::RunEgress>>,
 }
 
 /// Milliseconds since the epoch, as RFC 3339.
@@ -141,6 +144,7 @@ impl Audit {
     /// Lets every record go, counting them in `dropped`: an ended session's trail, when
     /// ended sessions hold more than `max_ended_session_bytes`.
     pub fn release(&mut self) {
+        self.network = None;
         self.dropped += self.records.len() as u64;
         self.records = Vec::new();
         self.bytes = 0;
@@ -335,6 +339,46 @@ impl Audit {
     pub fn list(&self) -> (Vec<AuditCall>, u64) {
         (self.records.iter().map(|r| r.call.clone()).collect(), self.dropped)
     }
+
+    /// The session's proxy, whose connections the trail lists from now on.
+    pub fn attach_network(&mut self, run: std::sync::Arc<dyn crate::egress::RunEgress>) {
+        self.network = Some(run);
+    }
+
+    /// The session's connections through its proxy, in the order they were made, and
+    /// how many are not listed: the latest ones are kept within what the trail's bounds
+    /// leave beside the calls (`MAX_RECORDS`, `MAX_TRAIL_BYTES`).
+    pub fn connections(&self) -> (Vec<AuditConnection>, u64) {
+        let Some(run) = &self.network else {
+            return (Vec::new(), 0);
+        };
+        let (mut all, mut dropped) = run.connections();
+        let mut room_records = MAX_RECORDS.saturating_sub(self.records.len());
+        let mut room_bytes = MAX_TRAIL_BYTES.saturating_sub(self.bytes);
+        let mut keep = 0;
+        for c in all.iter().rev() {
+            let weight = connection_weight(c);
+            if room_records == 0 || weight > room_bytes {
+                break;
+            }
+            room_records -= 1;
+            room_bytes -= weight;
+            keep += 1;
+        }
+        let gone = all.len() - keep;
+        dropped += gone as u64;
+        all.drain(..gone);
+        (all, dropped)
+    }
+}
+
+/// What a connection's record weighs against the trail's byte bound, near enough.
+fn connection_weight(c: &AuditConnection) -> usize {
+    std::mem::size_of::<AuditConnection>()
+        + c.host.len()
+        + c.address.as_ref().map_or(0, String::len)
+        + c.outcome.len()
+        + c.reason.as_ref().map_or(0, String::len)
 }
 
 #[cfg(test)]
@@ -415,5 +459,62 @@ mod tests {
         let (calls, dropped) = audit.list();
         assert!(calls.is_empty());
         assert_eq!(dropped, 10);
+    }
+
+    /// A proxy that has made `n` connections (the connection records alone matter here).
+    struct Made(usize);
+
+    impl crate::egress::RunEgress for Made {
+        fn serve(
+            self: std::sync::Arc<Self>,
+            _: tokio::net::UnixStream,
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+            Box::pin(async {})
+        }
+        fn finish(
+            self: std::sync::Arc<Self>,
+            _: String,
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = sandcall_api::NetworkSummary> + Send>> {
+            Box::pin(async { Default::default() })
+        }
+        fn limit_reason(&self) -> Option<&'static str> {
+            None
+        }
+        fn connections(&self) -> (Vec<AuditConnection>, u64) {
+            let one = |i: usize| AuditConnection {
+                host: format!("h{i}.example.com"),
+                port: 443,
+                address: None,
+                bytes_out: 0,
+                bytes_in: 0,
+                outcome: "refused".into(),
+                reason: Some("x".repeat(200)),
+            };
+            ((0..self.0).map(one).collect(), 3)
+        }
+    }
+
+    #[test]
+    fn connections_share_the_trails_bounds_and_the_latest_are_kept() {
+        let mut audit = Audit::default();
+        audit.attach_network(std::sync::Arc::new(Made(5)));
+        let (listed, dropped) = audit.connections();
+        assert_eq!((listed.len(), dropped), (5, 3));
+        // Calls that fill the trail's bytes but for a few connections' room.
+        audit.attach_network(std::sync::Arc::new(Made(20_000)));
+        let mut i = 0;
+        while audit.bytes() < MAX_TRAIL_BYTES - (20 << 10) {
+            audit.refused("s", &format!("t{i}"), &"n".repeat(MAX_REASON_BYTES));
+            i += 1;
+        }
+        let (listed, dropped) = audit.connections();
+        assert!(!listed.is_empty() && listed.len() < 100, "{}", listed.len());
+        let weight: usize = listed.iter().map(connection_weight).sum();
+        assert!(audit.bytes() + weight <= MAX_TRAIL_BYTES);
+        assert_eq!(listed.len() as u64 + dropped, 20_003);
+        assert_eq!(listed.last().unwrap().host, "h19999.example.com");
+        // A released trail lists none.
+        audit.release();
+        assert_eq!(audit.connections(), (Vec::new(), 0));
     }
 }

@@ -18,19 +18,19 @@ use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 
 /// What an upstream answers on `/`.
-const GREETING: &str = "hello from upstream";
+pub(crate) const GREETING: &str = "hello from upstream";
 
 /// A real upstream on 127.0.0.2 that answers every request with `GREETING`, or with
 /// `n` bytes on `/bytes/n`, and keeps each request's first line and headers.
-struct Upstream {
-    port: u16,
+pub(crate) struct Upstream {
+    pub(crate) port: u16,
     seen: Arc<Mutex<Vec<String>>>,
     /// The PEM of its certificate (an HTTPS upstream), the program's trust anchor.
     ca_pem: Option<String>,
 }
 
 impl Upstream {
-    fn http() -> Upstream {
+    pub(crate) fn http() -> Upstream {
         Upstream::start(None)
     }
 
@@ -83,7 +83,7 @@ impl Upstream {
     }
 
     /// The requests it has seen, one string each (request line and headers).
-    fn seen(&self) -> Vec<String> {
+    pub(crate) fn seen(&self) -> Vec<String> {
         self.seen.lock().unwrap().clone()
     }
 }
@@ -134,7 +134,7 @@ fn answer<S: Read + Write>(stream: S, log: &Mutex<Vec<String>>) {
 
 /// A server whose runs may reach `rules` (every principal), loopback allowed as
 /// `addresses` says, with `extra` config lines.
-fn egress_server(rules: &[String], addresses: &str, extra: &str) -> Server {
+pub(crate) fn egress_server(rules: &[String], addresses: &str, extra: &str) -> Server {
     let rules: Vec<String> = rules.iter().map(|r| format!("{r:?}")).collect();
     let config = format!(
         "egress_allow = [{}]\negress_principals = [\"*\"]\negress_allow_addresses = [{addresses}]\n{extra}",
@@ -274,13 +274,13 @@ fn asking_for_more_than_the_policy_is_a_400_naming_the_host() {
         assert_eq!(v["error_type"], "invalid_request", "{v}");
         assert!(v["error"].as_str().unwrap().contains(names), "{v}");
     }
-    // Programmatic sessions have no network yet: asking is refused, not ignored.
+    // A programmatic start is checked alike.
     let (status, v) = s.post(
         "/v1/exec/programmatic",
-        &json!({"code": "print(1)", "network": {"allow": ["api.example.com:443"]}}),
+        &json!({"code": "print(1)", "network": {"allow": ["evil.example.org"]}}),
     );
     assert_eq!(status, 400, "{v}");
-    assert_eq!(v["code"], "unsupported_capability", "{v}");
+    assert!(v["error"].as_str().unwrap().contains("evil.example.org"), "{v}");
     // A principal the configuration does not name gets no network at all.
     let s = Server::start_with(
         &[],
@@ -407,6 +407,10 @@ fn a_run_in_the_gvisor_tier_asking_for_network_is_refused() {
     let s = egress_server(std::slice::from_ref(&host), "\"127.0.0.2/32\"", "");
     let ask = json!({"code": "print(1)", "network": {}, "isolation": "gvisor"});
     let (status, v) = s.post("/v1/exec", &ask);
+    assert_eq!((status, &v["code"]), (400, &json!("unsupported_capability")), "{v}");
+    assert!(v["error"].as_str().unwrap().contains("gvisor"), "{v}");
+    // A programmatic session in that tier too.
+    let (status, v) = s.post("/v1/exec/programmatic", &ask);
     assert_eq!((status, &v["code"]), (400, &json!("unsupported_capability")), "{v}");
     assert!(v["error"].as_str().unwrap().contains("gvisor"), "{v}");
     if crate::common::gvisor_pass() {

@@ -29,6 +29,8 @@ pub(super) struct DriverSpec {
     pub(super) staged: Vec<sandcall_sandbox::protocol::InputFile>,
     /// The workspace the session runs in, if any.
     pub(super) held: Option<SessionWorkspace>,
+    /// The session's way out, when it was granted network: served until it ends.
+    pub(super) endpoint: Option<crate::egress::Endpoint>,
 }
 
 impl DriverSpec {
@@ -157,6 +159,7 @@ pub(super) struct Driver {
     mcp_rx: mpsc::UnboundedReceiver<(u64, ToolReply)>,
     staged: Vec<sandcall_sandbox::protocol::InputFile>,
     held: Option<SessionWorkspace>,
+    endpoint: Option<crate::egress::Endpoint>,
 }
 
 impl Driver {
@@ -180,6 +183,7 @@ impl Driver {
             state,
             staged,
             held,
+            endpoint,
         } = spec;
         let config = sessions.inner.config.clone();
         let (mcp_tx, mcp_rx) = mpsc::unbounded_channel::<(u64, ToolReply)>();
@@ -223,6 +227,7 @@ impl Driver {
             mcp_rx,
             staged,
             held,
+            endpoint,
         }
     }
 
@@ -773,6 +778,11 @@ impl Driver {
             // among its principal's sessions). Its resume brings it back by replay
             // (`Sessions::revive`).
             self.release().await;
+            // A session granted network is not replayed (`replay_driver`): its proxy
+            // ends here, its connections logged.
+            if let Some(endpoint) = self.endpoint.take() {
+                endpoint.finish(&id).await;
+            }
             self.sessions.drop_dormant(&self.session);
             let _ = tokio::fs::remove_dir_all(&self.outbox).await;
             // Its workspace stays held (the lease runs past the pause's expiry): the
@@ -807,6 +817,7 @@ impl Driver {
         let wall_ms = outcome.as_ref().map_or(0, |r| r.wall_time_ms);
         let mut response = self.respond(outcome).await;
         self.end_workspace(&mut response).await;
+        self.end_network(&mut response).await;
         let status = match &response {
             ProgrammaticResponse::Completed { .. } => "completed",
             ProgrammaticResponse::Error { error_type, .. } => error_type.as_str(),
@@ -1005,6 +1016,7 @@ impl Driver {
             deleted_files,
             runtime_session_id: None,
             runtime_status: None,
+            network: None,
             tool_calls_made: delivered,
             execution_time: result.wall_time_ms,
             exit_code: result.exit_code,
@@ -1034,6 +1046,19 @@ impl Driver {
                 held.lease.save(files).await;
             }
             _ => held.lease.give_back().await,
+        }
+    }
+
+    /// The session has ended: its proxy is finished, and a completed answer carries its
+    /// summary (and the `[sandbox]` line on stderr when a bound cut its traffic).
+    async fn end_network(&mut self, response: &mut ProgrammaticResponse) {
+        let Some(endpoint) = self.endpoint.take() else {
+            return;
+        };
+        let (summary, note) = endpoint.finish(&self.id).await;
+        if let ProgrammaticResponse::Completed { network, stderr, .. } = response {
+            *network = Some(Box::new(summary));
+            crate::exec::append_notes(stderr, note.as_slice());
         }
     }
 

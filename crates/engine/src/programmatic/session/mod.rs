@@ -362,6 +362,8 @@ struct Inner {
     /// With a store that many nodes share: this node's id (its `node_url`), which the
     /// leases name. None on a single node.
     node: Option<String>,
+    /// The egress proxy, for sessions granted network.
+    egress: Option<crate::egress::Egress>,
     /// How long a lease lasts unless renewed (`node_lease_ms`).
     lease_ms: u64,
     /// Every session's driver task: at shutdown the server waits for them, so that each
@@ -383,6 +385,8 @@ pub struct Backing {
     pub store: Arc<dyn SessionStore>,
     /// This node's `node_url`, when the store is shared by many nodes.
     pub node: Option<String>,
+    /// The egress proxy, when the configuration allows any host (`egress_allow`).
+    pub egress: Option<crate::egress::Egress>,
 }
 
 /// Why a revive failed when the store had the token used already (by another node, or
@@ -401,6 +405,7 @@ impl Sessions {
             outbox_dir,
             store,
             node,
+            egress,
         } = backing;
         let node = node.filter(|_| store.shared());
         let lease_ms = config.cluster.node_lease_ms;
@@ -427,6 +432,7 @@ impl Sessions {
                 store,
                 mcp,
                 node,
+                egress,
                 lease_ms,
                 drivers: tokio_util::task::TaskTracker::new(),
                 ended: Mutex::default(),
@@ -459,6 +465,8 @@ impl Sessions {
         let inner = &self.inner;
         let (isolation, tier) = inner.tiers.pick(tier, cmd.isolation)?;
         request.isolation = Some(isolation.name().to_owned());
+        // The grant lives as long as the session, pauses included (docs/egress.md).
+        let granted = crate::egress::grant(inner.egress.as_ref(), &principal.0, request.network.as_ref(), isolation)?;
         // The workspace is held from here to the session's end (`held`); its files
         // are journalled with the caller's, so that a replay stages the same ones.
         let mut files = cmd.files;
@@ -479,7 +487,7 @@ impl Sessions {
         let run_slot = inner.admission.admit(&principal.0).await?;
         // Taken only once the request is known to go ahead: a refused request must not
         // use up a warm sandbox.
-        let warm = if cmd.custom_limits {
+        let warm = if cmd.custom_limits || granted.is_some() {
             None
         } else {
             tier.take_warm(&principal.0, cmd.language, &spec.code).await
@@ -527,6 +535,22 @@ impl Sessions {
                 return Err(journal_failed(&e));
             }
         }
+        let endpoint = match (granted, inner.egress.as_ref()) {
+            (Some(run), Some(egress)) => match crate::egress::Endpoint::open(&egress.dir, &id, run) {
+                Ok(endpoint) => {
+                    crate::egress::prepare_run(&mut spec, &endpoint, cmd.language);
+                    Some(endpoint)
+                }
+                Err(e) => {
+                    let _ = inner.store.remove(&id).await;
+                    return Err(EngineError::internal(
+                        error_type::SANDBOX_FAILURE,
+                        &format!("egress socket: {e}"),
+                    ));
+                }
+            },
+            _ => None,
+        };
         let started = match warm {
             Some(helper) => {
                 let names = cmd.tools.names();
@@ -561,6 +585,9 @@ impl Sessions {
             },
             Some(commands),
         ));
+        if let Some(endpoint) = &endpoint {
+            session.audit().attach_network(endpoint.run.clone());
+        }
         self.map().insert(id.clone(), session.clone());
         if let Some(request_id) = cmd.request_id {
             self.name_request(&session, request_id).await;
@@ -578,6 +605,7 @@ impl Sessions {
             state: SessionState::default(),
             staged,
             held,
+            endpoint,
         };
         self.inner.drivers.spawn(driver.run(helper, rx, slot, run_slot));
         session.next_outcome_json(0).await
@@ -602,11 +630,14 @@ impl Sessions {
         if let Some(session) = held.filter(|s| s.lock().dormant.is_none()) {
             let audit = session.audit();
             let (calls, calls_dropped) = audit.list();
+            let (connections, connections_dropped) = audit.connections();
             return Ok(sandcall_api::CallsResponse {
                 session_id: session.id.clone(),
                 calls,
                 calls_dropped,
                 trail_released: audit.released(),
+                connections,
+                connections_dropped,
             });
         }
         let store = &self.inner.store;
@@ -625,6 +656,8 @@ impl Sessions {
             calls: kept.calls,
             calls_dropped: kept.dropped,
             trail_released: false,
+            connections: Vec::new(),
+            connections_dropped: 0,
         })
     }
 

@@ -128,6 +128,11 @@ impl Sessions {
             .await
             .map_err(|e| e.to_string())?
             .ok_or("it is no longer journalled")?;
+        // A replay would make the program's network requests again, blindly: a session
+        // granted network is not replayed (docs/egress.md, "Replay").
+        if journal.start.request.network.is_some() {
+            return Err(NOT_REPLAYED_WITH_NETWORK.into());
+        }
         let mut state = journal.state.clone();
         let mut entries = journal.entries;
         if let Some(resumed) = resumed {
@@ -259,6 +264,7 @@ impl Sessions {
             state,
             staged,
             held,
+            endpoint: None,
         };
         Ok((driver, helper))
     }
@@ -274,3 +280,7 @@ pub(super) fn skip_sent(text: &str, skip: &mut u64) -> String {
     *skip -= (cut as u64).min(*skip);
     text[cut..].to_owned()
 }
+
+/// Why a session granted network is not brought back after a restart or an eviction.
+pub(super) const NOT_REPLAYED_WITH_NETWORK: &str =
+    "it was granted network, and a replay would repeat its network requests (docs/egress.md, \"Replay\"); start it again";

@@ -230,6 +230,7 @@ fn harness(tool_call_timeout_ms: u64, session_expiry_s: u64) -> Harness {
         outbox_dir: dir.join("outbox"),
         store: Arc::new(MemorySessionStore::new()),
         node: None,
+        egress: None,
     };
     Harness {
         sessions: Sessions::new(key, Arc::new(config), shutdown, backing),
