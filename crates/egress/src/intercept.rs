@@ -152,7 +152,10 @@ fn substitute(headers: &mut HeaderMap, secrets: &[Secret]) -> bool {
     let mut put = false;
     for secret in secrets {
         let values: Vec<HeaderValue> = headers.get_all(&secret.header).iter().cloned().collect();
-        if !values.iter().any(|v| contains(v.as_bytes(), secret.placeholder.as_bytes())) {
+        if !values
+            .iter()
+            .any(|v| contains(v.as_bytes(), secret.placeholder.as_bytes()))
+        {
             continue;
         }
         headers.remove(&secret.header);

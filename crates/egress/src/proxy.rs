@@ -9,8 +9,8 @@
 use crate::address::refused_kind;
 use crate::meter::{ConnCounts, Metered, BYTES_LIMIT};
 use crate::policy::{Host, HostCheck};
-use crate::secrets::{Interceptor, Secret};
 use crate::run::{OpenRecord, Outcome, Record, RunEgress, Serving, CONNECTION_LIMIT};
+use crate::secrets::{Interceptor, Secret};
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri};
 use http_body_util::{Either, Full};

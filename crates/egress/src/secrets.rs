@@ -10,8 +10,8 @@
 use crate::policy::Host;
 use http::{HeaderName, HeaderValue};
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, GeneralSubtree,
-    IsCa, Issuer, KeyPair, KeyUsagePurpose, NameConstraints,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, GeneralSubtree, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, NameConstraints,
 };
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
@@ -103,7 +103,9 @@ impl Secret {
             return invalid(format!("the value of the secret for {host} cannot stand in a header"));
         }
         if value.0.contains(placeholder) || placeholder.contains(&value.0) {
-            return invalid(format!("the placeholder and the value of the secret for {host} overlap"));
+            return invalid(format!(
+                "the placeholder and the value of the secret for {host} overlap"
+            ));
         }
         Ok(Secret {
             host,
@@ -164,7 +166,9 @@ impl Ca {
             Ok(text) if text == listed => std::fs::read_to_string(&cert_path).ok(),
             _ => None,
         };
-        let stored_der = stored.as_deref().and_then(|pem| CertificateDer::from_pem_slice(pem.as_bytes()).ok());
+        let stored_der = stored
+            .as_deref()
+            .and_then(|pem| CertificateDer::from_pem_slice(pem.as_bytes()).ok());
         let (cert_pem, cert_der) = match (stored, stored_der) {
             (Some(pem), Some(der)) => (pem, der),
             _ => {
@@ -172,7 +176,9 @@ impl Ca {
                 let now = time::OffsetDateTime::now_utc();
                 params.not_before = now - time::Duration::days(1);
                 params.not_after = now + CA_VALIDITY;
-                let cert = params.self_signed(&key).map_err(|e| ca_error("making its certificate", e))?;
+                let cert = params
+                    .self_signed(&key)
+                    .map_err(|e| ca_error("making its certificate", e))?;
                 write_private(&cert_path, cert.pem().as_bytes(), false)?;
                 write_private(&hosts_path, listed.as_bytes(), false)?;
                 (cert.pem(), cert.der().clone())

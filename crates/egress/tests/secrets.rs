@@ -120,7 +120,13 @@ fn echo(req: Request<Incoming>, tx: &mpsc::UnboundedSender<http::HeaderMap>) -> 
 }
 
 fn secret() -> Secret {
-    Secret::new("localhost", "authorization", PLACEHOLDER, SecretValue::new(VALUE.into())).unwrap()
+    Secret::new(
+        "localhost",
+        "authorization",
+        PLACEHOLDER,
+        SecretValue::new(VALUE.into()),
+    )
+    .unwrap()
 }
 
 /// A run allowing `rules` (loopback named explicitly, as a test configuration would),
@@ -128,14 +134,20 @@ fn secret() -> Secret {
 fn run_with_secret(rules: &[String], dir: &std::path::Path, extra_roots: &str) -> (Arc<RunEgress>, String) {
     let policy = Policy {
         rules: rules.iter().map(|r| HostRule::parse(r).unwrap()).collect(),
-        allow_addresses: ["127.0.0.0/8", "::1/128"].iter().map(|a| a.parse::<IpNet>().unwrap()).collect(),
+        allow_addresses: ["127.0.0.0/8", "::1/128"]
+            .iter()
+            .map(|a| a.parse::<IpNet>().unwrap())
+            .collect(),
     };
     let mut grant = policy.grant(None, ROOMY).unwrap();
     grant.secrets = vec![secret()];
     let ca = Ca::load_or_create(dir, &["localhost".to_string()]).unwrap();
     let ca_pem = ca.cert_pem().to_string();
     let tls = Interceptor::new(ca, extra_roots.as_bytes()).unwrap();
-    (RunEgress::with_interceptor(grant, Resolver::system(), Arc::new(tls)), ca_pem)
+    (
+        RunEgress::with_interceptor(grant, Resolver::system(), Arc::new(tls)),
+        ca_pem,
+    )
 }
 
 async fn start_proxy(run: &Arc<RunEgress>) -> SocketAddr {
@@ -161,7 +173,11 @@ async fn connect(proxy: SocketAddr, target: &str) -> TcpStream {
     let mut head = Vec::new();
     while !head.ends_with(b"\r\n\r\n") {
         let mut byte = [0u8; 1];
-        assert_eq!(stream.read(&mut byte).await.unwrap(), 1, "the proxy closed during CONNECT");
+        assert_eq!(
+            stream.read(&mut byte).await.unwrap(),
+            1,
+            "the proxy closed during CONNECT"
+        );
         head.push(byte[0]);
     }
     let head = String::from_utf8(head).unwrap();
@@ -221,7 +237,10 @@ async fn the_secret_reaches_its_upstream_in_its_header_and_the_program_sees_only
 
     // The upstream echoed the value in headers and body; the program gets the placeholder.
     assert!(!answer.contains(VALUE), "the answer holds the secret:\n{answer}");
-    assert!(answer.contains(&format!("authorization: Bearer {PLACEHOLDER}")), "{answer}");
+    assert!(
+        answer.contains(&format!("authorization: Bearer {PLACEHOLDER}")),
+        "{answer}"
+    );
     assert!(answer.contains(&format!("again: {PLACEHOLDER}")), "{answer}");
 
     run.close_and_wait().await;
@@ -229,7 +248,11 @@ async fn the_secret_reaches_its_upstream_in_its_header_and_the_program_sees_only
     assert_eq!(records.len(), 1, "{records:?}");
     assert_eq!(records[0].outcome, Outcome::Relayed, "{records:?}");
     assert!(records[0].bytes_out > 0 && records[0].bytes_in > 0, "{records:?}");
-    let shown = format!("{records:?} {} {:?}", serde_json::to_string(&records).unwrap(), run.grant());
+    let shown = format!(
+        "{records:?} {} {:?}",
+        serde_json::to_string(&records).unwrap(),
+        run.grant()
+    );
     assert!(!shown.contains(VALUE), "{shown}");
 }
 
@@ -244,7 +267,10 @@ async fn an_upstream_whose_certificate_does_not_verify_gets_502_and_a_failed_rec
     let stream = connect(proxy, &format!("localhost:{port}")).await;
     let (status, answer) = get_through(stream, ServerName::try_from("localhost").unwrap(), &ca_pem).await;
     assert_eq!(status, StatusCode::BAD_GATEWAY, "{answer}");
-    assert!(answer.contains("sandcall egress: TLS with localhost failed"), "{answer}");
+    assert!(
+        answer.contains("sandcall egress: TLS with localhost failed"),
+        "{answer}"
+    );
     assert!(seen.try_recv().is_err(), "the upstream got a request");
 
     run.close_and_wait().await;
@@ -273,7 +299,10 @@ async fn the_placeholder_sent_to_another_allowed_host_arrives_unreplaced() {
     assert_eq!(status, StatusCode::OK, "{answer}");
     let headers = seen.recv().await.unwrap();
     assert_eq!(headers["authorization"], format!("Bearer {PLACEHOLDER}").as_str());
-    assert!(answer.contains(&format!("authorization: Bearer {PLACEHOLDER}")), "{answer}");
+    assert!(
+        answer.contains(&format!("authorization: Bearer {PLACEHOLDER}")),
+        "{answer}"
+    );
 }
 
 #[tokio::test]
@@ -291,7 +320,10 @@ async fn the_ca_is_kept_private_reused_and_constrained_to_the_secret_hosts() {
     assert_eq!(first.cert_pem(), again.cert_pem());
     let other = Ca::load_or_create(&dir, &hosts[..1]).unwrap();
     assert_ne!(first.cert_pem(), other.cert_pem());
-    assert_eq!(key, std::fs::read_to_string(dir.join(sandcall_egress::CA_KEY_FILE)).unwrap());
+    assert_eq!(
+        key,
+        std::fs::read_to_string(dir.join(sandcall_egress::CA_KEY_FILE)).unwrap()
+    );
     assert!(!first.cert_pem().contains("PRIVATE KEY"));
 
     let der = CertificateDer::from_pem_slice(first.cert_pem().as_bytes()).unwrap();
