@@ -185,6 +185,34 @@ pub struct ExecRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<IsolationName>)]
     pub isolation: Option<String>,
+    /// (extension) Network for this run (docs/egress.md): the hosts it may reach through
+    /// the server's egress proxy, each covered by the caller's policy. Absent: no network.
+    /// A caller without egress, or a host outside its policy, is `400 invalid_request`
+    /// naming the host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkRequest>,
+}
+
+/// A run's request for network (`network` of `/v1/exec`).
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkRequest {
+    /// Hosts to reach, as the policy writes them: `api.example.com`, `*.example.com`,
+    /// `host:443` or `host:80,443`. Absent: everything the caller's policy allows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow: Option<Vec<String>>,
+}
+
+/// What a run with network did with it (`network` of `/v1/exec`'s answer).
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, ToSchema)]
+pub struct NetworkSummary {
+    /// Connections the program asked the proxy for, refused ones included.
+    pub connections: u64,
+    /// Of those, the ones the proxy refused (policy, address, limits).
+    pub refused: u64,
+    /// Bytes sent upstream, and received from upstream.
+    pub bytes_out: u64,
+    pub bytes_in: u64,
 }
 
 /// An isolation tier's name.
@@ -849,6 +877,9 @@ pub struct ExecResponse {
     pub wall_time: u64,
     pub cpu_time: u64,
     pub memory_peak: u64,
+    /// (extension) For a run granted network: its connections and bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkSummary>,
 }
 
 /// GET /v1/health: 200 with status `ok`, or 503 with status `unavailable` and the reason.

@@ -13,6 +13,7 @@
 
 pub mod auth;
 pub mod cluster;
+pub mod egress;
 pub mod files;
 pub mod host;
 pub mod languages;
@@ -23,6 +24,7 @@ pub mod sessions;
 
 pub use auth::{key_hash, ApiKey, AuthConfig, AuthConfigError, JwtConfig};
 pub use cluster::{ClusterConfig, ClusterError};
+pub use egress::{EgressConfig, EgressError};
 pub use files::{ExecutionProfile, FilesConfig, FilesError};
 pub use host::{HostConfig, HostError, Isolation};
 pub use languages::{LanguageConfig, LanguagesConfig, LanguagesError};
@@ -54,6 +56,8 @@ pub struct Config {
     pub languages: LanguagesConfig,
     #[serde(flatten)]
     pub cluster: ClusterConfig,
+    #[serde(flatten)]
+    pub egress: EgressConfig,
 }
 
 /// Ceilings for the limits a request may set in `limits`: the same fields as the
@@ -92,6 +96,8 @@ pub enum ConfigError {
     Languages(#[from] LanguagesError),
     #[error("configuration: {0}")]
     Cluster(#[from] ClusterError),
+    #[error("configuration: {0}")]
+    Egress(#[from] EgressError),
     #[error("configuration: session_store = redis://... needs node_url: how the other nodes reach this one")]
     RedisWithoutNodeUrl,
     #[error(
@@ -168,6 +174,7 @@ impl Config {
             auth: figment.extract().map_err(section)?,
             languages: figment.extract().map_err(section)?,
             cluster: figment.extract().map_err(section)?,
+            egress: figment.extract().map_err(section)?,
         })
     }
 
@@ -181,6 +188,7 @@ impl Config {
         self.host.validate()?;
         self.cluster.validate()?;
         self.languages.validate()?;
+        self.egress.validate()?;
         if self.sessions.in_redis() && self.cluster.node_url.is_none() {
             return Err(ConfigError::RedisWithoutNodeUrl);
         }

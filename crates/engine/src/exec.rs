@@ -24,6 +24,8 @@ pub struct ExecCommand {
     pub workspace: Option<String>,
     /// The isolation tier the request asked for (`Tiers::pick` decides).
     pub isolation: Option<sandcall_config::Isolation>,
+    /// The network the request asked for (`crate::egress::grant` decides).
+    pub network: Option<sandcall_api::NetworkRequest>,
 }
 
 /// The request's language (Python by default). A name that is not declared, or a
@@ -155,6 +157,7 @@ pub fn parse_exec(req: ExecRequest, config: &Config) -> Result<ExecCommand, Engi
         custom_limits: req.limits.is_some_and(|l| l != RequestLimits::default()),
         workspace,
         isolation,
+        network: req.network,
     })
 }
 
@@ -372,6 +375,7 @@ pub fn to_response(session_id: String, mut result: RunResult, stderr_cap: u64) -
         wall_time: result.wall_time_ms,
         cpu_time: result.cpu_time_ms,
         memory_peak: result.memory_peak_bytes,
+        network: None,
     }
 }
 

@@ -11,6 +11,7 @@
 
 pub mod admission;
 pub mod doctor;
+pub mod egress;
 pub mod error;
 pub mod exec;
 pub mod files;
@@ -55,6 +56,8 @@ pub struct Engine {
     pub files: Arc<dyn files::FileStore>,
     /// Where helpers put a run's output files before the store takes them.
     pub outbox_dir: std::path::PathBuf,
+    /// The egress proxy, when the configuration allows any host (`egress_allow`).
+    pub egress: Option<egress::Egress>,
 }
 
 impl Engine {
@@ -91,7 +94,17 @@ impl Engine {
         tier: sandcall_config::Isolation,
         cmd: exec::ExecCommand,
     ) -> Result<(ExecResponse, bool), EngineError> {
-        let (_, tier) = self.tiers.pick(tier, cmd.isolation)?;
+        let (isolation, tier) = self.tiers.pick(tier, cmd.isolation)?;
+        let granted = egress::grant(self.egress.as_ref(), &principal.0, cmd.network.as_ref())?;
+        if granted.is_some() && isolation == sandcall_config::Isolation::Gvisor {
+            return Err(EngineError {
+                code: Some(sandcall_api::error_code::UNSUPPORTED_CAPABILITY),
+                ..EngineError::bad_request(
+                    "`network`: runs in the gvisor tier have no network on this server (docs/egress.md); \
+                     retrying will not work",
+                )
+            });
+        }
         // A run in a workspace holds it until its outputs are stored (files::workspace).
         let mut cmd = cmd;
         if exec::is_prewarm(&cmd) {
@@ -130,7 +143,8 @@ impl Engine {
         telemetry::elapsed(telemetry::QUEUE_SECONDS, queued);
         // A warm sandbox serves requests that keep the default limits (with `zygote`, one
         // forked now when the pool is empty).
-        let warm = if cmd.custom_limits {
+        // A run with network is built for it: its program's environment names the proxy.
+        let warm = if cmd.custom_limits || granted.is_some() {
             None
         } else {
             tier.take_warm(&principal.0, cmd.language, &cmd.code).await
@@ -155,6 +169,23 @@ impl Engine {
             &outbox,
             spec.limits.workspace_bytes,
         ));
+        // The run's way out, served until the run is over (dropping it closes it).
+        let endpoint = match (granted, self.egress.as_ref()) {
+            (Some(run), Some(egress)) => {
+                let endpoint = egress::Endpoint::open(&egress.dir, &session_id, run)
+                    .map_err(|e| EngineError::internal(error_type::SANDBOX_FAILURE, &format!("egress socket: {e}")))?;
+                spec.egress = Some(endpoint.message());
+                spec.env.extend(egress::proxy_env());
+                if matches!(
+                    language,
+                    sandcall_api::Language::JavaScript | sandcall_api::Language::TypeScript
+                ) {
+                    egress::node_preload(&mut spec);
+                }
+                Some(endpoint)
+            }
+            _ => None,
+        };
         // The slot travels with the run, which finishes even if the client goes away.
         let started = std::time::Instant::now();
         let was_warm = warm.is_some();
@@ -204,6 +235,11 @@ impl Engine {
         response.files_skipped = stored.skipped;
         response.files_skipped_total = stored.skipped_total;
         response.deleted_files = deleted;
+        if let Some(endpoint) = endpoint {
+            let (summary, note) = endpoint.finish(&response.session_id).await;
+            response.network = Some(summary);
+            exec::append_notes(&mut response.stderr, note.as_slice());
+        }
         if let Some((id, status)) = runtime {
             response.runtime_session_id = Some(id);
             response.runtime_status = Some(status);

@@ -2,7 +2,7 @@
 //! how a run can fail (`RunError`): the vocabulary the runner and every isolation tier
 //! share.
 
-use sandcall_sandbox::protocol::{Collect, InputFile, Limits, ToolChannel};
+use sandcall_sandbox::protocol::{Collect, Egress, InputFile, Limits, ToolChannel};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -35,6 +35,9 @@ pub struct RunSpec {
     pub collect: Option<Collect>,
     /// For a warm sandbox: the line that starts its waiting program.
     pub go: Option<String>,
+    /// The run's way out to the egress proxy (a cold sandbox only: its program's
+    /// environment names the proxy).
+    pub egress: Option<Egress>,
 }
 
 impl RunSpec {
@@ -54,6 +57,7 @@ impl RunSpec {
             inputs: Vec::new(),
             collect: None,
             go: None,
+            egress: None,
         }
     }
 }

@@ -480,6 +480,7 @@ fn run_message(spec: RunSpec) -> Run {
         timeout_ms: spec.timeout_ms,
         inputs: spec.inputs,
         collect: spec.collect,
+        egress: spec.egress,
     }
 }
 

@@ -57,6 +57,19 @@ pub const TOOL_RESULTS: &str = "sandcall_tool_results_total";
 /// Bytes of files stored (uploads and run outputs), and how many files.
 pub const STORED_BYTES: &str = "sandcall_stored_bytes_total";
 pub const STORED_FILES: &str = "sandcall_stored_files_total";
+/// Connections runs opened through the egress proxy, by `outcome` (`relayed`, `refused`).
+pub const EGRESS_CONNECTIONS: &str = "sandcall_egress_connections_total";
+/// Bytes through the egress proxy, by `direction` (`out`: sent upstream, `in`).
+pub const EGRESS_BYTES: &str = "sandcall_egress_bytes_total";
+
+/// Counts a run's egress once it is over.
+pub fn egress(summary: &sandcall_api::NetworkSummary) {
+    let relayed = summary.connections.saturating_sub(summary.refused);
+    metrics::counter!(EGRESS_CONNECTIONS, "outcome" => "relayed").increment(relayed);
+    metrics::counter!(EGRESS_CONNECTIONS, "outcome" => "refused").increment(summary.refused);
+    metrics::counter!(EGRESS_BYTES, "direction" => "out").increment(summary.bytes_out);
+    metrics::counter!(EGRESS_BYTES, "direction" => "in").increment(summary.bytes_in);
+}
 
 /// Buckets of the latency histograms, in seconds: 1 ms to 5 min.
 const LATENCY_BUCKETS: &[f64] = &[

@@ -36,6 +36,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+mod egress;
 mod error;
 mod init;
 mod run;
@@ -123,7 +124,7 @@ pub fn run_helper() -> i32 {
             eprintln!("sandcall helper: cannot restore the priority of thread {tid}: {e}");
         }
     }
-    limit_own_memory(&prepare);
+    limit_own_memory(&prepare, run.egress.is_some());
     let outcome = sandbox.run(&run, &mut control);
     let mut usage = sandbox.cgroup.as_ref().map(|c| c.usage()).unwrap_or_default();
     // A launched program's start-up is not the run's.
@@ -272,7 +273,7 @@ const OWN_MEMORY_MARGIN: u64 = 64 << 20;
 /// allocation instead of OOM-killing the helper mid-teardown. Init was cloned before
 /// this and the program is its child, so neither inherits it (and the program resets
 /// the soft limit to the hard one anyway: its memory is the cgroup's business).
-fn limit_own_memory(prepare: &Prepare) {
+fn limit_own_memory(prepare: &Prepare, egress: bool) {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
     let Some(now) = vm_data_bytes() else { return };
     let output = prepare.limits.max_output_bytes.saturating_mul(10); // captures, text, answer
@@ -281,9 +282,11 @@ fn limit_own_memory(prepare: &Prepare) {
         // Queued replies, plus the reply line being read and its copy.
         input + t.max_queued_reply_bytes.saturating_mul(3)
     });
+    let relays = if egress { egress::MAX_RELAY_BYTES } else { 0 };
     let limit = now
         .saturating_add(output)
         .saturating_add(tools)
+        .saturating_add(relays)
         .saturating_add(OWN_MEMORY_MARGIN);
     if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_DATA) {
         let _ = setrlimit(Resource::RLIMIT_DATA, limit.min(hard), hard);
@@ -393,6 +396,8 @@ struct Sandbox {
     forked: Option<Forked>,
     /// A template's listening socket on the host, removed when the template is gone.
     template_socket: Option<PathBuf>,
+    /// The run's egress listener and relays (`Run::egress`).
+    egress: Option<egress::EgressRelays>,
 }
 
 /// The helper's handles on a run forked from a template (`Sandbox::fork`). Its init is
@@ -459,6 +464,7 @@ impl Sandbox {
             cpu_before_run: 0,
             forked: None,
             template_socket: None,
+            egress: None,
         }
     }
 
@@ -935,6 +941,7 @@ impl Sandbox {
             self.reap_init();
         }
         self.to_init = None;
+        self.egress = None;
         // A forked run's tmpfs mounts go with the last descriptor on them.
         self.forked = None;
         if let Some(path) = self.template_socket.take() {

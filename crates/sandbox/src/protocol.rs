@@ -160,6 +160,19 @@ pub struct Run {
     /// Where to put the files the run created or changed, if anywhere.
     #[serde(default)]
     pub collect: Option<Collect>,
+    /// The run's way out (docs/egress.md): a listener on the sandbox's loopback, relayed
+    /// to the server's egress proxy. None: the sandbox's loopback stays down.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<Egress>,
+}
+
+/// A run's egress endpoint: the helper listens on 127.0.0.1:`port` inside the run's
+/// network namespace, and relays each connection to the unix socket `socket` on the
+/// host (outside the sandbox's root), where the server's proxy serves it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Egress {
+    pub socket: PathBuf,
+    pub port: u16,
 }
 
 /// A file to stage: a host path the helper reads, and the relative name it gets.

@@ -8,6 +8,7 @@
 
 pub mod auth;
 pub mod cluster;
+pub mod egress;
 pub mod error;
 pub mod extract;
 pub mod files;
@@ -242,6 +243,17 @@ async fn start(
     let _ = std::fs::remove_dir_all(&outbox_dir);
     std::fs::create_dir_all(&outbox_dir)?;
     let default_limits = exec::resolve_limits(config, None).map_err(|e| ServeError::Preflight(e.message))?;
+    let egress = match egress::ServerEgress::from_config(config).map_err(ServeError::Preflight)? {
+        Some(policy) => {
+            let dir = host.data_dir.join("egress");
+            sandcall_engine::egress::prepare_dir(&dir)?;
+            Some(sandcall_engine::egress::Egress {
+                policy: Arc::new(policy),
+                dir,
+            })
+        }
+        None => None,
+    };
     // Where runs and sessions get their sandboxes: each tier's runner with a warm pool of
     // its own. A gvisor tier that only requests may ask for (no principal is pinned to
     // it) keeps no warm sandboxes: its runs start cold.
@@ -296,6 +308,7 @@ async fn start(
             sessions,
             files: store.clone(),
             outbox_dir,
+            egress,
         },
         auth,
         rate_limits: rate_limit::RateLimits::new(config),

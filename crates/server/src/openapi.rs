@@ -42,6 +42,8 @@ use utoipa::{Modify, OpenApi, ToSchema};
         sandcall_api::RuntimesResponse,
         sandcall_api::RuntimeInfo,
         sandcall_api::RuntimePackage,
+        sandcall_api::NetworkRequest,
+        sandcall_api::NetworkSummary,
     ))
 )]
 struct ApiDoc;

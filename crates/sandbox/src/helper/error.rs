@@ -150,6 +150,19 @@ pub enum HelperError {
     // Running the program (`Sandbox::run`, `Sandbox::start_program`).
     #[error("code larger than max_code_bytes")]
     CodeTooLarge,
+    /// Opening the helper's or the run's network namespace (`Run::egress`).
+    #[error("egress: open {path}: {source}")]
+    EgressNamespace {
+        path: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("egress: setns: {0}")]
+    EgressSetns(#[source] Errno),
+    /// Bringing the run's loopback up, or listening on it.
+    #[error("egress: listen in the run's network namespace: {0}")]
+    EgressListen(#[source] io::Error),
+
     #[error("bad code file name {0:?}")]
     BadCodeFileName(String),
     #[error("write {name}: {source}")]

@@ -34,6 +34,10 @@ impl Sandbox {
             self.owner.1,
             self.forked.is_some(),
         )?;
+        // The way out, listening before the program can start (it could take the port).
+        if let (Some(endpoint), Some(init)) = (&run.egress, self.init) {
+            self.egress = Some(super::egress::EgressRelays::open(init.as_raw(), endpoint)?);
+        }
         let mut go_pending: Option<(OwnedFd, Vec<u8>)> = None;
         match self.go_w.take() {
             // Launched ahead: the program waits on fd 3 for its go.
@@ -278,6 +282,18 @@ impl<'r> Running<'r> {
                 push_poll(&mut fds, &mut what, fd, flags, Source::Conn(slot));
             }
         }
+        if let Some(relays) = &sb.egress {
+            push_poll(
+                &mut fds,
+                &mut what,
+                relays.listener_fd(),
+                PollFlags::POLLIN,
+                Source::EgressListener,
+            );
+            for (slot, fd, flags) in relays.poll_fds() {
+                push_poll(&mut fds, &mut what, fd, flags, Source::Egress(slot));
+            }
+        }
         match poll(&mut fds, timeout_of(Some(timeout))) {
             Ok(_) => {}
             Err(nix::errno::Errno::EINTR) => return Ok(None),
@@ -308,6 +324,16 @@ impl<'r> Running<'r> {
             Source::Listener => {
                 if let Some(hub) = sb.tools.as_mut() {
                     hub.accept();
+                }
+            }
+            Source::EgressListener => {
+                if let Some(relays) = sb.egress.as_mut() {
+                    relays.accept();
+                }
+            }
+            Source::Egress(slot) => {
+                if let Some(relays) = sb.egress.as_mut() {
+                    relays.pump(slot);
                 }
             }
             Source::Conn(slot) => {
@@ -524,6 +550,8 @@ enum Source {
     Control,
     Listener,
     Conn(usize),
+    EgressListener,
+    Egress(usize),
 }
 
 /// The program's stdout and stderr: the whole run's (capped) and, for tool-call

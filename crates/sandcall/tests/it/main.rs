@@ -7,6 +7,7 @@ mod cluster;
 mod common;
 mod compiled;
 mod durable;
+mod egress;
 mod errors;
 mod exec;
 mod faults;

@@ -254,6 +254,7 @@ mod auth_errors;
 mod collection;
 mod compiled;
 mod connections;
+mod egress;
 mod forwards;
 mod helper_buffers;
 mod inotify;

@@ -1,0 +1,92 @@
+//! Egress (docs/egress.md): which hosts runs may ever reach through the server's proxy,
+//! which principals may use it, the address ranges it may reach anyway, and its bounds.
+//! The rules' syntax is checked where they are parsed, at the server's start
+//! (`sandcall_egress::HostRule`); this section checks what it can without it.
+
+use serde::{Deserialize, Serialize};
+
+/// EgressConfig: the keys of docs/configuration.md this section holds. Each field's doc
+/// comment gives its unit and default.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct EgressConfig {
+    /// The hosts a run may ever reach: `api.example.com`, `*.example.com` (subdomains),
+    /// with optional ports (`host:443`, `host:80,443`; default 80 and 443). Empty (the
+    /// default): no run has any network.
+    pub egress_allow: Vec<String>,
+    /// The principals that may ask for network (`network` of a request): API-key
+    /// principals by name, `local` in local mode, `jwt:*` for every JWT principal, `*`
+    /// for every principal. Default none.
+    pub egress_principals: Vec<String>,
+    /// Address ranges (CIDR) the proxy may connect to although they are loopback,
+    /// private, link-local and so on, which it otherwise refuses. Default none.
+    pub egress_allow_addresses: Vec<String>,
+    /// Connections one run may open through the proxy, refused ones included. Default 32.
+    pub egress_max_connections: u32,
+    /// Bytes one run may send, and receive, through the proxy (each way). Default
+    /// 104857600 (100 MiB).
+    pub egress_max_bytes: u64,
+    /// The longest one connection through the proxy may last, in seconds. Default 300.
+    pub egress_connection_timeout_s: u32,
+}
+
+impl Default for EgressConfig {
+    fn default() -> Self {
+        EgressConfig {
+            egress_allow: Vec::new(),
+            egress_principals: Vec::new(),
+            egress_allow_addresses: Vec::new(),
+            egress_max_connections: 32,
+            egress_max_bytes: 100 << 20,
+            egress_connection_timeout_s: 300,
+        }
+    }
+}
+
+/// The most connections a run may be allowed: the helper relays at most 64 at once,
+/// and each costs the proxy a task and two sockets.
+pub const MAX_EGRESS_CONNECTIONS: u32 = 10_000;
+
+/// An egress setting that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EgressError {
+    #[error("egress_max_connections must be between 1 and {MAX_EGRESS_CONNECTIONS}")]
+    Connections,
+    #[error("egress_max_bytes must be at least 1")]
+    Bytes,
+    #[error("egress_connection_timeout_s must be between 1 and 86400")]
+    Timeout,
+    #[error("egress_principals: {0:?} is not a principal (1 to 64 letters, digits, `_-.@`, or `*`)")]
+    Principal(String),
+}
+
+impl EgressConfig {
+    pub fn validate(&self) -> Result<(), EgressError> {
+        if !(1..=MAX_EGRESS_CONNECTIONS).contains(&self.egress_max_connections) {
+            return Err(EgressError::Connections);
+        }
+        if self.egress_max_bytes == 0 {
+            return Err(EgressError::Bytes);
+        }
+        if !(1..=86_400).contains(&self.egress_connection_timeout_s) {
+            return Err(EgressError::Timeout);
+        }
+        if let Some(bad) = self
+            .egress_principals
+            .iter()
+            .find(|p| p.as_str() != "*" && (p.is_empty() || p.len() > 200 || p.contains(char::is_whitespace)))
+        {
+            return Err(EgressError::Principal(bad.clone()));
+        }
+        Ok(())
+    }
+
+    /// Whether `principal`'s runs may have network at all.
+    pub fn allows(&self, principal: &str) -> bool {
+        !self.egress_allow.is_empty()
+            && self
+                .egress_principals
+                .iter()
+                .any(|p| p == "*" || p == principal || (p == "jwt:*" && principal.starts_with("jwt:")))
+    }
+}

@@ -1,0 +1,172 @@
+//! A run's network (docs/egress.md), as the engine sees it: whether a request may have
+//! the hosts it asks for (`EgressPolicy::grant`), and the run's endpoint on the host
+//! (`Endpoint`): a unix socket `<data_dir>/egress/<run>.sock` whose connections the
+//! run's proxy serves. The sandbox helper relays the program's connections to
+//! 127.0.0.1:3128 inside the sandbox to this socket (`sandcall_sandbox::protocol::Egress`).
+//!
+//! The proxy itself (policy syntax, address checks, CONNECT and plain HTTP, bounds) is
+//! `sandcall-egress`, which speaks HTTP with hyper; the engine never imports hyper, so
+//! it sees the proxy only through the two traits here, which the server implements.
+
+use crate::error::EngineError;
+use sandcall_api::{NetworkRequest, NetworkSummary};
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+
+/// The port the program's proxy listens on, on the sandbox's loopback.
+pub const PROXY_PORT: u16 = 3128;
+
+/// The proxy as the engine uses it: the server's policy, narrowed per principal.
+pub trait EgressPolicy: Send + Sync {
+    /// `principal`'s run asking for `requested` (None: everything its policy allows).
+    /// Err: the message for the caller, naming the host that is not allowed.
+    fn grant(&self, principal: &str, requested: Option<&[String]>) -> Result<Arc<dyn RunEgress>, String>;
+}
+
+/// One run's proxy: every connection of the run is served by the same one, which
+/// counts and bounds them together.
+pub trait RunEgress: Send + Sync {
+    /// Serves one connection relayed from the sandbox, until it ends.
+    fn serve(self: Arc<Self>, conn: tokio::net::UnixStream) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+    /// Once the run is over: ends whatever of it is still connected, waits for its
+    /// connections to be done, logs them (host, port, address, bytes, outcome) and
+    /// gives the counts.
+    fn finish(self: Arc<Self>, run_id: String) -> Pin<Box<dyn Future<Output = NetworkSummary> + Send>>;
+    /// The `[sandbox]` reason when a bound ended or refused the run's traffic.
+    fn limit_reason(&self) -> Option<&'static str>;
+}
+
+/// What the engine holds of egress: the policy and the directory of the runs' sockets.
+#[derive(Clone)]
+pub struct Egress {
+    pub policy: Arc<dyn EgressPolicy>,
+    pub dir: PathBuf,
+}
+
+/// The request's `network`, checked against the caller's policy before the run takes a
+/// slot. Without `network` the run has none.
+pub fn grant(
+    egress: Option<&Egress>,
+    principal: &str,
+    network: Option<&NetworkRequest>,
+) -> Result<Option<Arc<dyn RunEgress>>, EngineError> {
+    let Some(network) = network else { return Ok(None) };
+    let refused = EngineError::bad_request;
+    let Some(egress) = egress else {
+        return Err(refused(
+            "`network`: this server gives runs no network (no `egress_allow`)".into(),
+        ));
+    };
+    if let Some(allow) = &network.allow {
+        if allow.is_empty() {
+            return Err(refused(
+                "`network.allow` is empty: leave `network` out for no network".into(),
+            ));
+        }
+        if allow.len() > 256 {
+            return Err(refused("`network.allow` names more than 256 hosts".into()));
+        }
+    }
+    egress
+        .policy
+        .grant(principal, network.allow.as_deref())
+        .map(Some)
+        .map_err(|message| refused(format!("`network`: {message}")))
+}
+
+/// The environment that points a program's HTTP clients at the proxy.
+pub fn proxy_env() -> Vec<(String, String)> {
+    let proxy = format!("http://127.0.0.1:{PROXY_PORT}");
+    let mut env = Vec::new();
+    for name in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+        env.push((name.to_owned(), proxy.clone()));
+    }
+    for name in ["NO_PROXY", "no_proxy"] {
+        env.push((name.to_owned(), "localhost,127.0.0.1".to_owned()));
+    }
+    env
+}
+
+/// The preload that puts Node's fetch behind the proxy (`runtime/egress_proxy.cjs`).
+const NODE_PRELOAD: &str = include_str!("runtime/egress_proxy.cjs");
+const NODE_PRELOAD_FILE: &str = "egress_proxy.cjs";
+
+/// What a JavaScript or TypeScript run with network needs besides the environment: the
+/// preload and the option that loads it.
+pub fn node_preload(spec: &mut crate::run::RunSpec) {
+    spec.support_files
+        .push((NODE_PRELOAD_FILE.to_owned(), NODE_PRELOAD.to_owned()));
+    spec.env.push((
+        "NODE_OPTIONS".to_owned(),
+        format!("--require={}/{NODE_PRELOAD_FILE}", crate::runtime::CODE_DIR),
+    ));
+}
+
+/// A run's socket on the host, served while the run lasts. Dropping it stops taking
+/// connections and removes the socket (connections in flight end with the sandbox).
+pub struct Endpoint {
+    path: PathBuf,
+    accept: tokio::task::JoinHandle<()>,
+    pub run: Arc<dyn RunEgress>,
+}
+
+impl Endpoint {
+    pub fn open(dir: &Path, run_id: &str, run: Arc<dyn RunEgress>) -> std::io::Result<Endpoint> {
+        let path = dir.join(format!("{run_id}.sock"));
+        let _ = std::fs::remove_file(&path);
+        let listener = tokio::net::UnixListener::bind(&path)?;
+        let serving = run.clone();
+        let accept = tokio::spawn(async move {
+            loop {
+                match listener.accept().await {
+                    Ok((conn, _)) => {
+                        tokio::spawn(serving.clone().serve(conn));
+                    }
+                    Err(e) => {
+                        tracing::warn!("egress: accepting a relayed connection: {e}");
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    }
+                }
+            }
+        });
+        Ok(Endpoint { path, accept, run })
+    }
+
+    /// What the helper is told: where to relay, and where to listen.
+    pub fn message(&self) -> sandcall_sandbox::protocol::Egress {
+        sandcall_sandbox::protocol::Egress {
+            socket: self.path.clone(),
+            port: PROXY_PORT,
+        }
+    }
+
+    /// The run is over: its summary (counted in `/metrics`, logged) and the `[sandbox]`
+    /// line for its stderr, if a bound cut it.
+    pub async fn finish(self, run_id: &str) -> (NetworkSummary, Option<String>) {
+        let run = self.run.clone();
+        // No more connections: the socket goes first.
+        drop(self);
+        let summary = run.clone().finish(run_id.to_owned()).await;
+        crate::telemetry::egress(&summary);
+        let note = run.limit_reason().map(|r| format!("[sandbox] {r}"));
+        (summary, note)
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        self.accept.abort();
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Makes the directory of the runs' sockets, empty (a previous server's sockets are
+/// stale), mode 0700: only the server (and its helpers) may connect.
+pub fn prepare_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+}
