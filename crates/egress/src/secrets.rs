@@ -295,6 +295,8 @@ fn write_private(path: &Path, bytes: &[u8], new: bool) -> Result<(), SecretError
 pub struct Interceptor {
     pub(crate) ca: Ca,
     pub(crate) upstream: Arc<ClientConfig>,
+    /// The distribution's roots (PEM), for the sandbox's bundle.
+    system_pem: String,
 }
 
 impl Interceptor {
@@ -307,6 +309,7 @@ impl Interceptor {
         for e in &native.errors {
             tracing::warn!(error = %e, "egress: reading the system's trust store");
         }
+        let system_pem: String = native.certs.iter().map(|c| to_pem(c)).collect();
         let (added, ignored) = roots.add_parsable_certificates(native.certs);
         tracing::debug!(added, ignored, "egress: the system's trust roots");
         for cert in CertificateDer::pem_slice_iter(extra_roots_pem) {
@@ -325,12 +328,32 @@ impl Interceptor {
         Ok(Interceptor {
             ca,
             upstream: Arc::new(config),
+            system_pem,
         })
     }
 
     pub fn ca(&self) -> &Ca {
         &self.ca
     }
+
+    /// The trust bundle for a sandbox (`SSL_CERT_FILE` and the like): the distribution's
+    /// roots and the CA's certificate, PEM. Its hosts' clients verify the proxy's leaves
+    /// with it, and every other host's real certificate as before.
+    pub fn trust_bundle(&self) -> String {
+        format!("{}{}", self.system_pem, self.ca.cert_pem)
+    }
+}
+
+fn to_pem(der: &CertificateDer<'_>) -> String {
+    use base64::Engine as _;
+    let text = base64::engine::general_purpose::STANDARD.encode(der.as_ref());
+    let mut pem = String::from("-----BEGIN CERTIFICATE-----\n");
+    for line in text.as_bytes().chunks(64) {
+        pem.push_str(std::str::from_utf8(line).unwrap_or_default());
+        pem.push('\n');
+    }
+    pem.push_str("-----END CERTIFICATE-----\n");
+    pem
 }
 
 #[cfg(test)]

@@ -36,6 +36,16 @@ pub trait RunEgress: Send + Sync {
     fn finish(self: Arc<Self>, run_id: String) -> Pin<Box<dyn Future<Output = NetworkSummary> + Send>>;
     /// The `[sandbox]` reason when a bound ended or refused the run's traffic.
     fn limit_reason(&self) -> Option<&'static str>;
+    /// The program's environment for the run's secrets: each secret's variable holding
+    /// its placeholder (never a value).
+    fn program_env(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
+    /// The trust bundle (PEM) the program verifies TLS with, when the run has secrets:
+    /// the distribution's roots and the CA of the proxy that intercepts their hosts.
+    fn trust_bundle(&self) -> Option<String> {
+        None
+    }
 }
 
 /// What the engine holds of egress: the policy and the directory of the runs' sockets.
@@ -87,6 +97,24 @@ pub fn proxy_env() -> Vec<(String, String)> {
         env.push((name.to_owned(), "localhost,127.0.0.1".to_owned()));
     }
     env
+}
+
+/// Where the trust bundle of a run with secrets is, in the sandbox (not /tmp: the sandbox
+/// mounts its own there).
+const TRUST_BUNDLE_FILE: &str = "egress-ca-bundle.pem";
+
+/// A run with secrets: their placeholders in the environment, and the trust bundle that
+/// holds the proxy's CA, named by the variables OpenSSL, Python `requests`, curl and
+/// Node read.
+pub fn secrets(spec: &mut crate::run::RunSpec, run: &dyn RunEgress) {
+    spec.env.extend(run.program_env());
+    if let Some(bundle) = run.trust_bundle() {
+        spec.support_files.push((TRUST_BUNDLE_FILE.to_owned(), bundle));
+        let path = format!("{}/{TRUST_BUNDLE_FILE}", crate::runtime::CODE_DIR);
+        for name in ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS"] {
+            spec.env.push((name.to_owned(), path.clone()));
+        }
+    }
 }
 
 /// The preload that puts Node's fetch behind the proxy (`runtime/egress_proxy.cjs`).

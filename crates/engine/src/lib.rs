@@ -176,6 +176,7 @@ impl Engine {
                     .map_err(|e| EngineError::internal(error_type::SANDBOX_FAILURE, &format!("egress socket: {e}")))?;
                 spec.egress = Some(endpoint.message());
                 spec.env.extend(egress::proxy_env());
+                egress::secrets(&mut spec, endpoint.run.as_ref());
                 if matches!(
                     language,
                     sandcall_api::Language::JavaScript | sandcall_api::Language::TypeScript

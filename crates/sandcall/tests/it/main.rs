@@ -8,6 +8,7 @@ mod common;
 mod compiled;
 mod durable;
 mod egress;
+mod egress_secrets;
 mod errors;
 mod exec;
 mod faults;
