@@ -96,7 +96,8 @@ impl EgressConfig {
         if !(1..=86_400).contains(&self.egress_connection_timeout_s) {
             return Err(EgressError::Timeout);
         }
-        let bad_principal = |p: &&String| p.as_str() != "*" && (p.is_empty() || p.len() > 200 || p.contains(char::is_whitespace));
+        let bad_principal =
+            |p: &&String| p.as_str() != "*" && (p.is_empty() || p.len() > 200 || p.contains(char::is_whitespace));
         if let Some(bad) = self.egress_principals.iter().find(bad_principal) {
             return Err(EgressError::Principal(bad.clone()));
         }

@@ -111,7 +111,12 @@ pub fn secrets(spec: &mut crate::run::RunSpec, run: &dyn RunEgress) {
     if let Some(bundle) = run.trust_bundle() {
         spec.support_files.push((TRUST_BUNDLE_FILE.to_owned(), bundle));
         let path = format!("{}/{TRUST_BUNDLE_FILE}", crate::runtime::CODE_DIR);
-        for name in ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS"] {
+        for name in [
+            "SSL_CERT_FILE",
+            "REQUESTS_CA_BUNDLE",
+            "CURL_CA_BUNDLE",
+            "NODE_EXTRA_CA_CERTS",
+        ] {
             spec.env.push((name.to_owned(), path.clone()));
         }
     }

@@ -6,8 +6,8 @@
 use sandcall_api::NetworkSummary;
 use sandcall_config::Config;
 use sandcall_egress::{Ca, HostRule, Interceptor, IpNet, Limits, Policy, Resolver, Secret, SecretValue};
-use std::path::Path;
 use std::future::Future;
+use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -45,13 +45,21 @@ fn load_secrets(e: &sandcall_config::EgressConfig, data_dir: &Path) -> Result<Se
     let mut list = Vec::new();
     for s in &e.egress_secrets {
         let value = if let Some(name) = s.value.strip_prefix("env:") {
-            std::env::var(name).map_err(|_| format!("egress_secrets: the secret for {:?}: environment variable {name} is not set", s.host))?
+            std::env::var(name).map_err(|_| {
+                format!(
+                    "egress_secrets: the secret for {:?}: environment variable {name} is not set",
+                    s.host
+                )
+            })?
         } else if let Some(path) = s.value.strip_prefix("file:") {
             let text = std::fs::read_to_string(path)
                 .map_err(|err| format!("egress_secrets: the secret for {:?}: reading {path}: {err}", s.host))?;
             text.trim_end_matches(['\r', '\n']).to_owned()
         } else {
-            return Err(format!("egress_secrets: the secret for {:?}: `value` must be `env:NAME` or `file:/path`", s.host));
+            return Err(format!(
+                "egress_secrets: the secret for {:?}: `value` must be `env:NAME` or `file:/path`",
+                s.host
+            ));
         };
         let placeholder = format!("sandcall-secret-{}", hex(&rand::random::<[u8; 16]>()));
         let secret = Secret::new(&s.host, &s.header, &placeholder, SecretValue::new(value))
@@ -65,7 +73,9 @@ fn load_secrets(e: &sandcall_config::EgressConfig, data_dir: &Path) -> Result<Se
     let hosts: Vec<String> = list.iter().map(|c| c.secret.host.clone()).collect();
     let ca = Ca::load_or_create(data_dir, &hosts).map_err(|err| err.to_string())?;
     let extra = match &e.egress_extra_roots {
-        Some(path) => std::fs::read(path).map_err(|err| format!("egress_extra_roots: reading {}: {err}", path.display()))?,
+        Some(path) => {
+            std::fs::read(path).map_err(|err| format!("egress_extra_roots: reading {}: {err}", path.display()))?
+        }
         None => Vec::new(),
     };
     let tls = Interceptor::new(ca, &extra).map_err(|err| err.to_string())?;
@@ -135,10 +145,17 @@ impl sandcall_engine::egress::EgressPolicy for ServerEgress {
             .collect();
         let (Some(tls), false) = (&self.secrets.tls, mine.is_empty()) else {
             let run = sandcall_egress::RunEgress::new(grant, Resolver::system());
-            return Ok(Arc::new(RunProxy { run, env: Vec::new(), bundle: None }));
+            return Ok(Arc::new(RunProxy {
+                run,
+                env: Vec::new(),
+                bundle: None,
+            }));
         };
         grant.secrets = mine.iter().map(|c| c.secret.clone()).collect();
-        let env = mine.iter().map(|c| (c.env.clone(), c.secret.placeholder.clone())).collect();
+        let env = mine
+            .iter()
+            .map(|c| (c.env.clone(), c.secret.placeholder.clone()))
+            .collect();
         let run = sandcall_egress::RunEgress::with_interceptor(grant, Resolver::system(), tls.clone());
         Ok(Arc::new(RunProxy {
             run,

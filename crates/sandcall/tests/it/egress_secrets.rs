@@ -32,7 +32,9 @@ impl Echo {
                     let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(20)));
                     match tls {
                         Some(config) => {
-                            let Ok(session) = rustls::ServerConnection::new(config) else { return };
+                            let Ok(session) = rustls::ServerConnection::new(config) else {
+                                return;
+                            };
                             echo(rustls::StreamOwned::new(session, conn), &log);
                         }
                         None => echo(conn, &log),
@@ -65,7 +67,10 @@ fn echo<S: std::io::Read + Write>(stream: S, log: &Mutex<Vec<String>>) {
     log.lock().unwrap().push(head.clone());
     let auth = head
         .lines()
-        .find_map(|l| l.strip_prefix("authorization: ").or_else(|| l.strip_prefix("Authorization: ")))
+        .find_map(|l| {
+            l.strip_prefix("authorization: ")
+                .or_else(|| l.strip_prefix("Authorization: "))
+        })
         .unwrap_or("")
         .to_owned();
     let mut stream = reader.into_inner();
@@ -171,8 +176,14 @@ with urllib.request.urlopen(req, timeout=20) as resp:
     let seen = secret_host.seen();
     assert_eq!(seen.len(), 2, "{seen:?}");
     for head in &seen {
-        let auth = head.lines().find(|l| l.to_ascii_lowercase().starts_with("authorization:"));
-        assert_eq!(auth.map(|l| l[14..].trim()), Some(format!("Bearer {VALUE}").as_str()), "{head}");
+        let auth = head
+            .lines()
+            .find(|l| l.to_ascii_lowercase().starts_with("authorization:"));
+        assert_eq!(
+            auth.map(|l| l[14..].trim()),
+            Some(format!("Bearer {VALUE}").as_str()),
+            "{head}"
+        );
     }
     // The other allowed host got the placeholder as sent.
     let seen = other.seen();
