@@ -362,6 +362,11 @@ pub struct ProgrammaticRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<IsolationName>)]
     pub isolation: Option<String>,
+    /// (extension, not yet supported) Network for the session's program: refused with
+    /// `400` and `code` `unsupported_capability`, so that a caller never gets a session
+    /// without the network it asked for. Use `/v1/exec` for runs with network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkRequest>,
     /// Resume: the session the token belongs to (optional; must match it when sent).
     pub session_id: Option<String>,
     /// Resume: the token of the pause being answered.

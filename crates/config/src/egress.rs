@@ -132,3 +132,63 @@ impl EgressConfig {
         !self.egress_allow.is_empty() && Self::names(&self.egress_principals, principal)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounds_are_checked_and_principals_named() {
+        let ok = EgressConfig::default();
+        assert!(ok.validate().is_ok());
+        for (bad, says) in [
+            (
+                EgressConfig {
+                    egress_max_connections: 0,
+                    ..ok.clone()
+                },
+                "egress_max_connections",
+            ),
+            (
+                EgressConfig {
+                    egress_max_bytes: 0,
+                    ..ok.clone()
+                },
+                "egress_max_bytes",
+            ),
+            (
+                EgressConfig {
+                    egress_connection_timeout_s: 0,
+                    ..ok.clone()
+                },
+                "egress_connection_timeout_s",
+            ),
+            (
+                EgressConfig {
+                    egress_principals: vec!["a b".into()],
+                    ..ok.clone()
+                },
+                "egress_principals",
+            ),
+        ] {
+            assert!(bad.validate().unwrap_err().to_string().contains(says), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn only_named_principals_of_a_server_with_hosts_may_have_network() {
+        let mut c = EgressConfig {
+            egress_principals: vec!["alice".into(), "jwt:*".into()],
+            ..Default::default()
+        };
+        // No hosts: nobody, whoever is named.
+        assert!(!c.allows("alice"));
+        c.egress_allow = vec!["api.example.com".into()];
+        assert!(c.allows("alice"));
+        assert!(c.allows(r#"jwt:["t","u"]"#));
+        assert!(!c.allows("bob"));
+        assert!(!c.allows("local"));
+        c.egress_principals = vec!["*".into()];
+        assert!(c.allows("bob") && c.allows("local"));
+    }
+}

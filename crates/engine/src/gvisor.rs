@@ -217,13 +217,16 @@ impl Gvisor {
     }
 
     /// The command that starts the gVisor sandbox of run `id` with the helper in it, joined to
-    /// `cgroup` before it execs (so that nothing of it ever runs outside).
-    pub fn command(&self, id: &str, cgroup: &RunCgroup) -> std::io::Result<tokio::process::Command> {
+    /// `cgroup` before it execs (so that nothing of it ever runs outside). A run with
+    /// egress may open host unix sockets: its helper relays to the run's proxy socket
+    /// (docs/egress.md); every other run may not.
+    pub fn command(&self, id: &str, cgroup: &RunCgroup, egress: bool) -> std::io::Result<tokio::process::Command> {
         let mut command = tokio::process::Command::new(&self.runsc);
+        command.arg("--root").arg(&self.state).args(RUNSC_FLAGS);
+        if egress {
+            command.arg("--host-uds=open");
+        }
         command
-            .arg("--root")
-            .arg(&self.state)
-            .args(RUNSC_FLAGS)
             .arg("run")
             .arg("--bundle")
             .arg(&self.bundle)

@@ -94,17 +94,8 @@ impl Engine {
         tier: sandcall_config::Isolation,
         cmd: exec::ExecCommand,
     ) -> Result<(ExecResponse, bool), EngineError> {
-        let (isolation, tier) = self.tiers.pick(tier, cmd.isolation)?;
+        let (_, tier) = self.tiers.pick(tier, cmd.isolation)?;
         let granted = egress::grant(self.egress.as_ref(), &principal.0, cmd.network.as_ref())?;
-        if granted.is_some() && isolation == sandcall_config::Isolation::Gvisor {
-            return Err(EngineError {
-                code: Some(sandcall_api::error_code::UNSUPPORTED_CAPABILITY),
-                ..EngineError::bad_request(
-                    "`network`: runs in the gvisor tier have no network on this server (docs/egress.md); \
-                     retrying will not work",
-                )
-            });
-        }
         // A run in a workspace holds it until its outputs are stored (files::workspace).
         let mut cmd = cmd;
         if exec::is_prewarm(&cmd) {

@@ -241,7 +241,8 @@ impl Runner {
 
     /// Builds a sandbox and starts the program in it; the caller drives the rest.
     pub async fn start(&self, spec: RunSpec) -> Result<Helper, RunError> {
-        let prepare = self.prepare_message(spec.run_id.clone(), spec.limits.clone(), None, spec.tools.clone());
+        let mut prepare = self.prepare_message(spec.run_id.clone(), spec.limits.clone(), None, spec.tools.clone());
+        prepare.egress = spec.egress.is_some();
         let mut helper = self.prepare(&prepare).await?;
         match helper.send_run(spec).await {
             Ok(()) => Ok(helper),
@@ -291,6 +292,7 @@ impl Runner {
             template: None,
             fork_from: None,
             background: false,
+            egress: false,
         }
     }
 
@@ -415,7 +417,7 @@ async fn spawn_in_gvisor(
         .host_cgroup(&prepare.run_id, &prepare.limits)
         .map_err(RunError::Spawn)?;
     let started = HelperPipes::new().and_then(|ends| {
-        let command = gvisor.command(&prepare.run_id, &cgroup)?;
+        let command = gvisor.command(&prepare.run_id, &cgroup, prepare.egress)?;
         let child = spawn_with(command, ends.helper_stdin, ends.helper_stdout)?;
         Ok((child, ends.stdin, ends.stdout))
     });

@@ -99,6 +99,11 @@ pub struct Prepare {
     /// `CAP_SYS_NICE`).
     #[serde(default)]
     pub background: bool,
+    /// The run will have egress (`Run::egress`): in the `gvisor` tier its gVisor sandbox
+    /// may open host unix sockets (`runsc --host-uds=open`), so that the helper reaches
+    /// the run's proxy socket. The helper itself does not read it.
+    #[serde(default)]
+    pub egress: bool,
 }
 
 /// How to start a program ahead of its run.

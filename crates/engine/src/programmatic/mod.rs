@@ -48,6 +48,17 @@ pub fn parse_start(req: ProgrammaticRequest, config: &Config) -> Result<StartCom
             )
         });
     }
+    // A session's program is replayed after an eviction or a restart (docs/scaling.md);
+    // what a replay should do with requests it already made is not settled, so sessions
+    // have no network yet (docs/egress.md).
+    if req.network.is_some() {
+        return Err(EngineError {
+            code: Some(sandcall_api::error_code::UNSUPPORTED_CAPABILITY),
+            ..EngineError::bad_request(
+                "`network` is not supported on /v1/exec/programmatic yet: use /v1/exec for a run with network",
+            )
+        });
+    }
     let missing = "`code` is required (or `continuation_token` to resume)";
     let (code, args) = exec::check_code_and_args(req.code, req.args, config, missing)?;
     let tools = ToolSet::declare(req.tools.as_deref().unwrap_or_default())

@@ -235,7 +235,13 @@ fn loopback_up() -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: ifru_flags is the union member SIOCGIFFLAGS just filled.
-    unsafe { req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short };
+    let flags = unsafe { req.ifr_ifru.ifru_flags };
+    // gVisor's kernel brings a new namespace's loopback up itself (and the helper has no
+    // CAP_NET_ADMIN there).
+    if flags & libc::IFF_UP as libc::c_short != 0 {
+        return Ok(());
+    }
+    req.ifr_ifru.ifru_flags = flags | libc::IFF_UP as libc::c_short;
     // SAFETY: SIOCSIFFLAGS reads the name and flags from `req`.
     if unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } < 0 {
         return Err(io::Error::last_os_error());

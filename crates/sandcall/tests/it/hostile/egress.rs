@@ -1,6 +1,6 @@
 //! A run granted network tries every way out but the proxy (`egress_escape.py`).
 
-use crate::common::{gvisor_pass, hostile, Server};
+use crate::common::{hostile, Server};
 use serde_json::json;
 
 #[test]
@@ -9,9 +9,6 @@ fn a_run_with_network_has_no_way_out_but_the_proxy() {
         &[],
         "egress_allow = [\"localhost:80\"]\negress_principals = [\"*\"]\negress_allow_addresses = [\"127.0.0.1/32\"]\n",
     );
-    if gvisor_pass() {
-        return; // gvisor runs have no network (egress::gvisor_refuses).
-    }
     let egress_dir = s.data_dir.join("egress");
     let r = s.exec(json!({
         "code": hostile("egress_escape.py"),
