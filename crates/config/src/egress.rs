@@ -191,4 +191,26 @@ mod tests {
         c.egress_principals = vec!["*".into()];
         assert!(c.allows("bob") && c.allows("local"));
     }
+
+    #[test]
+    fn a_secret_value_is_a_source_never_a_literal_and_its_env_a_name() {
+        let secret = |env: &str, value: &str| EgressConfig {
+            egress_secrets: vec![EgressSecret {
+                host: "api.example.com".into(),
+                header: "authorization".into(),
+                env: env.into(),
+                value: value.into(),
+                principals: vec!["*".into()],
+            }],
+            ..EgressConfig::default()
+        };
+        assert!(secret("API_KEY", "env:API_KEY").validate().is_ok());
+        assert!(secret("API_KEY", "file:/etc/key").validate().is_ok());
+        let literal = secret("API_KEY", "sk-live-123").validate().unwrap_err().to_string();
+        assert!(literal.contains("env:NAME"), "{literal}");
+        assert!(!literal.contains("sk-live-123"), "{literal}");
+        for env in ["", "1KEY", "API-KEY", "A B"] {
+            assert!(secret(env, "env:X").validate().is_err(), "{env:?}");
+        }
+    }
 }

@@ -149,7 +149,8 @@ fn a_secret_reaches_its_host_and_the_program_sees_only_the_placeholder() {
     assert!(out.contains(&format!("authorization: Bearer {placeholder}")), "{r}");
     assert!(!r.to_string().contains(VALUE), "the program saw the secret: {r}");
 
-    // Python's urllib (SSL_CERT_FILE), reading /proc/self/environ.
+    // Python's urllib (SSL_CERT_FILE) and requests (REQUESTS_CA_BUNDLE), and what
+    // /proc/self/environ holds.
     let py = format!(
         r#"
 import os, urllib.request
@@ -161,17 +162,21 @@ req = urllib.request.Request({url:?}, headers={{"Authorization": "Bearer " + os.
 with urllib.request.urlopen(req, timeout=20) as resp:
     print(resp.headers["X-Echo-Auth"])
     print(resp.read().decode())
+import requests
+resp = requests.get({url:?}, headers={{"Authorization": "Bearer " + os.environ["API_TOKEN"]}}, timeout=20)
+print("requests", resp.headers["X-Echo-Auth"])
 "#
     );
     let r = run("python", &py);
     let out = r["stdout"].as_str().unwrap();
     assert!(out.starts_with("environ-has-placeholder True\n"), "{r}");
     assert!(out.contains(&format!("Bearer {placeholder}\n")), "{r}");
+    assert!(out.contains(&format!("requests Bearer {placeholder}\n")), "{r}");
     assert!(!r.to_string().contains(VALUE), "the program saw the secret: {r}");
 
-    // The secret host got the value, in the header, from both clients.
+    // The secret host got the value, in the header, from every client.
     let seen = secret_host.seen();
-    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(seen.len(), 3, "{seen:?}");
     for head in &seen {
         let auth = head
             .lines()
