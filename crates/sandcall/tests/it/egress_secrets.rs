@@ -199,3 +199,48 @@ print("requests", resp.headers["X-Echo-Auth"])
     assert!(log.contains("egress connection"), "the log shows no connection: {log}");
     assert!(!log.contains(VALUE), "the server logged the secret");
 }
+
+#[test]
+fn a_secret_that_cannot_be_read_stops_the_server_without_showing_a_value() {
+    let dir = Server::new_dir();
+    let config = dir.join("sandcall.toml");
+    let key_file = dir.join("key");
+    std::fs::write(&key_file, format!("{VALUE}\nsecond line\n")).unwrap();
+    // A header name that is not one: the value was read, and is not in the message.
+    std::fs::write(
+        &config,
+        format!(
+            "egress_allow = [\"api.example.com\"]\negress_principals = [\"*\"]\n[[egress_secrets]]\n\
+             host = \"api.example.com\"\nheader = \"bad header\"\nenv = \"K\"\nvalue = \"file:{}\"\n",
+            key_file.display()
+        ),
+    )
+    .unwrap();
+    let start = |config: &std::path::Path| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_sandcall"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(dir.join("data"))
+            .arg("--config")
+            .arg(config)
+            .env("SANDCALL_INSTALL_RUNTIME", "false")
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let stderr = start(&config);
+    assert!(
+        stderr.contains("egress_secrets") && stderr.contains("bad header"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains(VALUE), "{stderr}");
+    // A variable that is not set: named, with the host.
+    std::fs::write(
+        &config,
+        "egress_allow = [\"api.example.com\"]\negress_principals = [\"*\"]\n[[egress_secrets]]\n\
+         host = \"api.example.com\"\nheader = \"x-api-key\"\nenv = \"K\"\nvalue = \"env:SANDCALL_TEST_NOT_SET\"\n",
+    )
+    .unwrap();
+    let stderr = start(&config);
+    assert!(stderr.contains("SANDCALL_TEST_NOT_SET is not set"), "{stderr}");
+}
