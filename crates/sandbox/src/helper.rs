@@ -398,6 +398,10 @@ struct Sandbox {
     template_socket: Option<PathBuf>,
     /// The run's egress listener and relays (`Run::egress`).
     egress: Option<egress::EgressRelays>,
+    /// The run's network namespace, held from init's clone for a run that will have
+    /// egress (`Prepare::egress`): once init makes itself non-dumpable, a helper without
+    /// root may no longer open it.
+    net_ns: Option<std::fs::File>,
 }
 
 /// The helper's handles on a run forked from a template (`Sandbox::fork`). Its init is
@@ -465,6 +469,7 @@ impl Sandbox {
             forked: None,
             template_socket: None,
             egress: None,
+            net_ns: None,
         }
     }
 
@@ -600,6 +605,11 @@ impl Sandbox {
         }
         .map_err(HelperError::CloneInit)?;
         self.init = Some(pid);
+        if prepare.egress {
+            let path = format!("/proc/{pid}/ns/net");
+            let ns = fs::File::open(&path).map_err(|source| HelperError::EgressNamespace { path, source })?;
+            self.net_ns = Some(ns);
+        }
         // The template alone holds its listener: once it is gone, a connection is
         // refused at once instead of waiting in the backlog.
         drop((to_init_r, from_init_w, stdin_r, stdout_w, stderr_w, go_r, listener));
@@ -942,6 +952,7 @@ impl Sandbox {
         }
         self.to_init = None;
         self.egress = None;
+        self.net_ns = None;
         // A forked run's tmpfs mounts go with the last descriptor on them.
         self.forked = None;
         if let Some(path) = self.template_socket.take() {

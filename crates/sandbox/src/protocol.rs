@@ -99,9 +99,10 @@ pub struct Prepare {
     /// `CAP_SYS_NICE`).
     #[serde(default)]
     pub background: bool,
-    /// The run will have egress (`Run::egress`): in the `gvisor` tier its gVisor sandbox
-    /// may open host unix sockets (`runsc --host-uds=open`), so that the helper reaches
-    /// the run's proxy socket. The helper itself does not read it.
+    /// The run will have egress (`Run::egress`): the helper holds the run's network
+    /// namespace from init's clone on (it makes the listener there at the `Run`), and in
+    /// the `gvisor` tier its gVisor sandbox may open host unix sockets (`runsc
+    /// --host-uds=open`), so that the helper reaches the run's proxy socket.
     #[serde(default)]
     pub egress: bool,
 }

@@ -3,9 +3,9 @@
 //! to a unix socket on the host where the server's egress proxy serves them.
 //!
 //! The program never reaches the host socket itself: it is not in the sandbox's root,
-//! and the sandbox's network namespace has only its loopback. The helper enters that
-//! namespace only to bring the loopback up and to create the listener (a socket belongs
-//! to the namespace it was created in), then goes back to its own at once.
+//! and the sandbox's network namespace has only its loopback. A short-lived child of the
+//! helper enters that namespace to bring the loopback up and create the listener (a
+//! socket belongs to the namespace it was created in) and hands it back.
 //!
 //! Everything here is non-blocking and driven by the run's poll loop (`run.rs`): no
 //! thread, no tokio. Each connection holds two fixed buffers, and connections are
@@ -17,7 +17,8 @@ use crate::protocol::Egress;
 use nix::poll::PollFlags;
 use nix::sched::{setns, CloneFlags};
 use nix::sys::socket::{
-    accept4, connect, send, shutdown, socket, AddressFamily, MsgFlags, Shutdown, SockFlag, SockType, UnixAddr,
+    accept4, connect, recvmsg, send, sendmsg, shutdown, socket, AddressFamily, ControlMessage, ControlMessageOwned,
+    MsgFlags, Shutdown, SockFlag, SockType, UnixAddr,
 };
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -119,23 +120,57 @@ pub(crate) struct EgressRelays {
 }
 
 impl EgressRelays {
-    /// Brings up the loopback of the network namespace of process `init` and listens on
-    /// 127.0.0.1:`endpoint.port` there. The helper is back in its own namespace when
-    /// this returns, whatever happened.
-    pub(crate) fn open(init: i32, endpoint: &Egress) -> Result<Self, HelperError> {
-        let ns =
-            |path: String| std::fs::File::open(&path).map_err(|source| HelperError::EgressNamespace { path, source });
-        let own = ns("/proc/self/ns/net".into())?;
-        let theirs = ns(format!("/proc/{init}/ns/net"))?;
-        setns(theirs.as_fd(), CloneFlags::CLONE_NEWNET).map_err(HelperError::EgressSetns)?;
-        let made = listen_inside(endpoint.port);
-        // Back home before anything else: every later socket of the helper's is the host's.
-        setns(own.as_fd(), CloneFlags::CLONE_NEWNET).map_err(HelperError::EgressSetns)?;
-        Ok(EgressRelays {
-            listener: made.map_err(HelperError::EgressListen)?,
-            socket: endpoint.socket.clone(),
-            relays: Vec::new(),
-        })
+    /// Brings up the loopback of the network namespace `theirs` (the run's) and listens on
+    /// 127.0.0.1:`endpoint.port` there. A child does it and hands the listener back: the
+    /// helper itself never leaves its own network namespace (without root it could not
+    /// return to the host's, which its user namespace does not own).
+    pub(crate) fn open(theirs: &std::fs::File, endpoint: &Egress) -> Result<Self, HelperError> {
+        let (ours, child_end) = std::os::unix::net::UnixStream::pair().map_err(HelperError::EgressListen)?;
+        // SAFETY: the helper is single-threaded, so the child's copy of its memory is
+        // consistent; the child makes a few system calls and leaves with _exit.
+        match unsafe { nix::unistd::fork() }.map_err(HelperError::EgressFork)? {
+            nix::unistd::ForkResult::Child => {
+                drop(ours);
+                let made = setns(theirs.as_fd(), CloneFlags::CLONE_NEWNET)
+                    .map_err(io::Error::from)
+                    .and_then(|()| listen_inside(endpoint.port));
+                let sent = match made {
+                    Ok(listener) => {
+                        let fds = [listener.as_raw_fd()];
+                        let cmsg = [ControlMessage::ScmRights(&fds)];
+                        sendmsg::<()>(
+                            child_end.as_raw_fd(),
+                            &[io::IoSlice::new(b"k")],
+                            &cmsg,
+                            MsgFlags::empty(),
+                            None,
+                        )
+                    }
+                    Err(e) => {
+                        let text = format!("e{e}");
+                        sendmsg::<()>(
+                            child_end.as_raw_fd(),
+                            &[io::IoSlice::new(text.as_bytes())],
+                            &[],
+                            MsgFlags::empty(),
+                            None,
+                        )
+                    }
+                };
+                // SAFETY: ends the child without running the helper's exit handlers.
+                unsafe { libc::_exit(i32::from(sent.is_err())) }
+            }
+            nix::unistd::ForkResult::Parent { child } => {
+                drop(child_end);
+                let got = receive_listener(&ours);
+                let _ = nix::sys::wait::waitpid(child, None);
+                Ok(EgressRelays {
+                    listener: got.map_err(HelperError::EgressListen)?,
+                    socket: endpoint.socket.clone(),
+                    relays: Vec::new(),
+                })
+            }
+        }
     }
 
     pub(crate) fn listener_fd(&self) -> BorrowedFd<'_> {
@@ -209,6 +244,31 @@ impl EgressRelays {
             && r.back.flush(&r.client).is_ok();
         if !ok || r.done() {
             self.relays[slot] = None;
+        }
+    }
+}
+
+/// The listener the child made, or its error.
+fn receive_listener(from: &std::os::unix::net::UnixStream) -> io::Result<OwnedFd> {
+    let mut buf = [0u8; 512];
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+    let mut iov = [io::IoSliceMut::new(&mut buf)];
+    let msg = recvmsg::<()>(from.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)?;
+    let fd = msg.cmsgs()?.find_map(|c| match c {
+        ControlMessageOwned::ScmRights(fds) => fds.first().copied(),
+        _ => None,
+    });
+    let len = msg.bytes;
+    match fd {
+        // SAFETY: the descriptor just arrived with SCM_RIGHTS; nothing else owns it.
+        Some(fd) => Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) }),
+        None => {
+            let text = String::from_utf8_lossy(buf.get(1..len).unwrap_or_default()).into_owned();
+            Err(io::Error::other(if text.is_empty() {
+                "the listener's child failed".into()
+            } else {
+                text
+            }))
         }
     }
 }

@@ -150,15 +150,17 @@ pub enum HelperError {
     // Running the program (`Sandbox::run`, `Sandbox::start_program`).
     #[error("code larger than max_code_bytes")]
     CodeTooLarge,
-    /// Opening the helper's or the run's network namespace (`Run::egress`).
+    /// Opening the run's network namespace (`Run::egress`).
     #[error("egress: open {path}: {source}")]
     EgressNamespace {
         path: String,
         #[source]
         source: io::Error,
     },
-    #[error("egress: setns: {0}")]
-    EgressSetns(#[source] Errno),
+    #[error("egress: fork: {0}")]
+    EgressFork(#[source] Errno),
+    #[error("egress: the sandbox was not built for a run with egress (Prepare::egress)")]
+    EgressWithoutNamespace,
     /// Bringing the run's loopback up, or listening on it.
     #[error("egress: listen in the run's network namespace: {0}")]
     EgressListen(#[source] io::Error),

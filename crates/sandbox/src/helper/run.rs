@@ -35,8 +35,9 @@ impl Sandbox {
             self.forked.is_some(),
         )?;
         // The way out, listening before the program can start (it could take the port).
-        if let (Some(endpoint), Some(init)) = (&run.egress, self.init) {
-            self.egress = Some(super::egress::EgressRelays::open(init.as_raw(), endpoint)?);
+        if let Some(endpoint) = &run.egress {
+            let ns = self.net_ns.take().ok_or(HelperError::EgressWithoutNamespace)?;
+            self.egress = Some(super::egress::EgressRelays::open(&ns, endpoint)?);
         }
         let mut go_pending: Option<(OwnedFd, Vec<u8>)> = None;
         match self.go_w.take() {

@@ -69,7 +69,8 @@ fn an_ordinary_user_runs_sandboxes_with_a_delegated_cgroup() {
     );
 
     let cgroups = delegate_cgroups(&instance, NOBODY);
-    let s = Server::launch(dir, &[], "", Some(NOBODY));
+    let egress = "egress_allow = [\"api.example.com:443\"]\negress_principals = [\"*\"]\n";
+    let s = Server::launch(dir, &[], egress, Some(NOBODY));
     s.assert_healthy();
     let r = s.py("import os\nprint(os.getuid(), os.getcwd())");
     assert_eq!(r["stdout"], "1000 /mnt/data\n", "{r}");
@@ -87,6 +88,16 @@ fn an_ordinary_user_runs_sandboxes_with_a_delegated_cgroup() {
     assert_eq!(r["stdout"], "[1, 2] False False\n", "{r}");
     let r = s.exec(json!({"language": "bash", "code": hostile("fork_bomb.sh"), "timeout": 1500}));
     assert_eq!(r["status"], "timed_out");
+    // Egress works without root too: the proxy answers the program (docs/egress.md).
+    let r = s.exec(json!({
+        "language": "bash",
+        "code": "curl -sS --max-time 20 http://api.other.example/",
+        "network": {},
+    }));
+    assert_eq!(
+        r["stdout"], "sandcall egress: api.other.example is not in this run's network policy\n",
+        "{r}"
+    );
     s.assert_healthy();
     drop(s);
     // The server cannot remove what root delegated to it; the test harness does.
