@@ -28,6 +28,27 @@ pub struct EgressConfig {
     pub egress_max_bytes: u64,
     /// The longest one connection through the proxy may last, in seconds. Default 300.
     pub egress_connection_timeout_s: u32,
+    /// Secrets the proxy puts into requests to their host (docs/egress.md, "Secrets");
+    /// `[[egress_secrets]]` tables. Default none.
+    pub egress_secrets: Vec<EgressSecret>,
+    /// A PEM file of extra roots the proxy trusts for secret hosts' certificates, besides
+    /// the distribution's trust store (private CAs, tests). Default none.
+    pub egress_extra_roots: Option<std::path::PathBuf>,
+}
+
+/// One secret: for `host`'s `header`, its value from `env:NAME` or `file:/path` (read at
+/// the server's start, never from a request); the program gets a placeholder in its
+/// environment variable `env`; `principals` may use it (the same forms as
+/// `egress_principals`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct EgressSecret {
+    pub host: String,
+    pub header: String,
+    pub env: String,
+    pub value: String,
+    #[serde(default)]
+    pub principals: Vec<String>,
 }
 
 impl Default for EgressConfig {
@@ -39,6 +60,8 @@ impl Default for EgressConfig {
             egress_max_connections: 32,
             egress_max_bytes: 100 << 20,
             egress_connection_timeout_s: 300,
+            egress_secrets: Vec::new(),
+            egress_extra_roots: None,
         }
     }
 }
@@ -58,6 +81,8 @@ pub enum EgressError {
     Timeout,
     #[error("egress_principals: {0:?} is not a principal (1 to 64 letters, digits, `_-.@`, or `*`)")]
     Principal(String),
+    #[error("egress_secrets: {0}")]
+    Secret(String),
 }
 
 impl EgressConfig {
@@ -71,23 +96,40 @@ impl EgressConfig {
         if !(1..=86_400).contains(&self.egress_connection_timeout_s) {
             return Err(EgressError::Timeout);
         }
-        if let Some(bad) = self
-            .egress_principals
-            .iter()
-            .find(|p| p.as_str() != "*" && (p.is_empty() || p.len() > 200 || p.contains(char::is_whitespace)))
-        {
+        let bad_principal =
+            |p: &&String| p.as_str() != "*" && (p.is_empty() || p.len() > 200 || p.contains(char::is_whitespace));
+        if let Some(bad) = self.egress_principals.iter().find(bad_principal) {
             return Err(EgressError::Principal(bad.clone()));
+        }
+        for secret in &self.egress_secrets {
+            let fail = |why: String| Err(EgressError::Secret(format!("the secret for {:?}: {why}", secret.host)));
+            if !(secret.value.starts_with("env:") || secret.value.starts_with("file:")) {
+                // Said without the value, which may be the secret itself.
+                return fail("`value` must be `env:NAME` or `file:/path`".into());
+            }
+            let env_ok = !secret.env.is_empty()
+                && !secret.env.starts_with(|c: char| c.is_ascii_digit())
+                && secret.env.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !env_ok {
+                return fail(format!("`env` {:?} is not an environment variable name", secret.env));
+            }
+            if let Some(bad) = secret.principals.iter().find(bad_principal) {
+                return fail(format!("{bad:?} is not a principal"));
+            }
         }
         Ok(())
     }
 
+    /// Whether `principal` is one of `principals` (names, `jwt:*`, `*`).
+    pub fn names(principals: &[String], principal: &str) -> bool {
+        principals
+            .iter()
+            .any(|p| p == "*" || p == principal || (p == "jwt:*" && principal.starts_with("jwt:")))
+    }
+
     /// Whether `principal`'s runs may have network at all.
     pub fn allows(&self, principal: &str) -> bool {
-        !self.egress_allow.is_empty()
-            && self
-                .egress_principals
-                .iter()
-                .any(|p| p == "*" || p == principal || (p == "jwt:*" && principal.starts_with("jwt:")))
+        !self.egress_allow.is_empty() && Self::names(&self.egress_principals, principal)
     }
 }
 
@@ -148,5 +190,27 @@ mod tests {
         assert!(!c.allows("local"));
         c.egress_principals = vec!["*".into()];
         assert!(c.allows("bob") && c.allows("local"));
+    }
+
+    #[test]
+    fn a_secret_value_is_a_source_never_a_literal_and_its_env_a_name() {
+        let secret = |env: &str, value: &str| EgressConfig {
+            egress_secrets: vec![EgressSecret {
+                host: "api.example.com".into(),
+                header: "authorization".into(),
+                env: env.into(),
+                value: value.into(),
+                principals: vec!["*".into()],
+            }],
+            ..EgressConfig::default()
+        };
+        assert!(secret("API_KEY", "env:API_KEY").validate().is_ok());
+        assert!(secret("API_KEY", "file:/etc/key").validate().is_ok());
+        let literal = secret("API_KEY", "sk-live-123").validate().unwrap_err().to_string();
+        assert!(literal.contains("env:NAME"), "{literal}");
+        assert!(!literal.contains("sk-live-123"), "{literal}");
+        for env in ["", "1KEY", "API-KEY", "A B"] {
+            assert!(secret(env, "env:X").validate().is_err(), "{env:?}");
+        }
     }
 }

@@ -24,7 +24,7 @@ pub mod sessions;
 
 pub use auth::{key_hash, ApiKey, AuthConfig, AuthConfigError, JwtConfig};
 pub use cluster::{ClusterConfig, ClusterError};
-pub use egress::{EgressConfig, EgressError};
+pub use egress::{EgressConfig, EgressError, EgressSecret};
 pub use files::{ExecutionProfile, FilesConfig, FilesError};
 pub use host::{HostConfig, HostError, Isolation};
 pub use languages::{LanguageConfig, LanguagesConfig, LanguagesError};

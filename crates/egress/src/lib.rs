@@ -10,12 +10,15 @@
 //! `RunEgress::serve`.
 
 mod address;
+mod intercept;
 mod meter;
 mod policy;
 mod proxy;
 mod run;
+mod secrets;
 
 pub use address::refused_kind;
 pub use ipnet::IpNet;
 pub use policy::{Grant, HostRule, Limits, Policy, PolicyError};
 pub use run::{Outcome, Record, Resolver, RunEgress, Summary, MAX_RECORDS};
+pub use secrets::{Ca, Interceptor, Secret, SecretError, SecretValue, CA_CERT_FILE, CA_KEY_FILE};

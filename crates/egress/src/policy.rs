@@ -5,6 +5,7 @@
 //! does not cover "example.com" itself) or a literal address ("127.0.0.1", "[::1]"), with
 //! the ports it allows ("host:443", "host:80,443"; 80 and 443 when none is named).
 
+use crate::secrets::Secret;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -324,6 +325,7 @@ impl Policy {
             rules,
             allow_addresses: self.allow_addresses.clone(),
             limits,
+            secrets: Vec::new(),
         })
     }
 
@@ -367,6 +369,9 @@ pub struct Grant {
     pub rules: Vec<HostRule>,
     pub allow_addresses: Vec<IpNet>,
     pub limits: Limits,
+    /// The secrets the run may use (the server decides, never a request): a `CONNECT` to
+    /// one of their hosts is intercepted when the run has an `Interceptor`.
+    pub secrets: Vec<Secret>,
 }
 
 impl Grant {

@@ -10,6 +10,7 @@ use crate::address::refused_kind;
 use crate::meter::{ConnCounts, Metered, BYTES_LIMIT};
 use crate::policy::{Host, HostCheck};
 use crate::run::{OpenRecord, Outcome, Record, RunEgress, Serving, CONNECTION_LIMIT};
+use crate::secrets::{Interceptor, Secret};
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri};
 use http_body_util::{Either, Full};
@@ -127,14 +128,27 @@ async fn handle(conn: &Arc<ClientConn>, mut req: Request<Incoming>) -> Response<
             Err(response) => return *response,
         };
         let on_upgrade = hyper::upgrade::on(&mut req);
-        conn.spawn(async move {
-            let (mut upstream, _record) = upstream;
-            if let Ok(upgraded) = on_upgrade.await {
-                let mut client = TokioIo::new(upgraded);
-                let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+        match intercepting(&conn.run, &host) {
+            // A host with a secret: TLS ends here, requests are relayed one by one.
+            Some((tls, name, secrets)) => {
+                conn.spawn(async move {
+                    if let Ok(upgraded) = on_upgrade.await {
+                        crate::intercept::intercept(upgraded, upstream, name, secrets, tls).await;
+                    }
+                })
+                .await;
             }
-        })
-        .await;
+            None => {
+                conn.spawn(async move {
+                    let (mut upstream, _record) = upstream;
+                    if let Ok(upgraded) = on_upgrade.await {
+                        let mut client = TokioIo::new(upgraded);
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                    }
+                })
+                .await;
+            }
+        }
         let mut established = Response::new(Either::Right(Full::new(Bytes::new())));
         established
             .extensions_mut()
@@ -161,6 +175,17 @@ async fn handle(conn: &Arc<ClientConn>, mut req: Request<Incoming>) -> Response<
         Ok(upstream) => forward(conn, req, upstream).await,
         Err(response) => *response,
     }
+}
+
+/// The interception of a `CONNECT` to `host`, if the run has secrets for it (and the
+/// server set interception up): the interceptor, the host's name and its secrets.
+fn intercepting(run: &RunEgress, host: &str) -> Option<(Arc<Interceptor>, String, Vec<Secret>)> {
+    let tls = run.tls.clone()?;
+    let Some(Host::Name(name)) = Host::parse(host) else {
+        return None;
+    };
+    let secrets: Vec<Secret> = run.grant.secrets.iter().filter(|s| s.host == name).cloned().collect();
+    (!secrets.is_empty()).then_some((tls, name, secrets))
 }
 
 /// Forwards one plain-HTTP request on a new upstream connection, in origin form, without
@@ -210,7 +235,7 @@ async fn forward(conn: &Arc<ClientConn>, req: Request<Incoming>, upstream: (Mete
     }
 }
 
-fn upstream_error(counts: &ConnCounts, e: &hyper::Error) -> Response<Body> {
+pub(crate) fn upstream_error<B>(counts: &ConnCounts, e: &hyper::Error) -> Response<Either<B, Full<Bytes>>> {
     if counts.cut.load(Ordering::Relaxed) {
         return text(StatusCode::FORBIDDEN, BYTES_LIMIT);
     }
@@ -223,7 +248,7 @@ fn upstream_error(counts: &ConnCounts, e: &hyper::Error) -> Response<Body> {
 
 /// Headers that belong to one hop: those `Connection` names, the standard ones, and every
 /// `Proxy-*` header (a proxy's credentials are not the upstream's business).
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let named: Vec<String> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -256,7 +281,7 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 /// A one-line answer the program sees.
-fn text(status: StatusCode, message: &str) -> Response<Body> {
+pub(crate) fn text<B>(status: StatusCode, message: &str) -> Response<Either<B, Full<Bytes>>> {
     let mut response = Response::new(Either::Right(Full::new(Bytes::from(format!(
         "sandcall egress: {message}\n"
     )))));

@@ -3,6 +3,7 @@
 
 use crate::meter::{Budget, ConnCounts, BYTES_LIMIT};
 use crate::policy::Grant;
+use crate::secrets::Interceptor;
 use serde::Serialize;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -110,10 +111,23 @@ pub struct RunEgress {
     pub(crate) serving: AtomicU32,
     pub(crate) served: Notify,
     pub(crate) closed: CancellationToken,
+    /// TLS interception for the grant's secrets, if the server set it up.
+    pub(crate) tls: Option<Arc<Interceptor>>,
 }
 
 impl RunEgress {
     pub fn new(grant: Grant, resolver: Resolver) -> Arc<RunEgress> {
+        Self::build(grant, resolver, None)
+    }
+
+    /// A run whose `CONNECT`s to hosts with a secret in `grant.secrets` are intercepted
+    /// with `tls` (see docs/egress.md, "Secrets"). Without it (`new`), such `CONNECT`s are
+    /// opaque tunnels like any other and placeholders reach the host unreplaced.
+    pub fn with_interceptor(grant: Grant, resolver: Resolver, tls: Arc<Interceptor>) -> Arc<RunEgress> {
+        Self::build(grant, resolver, Some(tls))
+    }
+
+    fn build(grant: Grant, resolver: Resolver, tls: Option<Arc<Interceptor>>) -> Arc<RunEgress> {
         let clients = (grant.limits.max_connections as usize).clamp(MIN_OPEN_CLIENTS, MAX_OPEN_CLIENTS);
         Arc::new(RunEgress {
             out: Arc::new(Budget::new(grant.limits.max_bytes_out)),
@@ -132,6 +146,7 @@ impl RunEgress {
             serving: AtomicU32::new(0),
             served: Notify::new(),
             closed: CancellationToken::new(),
+            tls,
         })
     }
 
@@ -234,11 +249,15 @@ impl RunEgress {
             index,
             counts,
             timed_out,
+            failure: Mutex::new(None),
         }
     }
 
     /// Completes the record of a relayed connection as it closes.
-    fn finish(&self, index: Option<usize>, counts: &ConnCounts, timed_out: bool) {
+    fn finish(&self, index: Option<usize>, counts: &ConnCounts, timed_out: bool, failure: Option<String>) {
+        if failure.is_some() {
+            self.failed.fetch_add(1, Ordering::Relaxed);
+        }
         let limited = if counts.cut.load(Ordering::Relaxed) {
             Some(BYTES_LIMIT)
         } else if timed_out {
@@ -260,6 +279,9 @@ impl RunEgress {
             if let Some(reason) = limited {
                 record.outcome = Outcome::Limited;
                 record.reason = Some(reason.to_string());
+            } else if let Some(reason) = failure {
+                record.outcome = Outcome::Failed;
+                record.reason = Some(reason);
             }
         }
         drop(records);
@@ -298,12 +320,24 @@ pub(crate) struct OpenRecord {
     pub(crate) counts: Arc<ConnCounts>,
     /// Set by the connection to the proxy when its time limit ends it.
     timed_out: Arc<AtomicBool>,
+    /// Why a connection that opened failed after all (TLS of an intercepted one).
+    failure: Mutex<Option<String>>,
+}
+
+impl OpenRecord {
+    /// Marks the connection `failed` with `reason` (the first reason given stays).
+    pub(crate) fn fail(&self, reason: String) {
+        tracing::debug!(%reason, "egress: connection failed");
+        let mut failure = self.failure.lock().unwrap_or_else(|p| p.into_inner());
+        failure.get_or_insert(reason);
+    }
 }
 
 impl Drop for OpenRecord {
     fn drop(&mut self) {
         let timed_out = self.timed_out.load(Ordering::Relaxed);
-        self.run.finish(self.index, &self.counts, timed_out);
+        let failure = self.failure.get_mut().unwrap_or_else(|p| p.into_inner()).take();
+        self.run.finish(self.index, &self.counts, timed_out, failure);
     }
 }
 

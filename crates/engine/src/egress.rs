@@ -42,6 +42,16 @@ pub trait RunEgress: Send + Sync {
     fn connections(&self) -> (Vec<sandcall_api::AuditConnection>, u64) {
         (Vec::new(), 0)
     }
+    /// The program's environment for the run's secrets: each secret's variable holding
+    /// its placeholder (never a value).
+    fn program_env(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
+    /// The trust bundle (PEM) the program verifies TLS with, when the run has secrets:
+    /// the distribution's roots and the CA of the proxy that intercepts their hosts.
+    fn trust_bundle(&self) -> Option<String> {
+        None
+    }
 }
 
 /// What the engine holds of egress: the policy and the directory of the runs' sockets.
@@ -108,13 +118,36 @@ pub fn proxy_env() -> Vec<(String, String)> {
     env
 }
 
+/// Where the trust bundle of a run with secrets is, in the sandbox (not /tmp: the sandbox
+/// mounts its own there).
+const TRUST_BUNDLE_FILE: &str = "egress-ca-bundle.pem";
+
+/// A run with secrets: their placeholders in the environment, and the trust bundle that
+/// holds the proxy's CA, named by the variables OpenSSL, Python `requests`, curl and
+/// Node read.
+fn secrets(spec: &mut crate::run::RunSpec, run: &dyn RunEgress) {
+    spec.env.extend(run.program_env());
+    if let Some(bundle) = run.trust_bundle() {
+        spec.support_files.push((TRUST_BUNDLE_FILE.to_owned(), bundle));
+        let path = format!("{}/{TRUST_BUNDLE_FILE}", crate::runtime::CODE_DIR);
+        for name in [
+            "SSL_CERT_FILE",
+            "REQUESTS_CA_BUNDLE",
+            "CURL_CA_BUNDLE",
+            "NODE_EXTRA_CA_CERTS",
+        ] {
+            spec.env.push((name.to_owned(), path.clone()));
+        }
+    }
+}
+
 /// The preload that puts Node's fetch behind the proxy (`runtime/egress_proxy.cjs`).
 const NODE_PRELOAD: &str = include_str!("runtime/egress_proxy.cjs");
 const NODE_PRELOAD_FILE: &str = "egress_proxy.cjs";
 
 /// What a JavaScript or TypeScript run with network needs besides the environment: the
 /// preload and the option that loads it.
-pub fn node_preload(spec: &mut crate::run::RunSpec) {
+fn node_preload(spec: &mut crate::run::RunSpec) {
     spec.support_files
         .push((NODE_PRELOAD_FILE.to_owned(), NODE_PRELOAD.to_owned()));
     spec.env.push((
@@ -124,10 +157,12 @@ pub fn node_preload(spec: &mut crate::run::RunSpec) {
 }
 
 /// Builds `spec` for a run with network served by `endpoint`: the helper's relay, the
-/// environment naming the proxy, and Node's preload.
+/// environment naming the proxy, the secrets' placeholders and trust bundle, and Node's
+/// preload. `/v1/exec` and programmatic sessions alike.
 pub fn prepare_run(spec: &mut crate::run::RunSpec, endpoint: &Endpoint, language: sandcall_api::Language) {
     spec.egress = Some(endpoint.message());
     spec.env.extend(proxy_env());
+    secrets(spec, endpoint.run.as_ref());
     if matches!(
         language,
         sandcall_api::Language::JavaScript | sandcall_api::Language::TypeScript

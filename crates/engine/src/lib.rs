@@ -166,14 +166,7 @@ impl Engine {
             (Some(run), Some(egress)) => {
                 let endpoint = egress::Endpoint::open(&egress.dir, &session_id, run)
                     .map_err(|e| EngineError::internal(error_type::SANDBOX_FAILURE, &format!("egress socket: {e}")))?;
-                spec.egress = Some(endpoint.message());
-                spec.env.extend(egress::proxy_env());
-                if matches!(
-                    language,
-                    sandcall_api::Language::JavaScript | sandcall_api::Language::TypeScript
-                ) {
-                    egress::node_preload(&mut spec);
-                }
+                egress::prepare_run(&mut spec, &endpoint, language);
                 Some(endpoint)
             }
             _ => None,

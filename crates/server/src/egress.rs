@@ -5,8 +5,9 @@
 
 use sandcall_api::NetworkSummary;
 use sandcall_config::Config;
-use sandcall_egress::{HostRule, IpNet, Limits, Policy, Resolver};
+use sandcall_egress::{Ca, HostRule, Interceptor, IpNet, Limits, Policy, Resolver, Secret, SecretValue};
 use std::future::Future;
+use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -16,12 +17,83 @@ pub struct ServerEgress {
     config: sandcall_config::EgressConfig,
     policy: Policy,
     limits: Limits,
+    secrets: Secrets,
+}
+
+/// The configured secrets, with the CA that intercepts their hosts.
+#[derive(Default)]
+struct Secrets {
+    list: Vec<Configured>,
+    tls: Option<Arc<Interceptor>>,
+    /// The sandbox's trust bundle (the distribution's roots and the CA).
+    bundle: Arc<String>,
+}
+
+struct Configured {
+    secret: Secret,
+    /// The program's variable that holds the placeholder.
+    env: String,
+    principals: Vec<String>,
+}
+
+/// Reads the secrets' values (`env:NAME`, `file:/path`), gives each a random placeholder,
+/// and loads or makes the CA under `data_dir`. Errors never hold a value.
+fn load_secrets(e: &sandcall_config::EgressConfig, data_dir: &Path) -> Result<Secrets, String> {
+    if e.egress_secrets.is_empty() {
+        return Ok(Secrets::default());
+    }
+    let mut list = Vec::new();
+    for s in &e.egress_secrets {
+        let value = if let Some(name) = s.value.strip_prefix("env:") {
+            std::env::var(name).map_err(|_| {
+                format!(
+                    "egress_secrets: the secret for {:?}: environment variable {name} is not set",
+                    s.host
+                )
+            })?
+        } else if let Some(path) = s.value.strip_prefix("file:") {
+            let text = std::fs::read_to_string(path)
+                .map_err(|err| format!("egress_secrets: the secret for {:?}: reading {path}: {err}", s.host))?;
+            text.trim_end_matches(['\r', '\n']).to_owned()
+        } else {
+            return Err(format!(
+                "egress_secrets: the secret for {:?}: `value` must be `env:NAME` or `file:/path`",
+                s.host
+            ));
+        };
+        let placeholder = format!("sandcall-secret-{}", hex(&rand::random::<[u8; 16]>()));
+        let secret = Secret::new(&s.host, &s.header, &placeholder, SecretValue::new(value))
+            .map_err(|err| format!("egress_secrets: {err}"))?;
+        list.push(Configured {
+            secret,
+            env: s.env.clone(),
+            principals: s.principals.clone(),
+        });
+    }
+    let hosts: Vec<String> = list.iter().map(|c| c.secret.host.clone()).collect();
+    let ca = Ca::load_or_create(data_dir, &hosts).map_err(|err| err.to_string())?;
+    let extra = match &e.egress_extra_roots {
+        Some(path) => {
+            std::fs::read(path).map_err(|err| format!("egress_extra_roots: reading {}: {err}", path.display()))?
+        }
+        None => Vec::new(),
+    };
+    let tls = Interceptor::new(ca, &extra).map_err(|err| err.to_string())?;
+    Ok(Secrets {
+        list,
+        bundle: Arc::new(tls.trust_bundle()),
+        tls: Some(Arc::new(tls)),
+    })
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 impl ServerEgress {
     /// None when the configuration allows no host. Err: the reason a rule or range
     /// cannot be used, for the start-up error.
-    pub fn from_config(config: &Config) -> Result<Option<ServerEgress>, String> {
+    pub fn from_config(config: &Config, data_dir: &Path) -> Result<Option<ServerEgress>, String> {
         let e = &config.egress;
         if e.egress_allow.is_empty() {
             return Ok(None);
@@ -40,7 +112,9 @@ impl ServerEgress {
                     .map_err(|_| format!("egress_allow_addresses: {a:?} is not an address range (e.g. 10.1.2.0/24)"))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let secrets = load_secrets(e, data_dir)?;
         Ok(Some(ServerEgress {
+            secrets,
             config: e.clone(),
             policy: Policy { rules, allow_addresses },
             limits: Limits {
@@ -62,26 +136,51 @@ impl sandcall_engine::egress::EgressPolicy for ServerEgress {
         if !self.config.allows(principal) {
             return Err("this caller may not use network on this server (egress_principals)".into());
         }
-        let grant = self.policy.grant(requested, self.limits).map_err(|e| e.to_string())?;
-        Ok(Arc::new(RunProxy(sandcall_egress::RunEgress::new(
-            grant,
-            Resolver::system(),
-        ))))
+        let mut grant = self.policy.grant(requested, self.limits).map_err(|e| e.to_string())?;
+        let mine: Vec<&Configured> = self
+            .secrets
+            .list
+            .iter()
+            .filter(|c| sandcall_config::EgressConfig::names(&c.principals, principal))
+            .collect();
+        let (Some(tls), false) = (&self.secrets.tls, mine.is_empty()) else {
+            let run = sandcall_egress::RunEgress::new(grant, Resolver::system());
+            return Ok(Arc::new(RunProxy {
+                run,
+                env: Vec::new(),
+                bundle: None,
+            }));
+        };
+        grant.secrets = mine.iter().map(|c| c.secret.clone()).collect();
+        let env = mine
+            .iter()
+            .map(|c| (c.env.clone(), c.secret.placeholder.clone()))
+            .collect();
+        let run = sandcall_egress::RunEgress::with_interceptor(grant, Resolver::system(), tls.clone());
+        Ok(Arc::new(RunProxy {
+            run,
+            env,
+            bundle: Some(self.secrets.bundle.clone()),
+        }))
     }
 }
 
-/// One run's proxy.
-struct RunProxy(Arc<sandcall_egress::RunEgress>);
+/// One run's proxy, with the environment its secrets give the program.
+struct RunProxy {
+    run: Arc<sandcall_egress::RunEgress>,
+    env: Vec<(String, String)>,
+    bundle: Option<Arc<String>>,
+}
 
 impl sandcall_engine::egress::RunEgress for RunProxy {
     fn serve(self: Arc<Self>, conn: tokio::net::UnixStream) -> Pin<Box<dyn Future<Output = ()> + Send>> {
-        let run = self.0.clone();
+        let run = self.run.clone();
         Box::pin(async move { run.serve(conn).await })
     }
 
     fn finish(self: Arc<Self>, run_id: String) -> Pin<Box<dyn Future<Output = NetworkSummary> + Send>> {
         Box::pin(async move {
-            let run = &self.0;
+            let run = &self.run;
             // The run is over: whatever of it is still connected ends now, and the
             // records are final once every connection is done.
             run.close_and_wait().await;
@@ -109,7 +208,15 @@ impl sandcall_engine::egress::RunEgress for RunProxy {
     }
 
     fn limit_reason(&self) -> Option<&'static str> {
-        self.0.limit_reason()
+        self.run.limit_reason()
+    }
+
+    fn program_env(&self) -> Vec<(String, String)> {
+        self.env.clone()
+    }
+
+    fn trust_bundle(&self) -> Option<String> {
+        self.bundle.as_ref().map(|b| b.to_string())
     }
 
     fn connections(&self) -> (Vec<sandcall_api::AuditConnection>, u64) {

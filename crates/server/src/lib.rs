@@ -301,7 +301,7 @@ async fn start(
     let _ = std::fs::remove_dir_all(&outbox_dir);
     std::fs::create_dir_all(&outbox_dir)?;
     let default_limits = exec::resolve_limits(config, None).map_err(|e| ServeError::Preflight(e.message))?;
-    let egress = match egress::ServerEgress::from_config(config).map_err(ServeError::Preflight)? {
+    let egress = match egress::ServerEgress::from_config(config, &host.data_dir).map_err(ServeError::Preflight)? {
         Some(policy) => {
             let dir = host.data_dir.join("egress");
             sandcall_engine::egress::prepare_dir(&dir)?;

@@ -72,6 +72,10 @@ pub fn hostile(name: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("fixture {}: {e}", path.display()))
 }
 
+/// In `Server::start_with`'s environment: the file the server's stderr goes to (instead
+/// of the test's).
+pub const STDERR_FILE: &str = "SANDCALL_TEST_STDERR_FILE";
+
 impl Server {
     pub fn start() -> Server {
         Server::start_with(&[], "")
@@ -170,6 +174,10 @@ impl Server {
         }
         for (k, v) in env {
             cmd.env(k, v);
+        }
+        // A test that reads the server's log names a file for its stderr.
+        if let Some((_, path)) = env.iter().find(|(k, _)| *k == STDERR_FILE) {
+            cmd.stderr(std::fs::File::create(path).unwrap());
         }
         let mut child = cmd.spawn().expect("start sandcall serve");
         let stdout = child.stdout.take().unwrap();

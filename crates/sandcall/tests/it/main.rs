@@ -9,6 +9,7 @@ mod compiled;
 mod durable;
 mod egress;
 mod egress_programmatic;
+mod egress_secrets;
 mod errors;
 mod exec;
 mod faults;

@@ -1,0 +1,246 @@
+//! Egress secrets (docs/egress.md, "Secrets"): a run sees only a placeholder; the proxy
+//! puts the secret in its header on the way to its host, over TLS it terminates with the
+//! server's CA, and takes it out of what comes back. The upstreams are real servers of
+//! this process on loopback (named in `egress_allow_addresses`); the secret host's
+//! certificate is signed by a test CA the server trusts through `egress_extra_roots`.
+//! The namespace tier: the gvisor tier has no egress yet.
+
+use crate::common::{Server, STDERR_FILE};
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::sync::{Arc, Mutex};
+
+const VALUE: &str = "sk-live-4242-the-real-secret-value";
+
+/// A loopback upstream that answers each request with its head (request line and
+/// headers) as the body and its `Authorization` in `X-Echo-Auth`, and keeps the heads.
+struct Echo {
+    port: u16,
+    seen: Arc<Mutex<Vec<String>>>,
+}
+
+impl Echo {
+    fn start(addr: &str, tls: Option<Arc<rustls::ServerConfig>>) -> Echo {
+        let listener = TcpListener::bind(addr).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = seen.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming().map_while(Result::ok) {
+                let (log, tls) = (log.clone(), tls.clone());
+                std::thread::spawn(move || {
+                    let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(20)));
+                    match tls {
+                        Some(config) => {
+                            let Ok(session) = rustls::ServerConnection::new(config) else {
+                                return;
+                            };
+                            echo(rustls::StreamOwned::new(session, conn), &log);
+                        }
+                        None => echo(conn, &log),
+                    }
+                });
+            }
+        });
+        Echo { port, seen }
+    }
+
+    fn seen(&self) -> Vec<String> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+fn echo<S: std::io::Read + Write>(stream: S, log: &Mutex<Vec<String>>) {
+    let mut reader = BufReader::new(stream);
+    let mut head = String::new();
+    loop {
+        let mut line = String::new();
+        match reader.read_line(&mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        if line == "\r\n" || line == "\n" {
+            break;
+        }
+        head.push_str(&line);
+    }
+    log.lock().unwrap().push(head.clone());
+    let auth = head
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("authorization: ")
+                .or_else(|| l.strip_prefix("Authorization: "))
+        })
+        .unwrap_or("")
+        .to_owned();
+    let mut stream = reader.into_inner();
+    let _ = write!(
+        stream,
+        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nX-Echo-Auth: {auth}\r\nConnection: close\r\n\r\n{head}",
+        head.len()
+    );
+    let _ = stream.flush();
+}
+
+/// A test CA (its PEM) and a TLS upstream on 127.0.0.1 for `localhost` that it signs.
+fn tls_upstream() -> (Echo, String) {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::default();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign];
+    let ca_pem = ca_params.self_signed(&ca_key).unwrap().pem();
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+        .unwrap()
+        .signed_by(&key, &issuer)
+        .unwrap();
+    let der_key = rustls::pki_types::PrivatePkcs8KeyDer::from(key.serialize_der()).into();
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert.der().clone()], der_key)
+        .unwrap();
+    (Echo::start("127.0.0.1:0", Some(Arc::new(config))), ca_pem)
+}
+
+#[test]
+fn a_secret_reaches_its_host_and_the_program_sees_only_the_placeholder() {
+    let (secret_host, test_ca) = tls_upstream();
+    let other = Echo::start("127.0.0.2:0", None);
+    let dir = Server::new_dir();
+    let roots = dir.join("roots.pem");
+    std::fs::write(&roots, &test_ca).unwrap();
+    let log = dir.join("server.log");
+    let host = format!("localhost:{}", secret_host.port);
+    let other_host = format!("127.0.0.2:{}", other.port);
+    let config = format!(
+        "egress_allow = [{host:?}, {other_host:?}]\negress_principals = [\"*\"]\n\
+         egress_allow_addresses = [\"127.0.0.0/8\", \"::1/128\"]\negress_extra_roots = {roots:?}\n\
+         [[egress_secrets]]\nhost = \"localhost\"\nheader = \"authorization\"\nenv = \"API_TOKEN\"\n\
+         value = \"env:SANDCALL_TEST_SECRET\"\nprincipals = [\"*\"]\n"
+    );
+    let log_path = log.to_str().unwrap();
+    let env = [
+        ("SANDCALL_TEST_SECRET", VALUE),
+        ("SANDCALL_LOG", "debug"),
+        (STDERR_FILE, log_path),
+    ];
+    let s = Server::launch(dir.clone(), &env, &config, None);
+    let run = |language: &str, code: &str| -> Value {
+        s.exec(json!({"language": language, "code": code, "network": {}, "timeout": 60000}))
+    };
+    let url = format!("https://{host}/secret");
+    // curl (CURL_CA_BUNDLE), with NO_PROXY cleared: `localhost` is otherwise not proxied.
+    let bash = format!(
+        "unset NO_PROXY no_proxy\necho \"token=$API_TOKEN\"\ncat /proc/self/environ | tr '\\0' '\\n' | grep -c sandcall-secret-\n\
+         curl -sS -i --max-time 20 -H \"Authorization: Bearer $API_TOKEN\" {url}\n\
+         curl -sS --max-time 20 -H \"Authorization: Bearer $API_TOKEN\" http://{other_host}/other"
+    );
+    let r = run("bash", &bash);
+    let out = r["stdout"].as_str().unwrap().to_owned();
+    assert!(out.starts_with("token=sandcall-secret-"), "{r}");
+    let placeholder = out.lines().next().unwrap().strip_prefix("token=").unwrap().to_owned();
+    // The variable's placeholder is in /proc/self/environ, the value nowhere.
+    assert_eq!(out.lines().nth(1), Some("1"), "{r}");
+    assert!(out.contains(&format!("x-echo-auth: Bearer {placeholder}")), "{r}");
+    assert!(out.contains(&format!("authorization: Bearer {placeholder}")), "{r}");
+    assert!(!r.to_string().contains(VALUE), "the program saw the secret: {r}");
+
+    // Python's urllib (SSL_CERT_FILE) and requests (REQUESTS_CA_BUNDLE), and what
+    // /proc/self/environ holds.
+    let py = format!(
+        r#"
+import os, urllib.request
+for k in ("NO_PROXY", "no_proxy"):
+    os.environ.pop(k, None)
+environ = open("/proc/self/environ", "rb").read()
+print("environ-has-placeholder", os.environ["API_TOKEN"].encode() in environ)
+req = urllib.request.Request({url:?}, headers={{"Authorization": "Bearer " + os.environ["API_TOKEN"]}})
+with urllib.request.urlopen(req, timeout=20) as resp:
+    print(resp.headers["X-Echo-Auth"])
+    print(resp.read().decode())
+import requests
+resp = requests.get({url:?}, headers={{"Authorization": "Bearer " + os.environ["API_TOKEN"]}}, timeout=20)
+print("requests", resp.headers["X-Echo-Auth"])
+"#
+    );
+    let r = run("python", &py);
+    let out = r["stdout"].as_str().unwrap();
+    assert!(out.starts_with("environ-has-placeholder True\n"), "{r}");
+    assert!(out.contains(&format!("Bearer {placeholder}\n")), "{r}");
+    assert!(out.contains(&format!("requests Bearer {placeholder}\n")), "{r}");
+    assert!(!r.to_string().contains(VALUE), "the program saw the secret: {r}");
+
+    // The secret host got the value, in the header, from every client.
+    let seen = secret_host.seen();
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    for head in &seen {
+        let auth = head
+            .lines()
+            .find(|l| l.to_ascii_lowercase().starts_with("authorization:"));
+        assert_eq!(
+            auth.map(|l| l[14..].trim()),
+            Some(format!("Bearer {VALUE}").as_str()),
+            "{head}"
+        );
+    }
+    // The other allowed host got the placeholder as sent.
+    let seen = other.seen();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(seen[0].contains(&format!("Bearer {placeholder}")), "{seen:?}");
+    assert!(!seen[0].contains(VALUE), "{seen:?}");
+
+    // The server's log so far (the runs are over, their connections logged).
+    let log = std::fs::read_to_string(&log).unwrap();
+    drop(s);
+    assert!(log.contains("egress connection"), "the log shows no connection: {log}");
+    assert!(!log.contains(VALUE), "the server logged the secret");
+}
+
+#[test]
+fn a_secret_that_cannot_be_read_stops_the_server_without_showing_a_value() {
+    let dir = Server::new_dir();
+    let config = dir.join("sandcall.toml");
+    let key_file = dir.join("key");
+    std::fs::write(&key_file, format!("{VALUE}\nsecond line\n")).unwrap();
+    // A header name that is not one: the value was read, and is not in the message.
+    std::fs::write(
+        &config,
+        format!(
+            "egress_allow = [\"api.example.com\"]\negress_principals = [\"*\"]\n[[egress_secrets]]\n\
+             host = \"api.example.com\"\nheader = \"bad header\"\nenv = \"K\"\nvalue = \"file:{}\"\n",
+            key_file.display()
+        ),
+    )
+    .unwrap();
+    let start = |config: &std::path::Path| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_sandcall"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(dir.join("data"))
+            .arg("--config")
+            .arg(config)
+            .env("SANDCALL_INSTALL_RUNTIME", "false")
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let stderr = start(&config);
+    assert!(
+        stderr.contains("egress_secrets") && stderr.contains("bad header"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains(VALUE), "{stderr}");
+    // A variable that is not set: named, with the host.
+    std::fs::write(
+        &config,
+        "egress_allow = [\"api.example.com\"]\negress_principals = [\"*\"]\n[[egress_secrets]]\n\
+         host = \"api.example.com\"\nheader = \"x-api-key\"\nenv = \"K\"\nvalue = \"env:SANDCALL_TEST_NOT_SET\"\n",
+    )
+    .unwrap();
+    let stderr = start(&config);
+    assert!(stderr.contains("SANDCALL_TEST_NOT_SET is not set"), "{stderr}");
+}
