@@ -221,7 +221,7 @@ impl sandcall_engine::egress::RunEgress for RunProxy {
 
     fn connections(&self) -> (Vec<sandcall_api::AuditConnection>, u64) {
         use sandcall_egress::Outcome;
-        let records = self.0.records().into_iter().map(|r| sandcall_api::AuditConnection {
+        let records = self.run.records().into_iter().map(|r| sandcall_api::AuditConnection {
             host: r.host,
             port: r.port,
             address: r.address.map(|a| a.to_string()),
@@ -236,6 +236,6 @@ impl sandcall_engine::egress::RunEgress for RunProxy {
             .to_owned(),
             reason: r.reason,
         });
-        (records.collect(), self.0.summary().records_dropped)
+        (records.collect(), self.run.summary().records_dropped)
     }
 }

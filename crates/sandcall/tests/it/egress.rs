@@ -4,8 +4,7 @@
 //! unless the configuration names it (`egress_allow_addresses`), which these servers'
 //! configurations do, except where the refusal itself is tested.
 //!
-//! Both isolation tiers: in the `gvisor` tier the helper reaches the run's socket on the
-//! host through gVisor (`runsc --host-uds=open`, for runs with network only).
+//! The namespace tier: the gvisor tier has no egress yet, and says so (the last test).
 //!
 //! The upstreams listen on 127.0.0.2: the program's `NO_PROXY` names `localhost` and
 //! `127.0.0.1` (the sandbox's own loopback), so its clients send anything else to the
@@ -54,27 +53,7 @@ impl Upstream {
     }
 
     fn start(tls: Option<Arc<rustls::ServerConfig>>) -> Upstream {
-        let listener = TcpListener::bind("127.0.0.2:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let log = seen.clone();
-        std::thread::spawn(move || {
-            for conn in listener.incoming().map_while(Result::ok) {
-                let (log, tls) = (log.clone(), tls.clone());
-                std::thread::spawn(move || {
-                    let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(20)));
-                    match tls {
-                        Some(config) => {
-                            let Ok(session) = rustls::ServerConnection::new(config) else {
-                                return;
-                            };
-                            answer(rustls::StreamOwned::new(session, conn), &log);
-                        }
-                        None => answer(conn, &log),
-                    }
-                });
-            }
-        });
+        let (port, seen) = listen("127.0.0.2:0", tls, answer);
         Upstream {
             port,
             seen,
@@ -88,21 +67,63 @@ impl Upstream {
     }
 }
 
-/// Reads one request head and answers it.
-fn answer<S: Read + Write>(stream: S, log: &Mutex<Vec<String>>) {
-    let mut reader = BufReader::new(stream);
+/// A test upstream's connection, plain or TLS.
+pub(crate) trait Conn: Read + Write {}
+impl<T: Read + Write> Conn for T {}
+
+/// A test upstream on `addr` (TLS with `tls`): each connection is handed to `handle`, on
+/// a thread of its own, with the list of request heads the upstream keeps. Returns the
+/// port and that list.
+pub(crate) fn listen(
+    addr: &str,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    handle: fn(Box<dyn Conn>, &Mutex<Vec<String>>),
+) -> (u16, Arc<Mutex<Vec<String>>>) {
+    let listener = TcpListener::bind(addr).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().map_while(Result::ok) {
+            let (log, tls) = (log.clone(), tls.clone());
+            std::thread::spawn(move || {
+                let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(20)));
+                match tls {
+                    Some(config) => {
+                        let Ok(session) = rustls::ServerConnection::new(config) else {
+                            return;
+                        };
+                        handle(Box::new(rustls::StreamOwned::new(session, conn)), &log);
+                    }
+                    None => handle(Box::new(conn), &log),
+                }
+            });
+        }
+    });
+    (port, seen)
+}
+
+/// A request's head (request line and headers, without the blank line), read from
+/// `reader`; none when the connection ends first.
+pub(crate) fn read_head<R: BufRead>(reader: &mut R) -> Option<String> {
     let mut head = String::new();
     loop {
         let mut line = String::new();
         match reader.read_line(&mut line) {
-            Ok(0) | Err(_) => return,
+            Ok(0) | Err(_) => return None,
             Ok(_) => {}
         }
         if line == "\r\n" || line == "\n" {
-            break;
+            return Some(head);
         }
         head.push_str(&line);
     }
+}
+
+/// Reads one request head and answers it.
+fn answer(stream: Box<dyn Conn>, log: &Mutex<Vec<String>>) {
+    let mut reader = BufReader::new(stream);
+    let Some(head) = read_head(&mut reader) else { return };
     let path = head.split_whitespace().nth(1).unwrap_or("/").to_owned();
     // A request's body is read (and dropped) before the answer.
     let length = head

@@ -6,9 +6,9 @@
 //! The namespace tier: the gvisor tier has no egress yet.
 
 use crate::common::{Server, STDERR_FILE};
+use crate::egress::{listen, read_head, Conn};
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpListener;
+use std::io::{BufReader, Write};
 use std::sync::{Arc, Mutex};
 
 const VALUE: &str = "sk-live-4242-the-real-secret-value";
@@ -22,27 +22,7 @@ struct Echo {
 
 impl Echo {
     fn start(addr: &str, tls: Option<Arc<rustls::ServerConfig>>) -> Echo {
-        let listener = TcpListener::bind(addr).unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let log = seen.clone();
-        std::thread::spawn(move || {
-            for conn in listener.incoming().map_while(Result::ok) {
-                let (log, tls) = (log.clone(), tls.clone());
-                std::thread::spawn(move || {
-                    let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(20)));
-                    match tls {
-                        Some(config) => {
-                            let Ok(session) = rustls::ServerConnection::new(config) else {
-                                return;
-                            };
-                            echo(rustls::StreamOwned::new(session, conn), &log);
-                        }
-                        None => echo(conn, &log),
-                    }
-                });
-            }
-        });
+        let (port, seen) = listen(addr, tls, echo);
         Echo { port, seen }
     }
 
@@ -51,20 +31,9 @@ impl Echo {
     }
 }
 
-fn echo<S: std::io::Read + Write>(stream: S, log: &Mutex<Vec<String>>) {
+fn echo(stream: Box<dyn Conn>, log: &Mutex<Vec<String>>) {
     let mut reader = BufReader::new(stream);
-    let mut head = String::new();
-    loop {
-        let mut line = String::new();
-        match reader.read_line(&mut line) {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {}
-        }
-        if line == "\r\n" || line == "\n" {
-            break;
-        }
-        head.push_str(&line);
-    }
+    let Some(head) = read_head(&mut reader) else { return };
     log.lock().unwrap().push(head.clone());
     let auth = head
         .lines()
