@@ -284,6 +284,7 @@ mod tests {
             principal: principal.into(),
             sha256: key_hash(&format!("{principal}-key-1234567890")),
             isolation,
+            egress: None,
         };
         for default in Isolation::ALL {
             let mut c = Config::default();
@@ -321,6 +322,7 @@ mod tests {
                     principal: "alice".into(),
                     sha256: key_hash("alice-key-1234567890"),
                     isolation: None,
+                    egress: None,
                 }],
                 ..Default::default()
             },
@@ -359,6 +361,7 @@ mod tests {
                         principal: "alice".into(),
                         sha256: key_hash("alice-key-1234567890"),
                         isolation: None,
+                        egress: None,
                     }]
                 } else {
                     Vec::new()
@@ -496,6 +499,7 @@ mod tests {
             principal: "a".into(),
             sha256: key_hash("k"),
             isolation: None,
+            egress: None,
         }];
         assert!(check_listen(&c, &Auth::new(&c).unwrap()).is_ok());
     }

@@ -79,6 +79,11 @@ pub struct ApiKey {
     /// File only. Default none: the server's `isolation`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub isolation: Option<crate::Isolation>,
+    /// Narrows the server's `egress_allow` for the key's principal: its runs may reach
+    /// only these hosts (each covered by `egress_allow`, checked at start). File only.
+    /// Default none: all of `egress_allow` (for a principal in `egress_principals`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<Vec<String>>,
 }
 
 /// LibreChat's JWTs (`[jwt]`). Every key also comes from its `CODEAPI_JWT_*` variable,
@@ -126,6 +131,10 @@ pub struct JwtConfig {
     /// a stronger one. Default none: the server's `isolation`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub isolation: Option<crate::Isolation>,
+    /// Narrows the server's `egress_allow` for every principal a JWT names, as
+    /// `[[api_keys]] egress` does for a key's. Default none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<Vec<String>>,
 }
 
 impl Default for JwtConfig {
@@ -144,6 +153,7 @@ impl Default for JwtConfig {
             max_ttl_seconds: 300,
             single_tenant_id: "legacy".into(),
             isolation: None,
+            egress: None,
         }
     }
 }

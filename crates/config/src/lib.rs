@@ -328,6 +328,7 @@ pub fn parse_env_keys(value: &str) -> Result<Vec<ApiKey>, ConfigError> {
                 principal: principal.to_owned(),
                 sha256: key_hash(key),
                 isolation: None,
+                egress: None,
             }),
             _ => Err(ConfigError::Invalid(
                 "SANDCALL_API_KEYS must be principal:key pairs separated by commas, keys of 16 characters or more"
@@ -762,6 +763,7 @@ mod tests {
                 principal: "alice".into(),
                 sha256: key_hash(&key),
                 isolation: None,
+                egress: None,
             }]
         );
         std::fs::remove_dir_all(&dir).unwrap();

@@ -6,16 +6,21 @@
 use sandcall_api::NetworkSummary;
 use sandcall_config::Config;
 use sandcall_egress::{Ca, HostRule, Interceptor, IpNet, Limits, Policy, Resolver, Secret, SecretValue};
+use std::collections::HashMap;
 use std::future::Future;
 use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
 
 /// The server's egress policy, from `egress_allow`, `egress_allow_addresses`,
-/// `egress_principals` and the bounds.
+/// `egress_principals` and the bounds, and the principals' own narrower ones.
 pub struct ServerEgress {
     config: sandcall_config::EgressConfig,
     policy: Policy,
+    /// `[[api_keys]] egress`, by principal.
+    keys: HashMap<String, Policy>,
+    /// `[jwt] egress`, for every principal a JWT names.
+    jwt: Option<Policy>,
     limits: Limits,
     secrets: Secrets,
 }
@@ -113,18 +118,52 @@ impl ServerEgress {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let secrets = load_secrets(e, data_dir)?;
+        let policy = Policy { rules, allow_addresses };
+        let limits = Limits {
+            max_connections: e.egress_max_connections,
+            max_bytes_out: e.egress_max_bytes,
+            max_bytes_in: e.egress_max_bytes,
+            max_connection_seconds: e.egress_connection_timeout_s,
+        };
+        let mut keys = HashMap::new();
+        for key in &config.auth.api_keys {
+            if let Some(own) = &key.egress {
+                let whose = format!("api_keys: the key of {:?}", key.principal);
+                keys.insert(key.principal.clone(), narrowed(&policy, own, limits, &whose)?);
+            }
+        }
+        let jwt = match &config.auth.jwt.egress {
+            Some(own) => Some(narrowed(&policy, own, limits, "jwt.egress")?),
+            None => None,
+        };
         Ok(Some(ServerEgress {
             secrets,
             config: e.clone(),
-            policy: Policy { rules, allow_addresses },
-            limits: Limits {
-                max_connections: e.egress_max_connections,
-                max_bytes_out: e.egress_max_bytes,
-                max_bytes_in: e.egress_max_bytes,
-                max_connection_seconds: e.egress_connection_timeout_s,
-            },
+            policy,
+            keys,
+            jwt,
+            limits,
         }))
     }
+
+    /// The policy `principal`'s runs are granted from: its own narrower one, if any.
+    fn policy_of(&self, principal: &str) -> &Policy {
+        let jwt = principal.starts_with("jwt:").then_some(self.jwt.as_ref()).flatten();
+        self.keys.get(principal).or(jwt).unwrap_or(&self.policy)
+    }
+}
+
+/// A principal's own `egress` list as a policy: the server's narrowed to it. Every entry
+/// must be a rule the server's policy covers, else the start-up error says whose it is.
+fn narrowed(policy: &Policy, own: &[String], limits: Limits, whose: &str) -> Result<Policy, String> {
+    let rules = own
+        .iter()
+        .map(|r| HostRule::parse(r).map_err(|err| format!("{whose}: egress: {err}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    policy
+        .grant(Some(own), limits)
+        .map_err(|err| format!("{whose}: egress: {err} (each entry must be covered by egress_allow)"))?;
+    Ok(policy.narrowed(&rules))
 }
 
 impl sandcall_engine::egress::EgressPolicy for ServerEgress {
@@ -136,7 +175,10 @@ impl sandcall_engine::egress::EgressPolicy for ServerEgress {
         if !self.config.allows(principal) {
             return Err("this caller may not use network on this server (egress_principals)".into());
         }
-        let mut grant = self.policy.grant(requested, self.limits).map_err(|e| e.to_string())?;
+        let mut grant = self
+            .policy_of(principal)
+            .grant(requested, self.limits)
+            .map_err(|e| e.to_string())?;
         let mine: Vec<&Configured> = self
             .secrets
             .list

@@ -319,25 +319,78 @@ fn asking_for_more_than_the_policy_is_a_400_naming_the_host() {
 
 #[test]
 fn a_bad_rule_stops_the_server_at_start() {
+    let stderr = refused_start("egress_allow = [\"bad host name!\"]\negress_principals = [\"*\"]\n");
+    assert!(
+        stderr.contains("egress_allow") && stderr.contains("bad host name!"),
+        "{stderr}"
+    );
+}
+
+/// Starts `sandcall serve` with `config`, which must make it refuse to start; its stderr.
+fn refused_start(config: &str) -> String {
     let dir = Server::new_dir();
-    let config = dir.join("sandcall.toml");
-    std::fs::write(
-        &config,
-        "egress_allow = [\"bad host name!\"]\negress_principals = [\"*\"]\n",
-    )
-    .unwrap();
+    let file = dir.join("sandcall.toml");
+    std::fs::write(&file, config).unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_sandcall"))
         .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
         .arg(dir.join("data"))
         .arg("--config")
-        .arg(&config)
+        .arg(&file)
         .env("SANDCALL_INSTALL_RUNTIME", "false")
         .output()
         .unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "started with {config}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+const ALICE_KEY: &str = "alice-key-0123456789abcdef";
+const BOB_KEY: &str = "bob-key-0123456789abcdef";
+
+#[test]
+fn a_principals_own_egress_list_narrows_the_servers() {
+    let (a, b) = (Upstream::http(), Upstream::http());
+    let (host_a, host_b) = (format!("127.0.0.2:{}", a.port), format!("127.0.0.2:{}", b.port));
+    let keys = |alice_egress: &str| {
+        format!(
+            "egress_allow = [{host_a:?}, {host_b:?}]\negress_principals = [\"*\"]\n\
+             egress_allow_addresses = [\"127.0.0.2/32\"]\n\n\
+             [[api_keys]]\nprincipal = \"alice\"\nsha256 = \"{}\"\negress = [{alice_egress}]\n\n\
+             [[api_keys]]\nprincipal = \"bob\"\nsha256 = \"{}\"\n",
+            sandcall_config::key_hash(ALICE_KEY),
+            sandcall_config::key_hash(BOB_KEY)
+        )
+    };
+    let s = Server::start_with(&[], &keys(&format!("{host_a:?}")));
+    let fetch = |key: &str, host: &str, network: Value| {
+        let code = format!("curl -sS --max-time 20 http://{host}/x");
+        let body = json!({"lang": "bash", "code": code, "network": network, "timeout": 60000});
+        s.post_with("/v1/exec", &body, &[("X-API-Key", key)])
+    };
+    // alice reaches her own host; the server's other one is not in her policy.
+    let (status, r) = fetch(ALICE_KEY, &host_a, json!({}));
+    assert_eq!((status, r["stdout"].as_str()), (200, Some(GREETING)), "{r}");
+    let (status, r) = fetch(ALICE_KEY, &host_b, json!({}));
+    assert_eq!(status, 200, "{r}");
     assert!(
-        stderr.contains("egress_allow") && stderr.contains("bad host name!"),
+        r["stdout"]
+            .as_str()
+            .unwrap()
+            .contains("not in this run's network policy"),
+        "{r}"
+    );
+    assert!(b.seen().is_empty(), "{:?}", b.seen());
+    // Asking for it is a 400 that names it.
+    let (status, r) = fetch(ALICE_KEY, &host_b, json!({"allow": [host_b]}));
+    assert_eq!(status, 400, "{r}");
+    assert!(r["error"].as_str().unwrap().contains(&host_b), "{r}");
+    // bob, with no list of his own, has the server's whole policy.
+    let (status, r) = fetch(BOB_KEY, &host_b, json!({"allow": [host_b]}));
+    assert_eq!((status, r["stdout"].as_str()), (200, Some(GREETING)), "{r}");
+    drop(s);
+    // A principal's list may not reach past the server's: the server refuses to start.
+    let stderr = refused_start(&keys("\"api.other.example\""));
+    assert!(
+        stderr.contains("alice") && stderr.contains("api.other.example") && stderr.contains("egress_allow"),
         "{stderr}"
     );
 }
