@@ -281,3 +281,30 @@ impl sandcall_engine::egress::RunEgress for RunProxy {
         (records.collect(), self.run.summary().records_dropped)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandcall_engine::egress::EgressPolicy;
+
+    #[test]
+    fn jwt_principals_get_the_jwt_list_and_others_the_servers_policy() {
+        let mut config = Config::default();
+        config.egress.egress_allow = vec!["a.example.com".into(), "b.example.com".into()];
+        config.egress.egress_principals = vec!["*".into()];
+        config.auth.jwt.egress = Some(vec!["a.example.com".into()]);
+        let egress = ServerEgress::from_config(&config, Path::new("/nonexistent"))
+            .unwrap()
+            .unwrap();
+        let asks = |principal: &str, host: &str| egress.grant(principal, Some(&[host.to_owned()])).is_ok();
+        assert!(asks("jwt:legacy:user1", "a.example.com"));
+        assert!(!asks("jwt:legacy:user1", "b.example.com"));
+        assert!(asks("alice", "b.example.com"));
+        // A list past the server's is a start-up error that says whose it is.
+        config.auth.jwt.egress = Some(vec!["c.example.com".into()]);
+        let err = ServerEgress::from_config(&config, Path::new("/nonexistent"))
+            .err()
+            .unwrap();
+        assert!(err.contains("jwt.egress") && err.contains("c.example.com"), "{err}");
+    }
+}
