@@ -5,8 +5,8 @@
 //! in each response (headers, body, trailers) the value is replaced by the placeholder, so
 //! that an upstream that echoes what it got does not hand the secret to the program.
 
+use crate::http::{strip_hop_by_hop, text, upstream_error};
 use crate::meter::Metered;
-use crate::proxy::{strip_hop_by_hop, text, upstream_error};
 use crate::run::OpenRecord;
 use crate::secrets::{Interceptor, Secret};
 use aho_corasick::{AhoCorasick, MatchKind};

@@ -10,6 +10,8 @@
 //! `RunEgress::serve`.
 
 mod address;
+mod host;
+mod http;
 mod intercept;
 mod meter;
 mod policy;

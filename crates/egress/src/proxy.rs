@@ -7,12 +7,14 @@
 //! and hands each to `RunEgress::serve`.
 
 use crate::address::refused_kind;
+use crate::host::Host;
+use crate::http::{strip_hop_by_hop, text, upstream_error};
 use crate::meter::{ConnCounts, Metered, BYTES_LIMIT};
-use crate::policy::{Host, HostCheck};
+use crate::policy::HostCheck;
 use crate::run::{OpenRecord, Outcome, Record, RunEgress, Serving, CONNECTION_LIMIT};
 use crate::secrets::{Interceptor, Secret};
 use bytes::Bytes;
-use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri};
+use http::{header, HeaderValue, Method, Request, Response, StatusCode, Uri};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -233,70 +235,6 @@ async fn forward(conn: &Arc<ClientConn>, req: Request<Incoming>, upstream: (Mete
         }
         Err(e) => upstream_error(&counts, &e),
     }
-}
-
-pub(crate) fn upstream_error<B>(counts: &ConnCounts, e: &hyper::Error) -> Response<Either<B, Full<Bytes>>> {
-    if counts.cut.load(Ordering::Relaxed) {
-        return text(StatusCode::FORBIDDEN, BYTES_LIMIT);
-    }
-    tracing::debug!(error = %e, "egress: upstream request failed");
-    text(
-        StatusCode::BAD_GATEWAY,
-        "the upstream server closed the connection or sent an invalid response",
-    )
-}
-
-/// Headers that belong to one hop: those `Connection` names, the standard ones, and every
-/// `Proxy-*` header (a proxy's credentials are not the upstream's business).
-pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<String> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|name| name.trim().to_ascii_lowercase())
-        .filter(|name| !name.is_empty())
-        .collect();
-    for name in named {
-        headers.remove(name.as_str());
-    }
-    for name in [
-        "connection",
-        "keep-alive",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-    ] {
-        headers.remove(name);
-    }
-    let proxy: Vec<_> = headers
-        .keys()
-        .filter(|k| k.as_str().starts_with("proxy-"))
-        .cloned()
-        .collect();
-    for name in proxy {
-        headers.remove(name);
-    }
-}
-
-/// A one-line answer the program sees.
-pub(crate) fn text<B>(status: StatusCode, message: &str) -> Response<Either<B, Full<Bytes>>> {
-    let mut response = Response::new(Either::Right(Full::new(Bytes::from(format!(
-        "sandcall egress: {message}\n"
-    )))));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    if status == StatusCode::BAD_REQUEST {
-        // A client that speaks something else gets nothing more on this connection.
-        response
-            .headers_mut()
-            .insert(header::CONNECTION, HeaderValue::from_static("close"));
-    }
-    response
 }
 
 /// An attempt that ends before a connection: its record and the answer.

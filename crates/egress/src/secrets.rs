@@ -7,7 +7,7 @@
 //! the secret hosts and no IP address, so a client that trusts it trusts nothing else it
 //! might sign.
 
-use crate::policy::Host;
+use crate::host::Host;
 use http::{HeaderName, HeaderValue};
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, GeneralSubtree, IsCa,

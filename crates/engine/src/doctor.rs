@@ -333,9 +333,9 @@ fn check_gvisor(config: &Config) -> Check {
     }
 }
 
-/// The host paths runs must see are where sandboxes can see them (`host::check_visible`).
+/// The host paths runs must see are where sandboxes can see them (`visible::check_visible`).
 fn check_visible(config: &Config) -> Check {
-    let visible = host::check_visible(config);
+    let visible = crate::visible::check_visible(config);
     Check {
         name: "paths sandboxes see",
         ok: visible.is_ok(),

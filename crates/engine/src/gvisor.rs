@@ -38,7 +38,7 @@ const SYS: &str = "/sys";
 
 /// Where every gVisor sandbox mounts something of gVisor's over the host's root it
 /// otherwise sees, each with what it puts there: a runtime under one is hidden from
-/// runs in this tier (`crate::host::check_visible`).
+/// runs in this tier (`crate::visible::check_visible`).
 pub const MOUNTED_OVER: [(&str, &str); 3] = [
     (PROC, "gVisor's own /proc"),
     (DEV, "a tmpfs of gVisor's"),

@@ -31,6 +31,7 @@ pub mod runner;
 pub mod runtime;
 pub mod telemetry;
 pub mod toolchains;
+pub mod visible;
 
 use admission::Admission;
 use error::EngineError;

@@ -42,7 +42,7 @@ const NODE_MODULES: &str = "/node_modules";
 /// Where `build_root` mounts something of the sandbox's own after it has bound the
 /// runtime's host paths (`extra_runtime_paths`), each with what it puts there: a host
 /// path under one of these is hidden from every run, so `sandcall serve` refuses such a
-/// runtime at start (`sandcall_engine::host::check_visible`).
+/// runtime at start (`sandcall_engine::visible::check_visible`).
 pub const MOUNTED_OVER: [(&str, &str); 6] = [
     (TMP, "a tmpfs of its own"),
     (SHM, "a tmpfs of its own"),

@@ -258,10 +258,10 @@ fn load(args: &ServeArgs) -> anyhow::Result<sandcall_config::Config> {
 }
 
 /// The configuration, refused when sandboxes could not see a path they need (before any
-/// install into it: `sandcall_engine::host::check_visible`).
+/// install into it: `sandcall_engine::visible::check_visible`).
 fn load_visible(args: &ServeArgs) -> anyhow::Result<sandcall_config::Config> {
     let config = load(args)?;
-    sandcall_engine::host::check_visible(&config).map_err(|e| anyhow::anyhow!("refusing to start: {e}"))?;
+    sandcall_engine::visible::check_visible(&config).map_err(|e| anyhow::anyhow!("refusing to start: {e}"))?;
     Ok(config)
 }
 
