@@ -5,7 +5,25 @@ use crate::meter::{ConnCounts, BYTES_LIMIT};
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
 use http_body_util::{Either, Full};
+use hyper_util::rt::TokioTimer;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// The largest request head a program may send (hyper answers 431 past it).
+const MAX_HEAD_BYTES: usize = 16 * 1024;
+/// How long a program may take to send a request head (and stay idle between requests).
+const HEAD_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The HTTP/1.1 server the program's connections are spoken to, to the proxy and to the
+/// interception of a secret's host alike: request heads bounded in size and time.
+pub(crate) fn program_side() -> hyper::server::conn::http1::Builder {
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .max_buf_size(MAX_HEAD_BYTES)
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEAD_READ_TIMEOUT);
+    builder
+}
 
 /// The answer to a request the upstream failed: the byte budget's refusal when that is
 /// what cut it, else 502.

@@ -5,7 +5,7 @@
 //! in each response (headers, body, trailers) the value is replaced by the placeholder, so
 //! that an upstream that echoes what it got does not hand the secret to the program.
 
-use crate::http::{strip_hop_by_hop, text, upstream_error};
+use crate::http::{program_side, strip_hop_by_hop, text, upstream_error};
 use crate::meter::Metered;
 use crate::run::OpenRecord;
 use crate::secrets::{Interceptor, Secret};
@@ -16,7 +16,7 @@ use http_body_util::{Either, Full};
 use hyper::body::{Frame, Incoming, SizeHint};
 use hyper::client::conn::http1::SendRequest;
 use hyper::upgrade::Upgraded;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -29,7 +29,6 @@ type Body = Either<Scrub, Full<Bytes>>;
 
 /// How long a TLS handshake (either side) may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-const MAX_HEAD_BYTES: usize = 16 * 1024;
 
 /// Finds secret values and gives their placeholders.
 pub(crate) struct Matcher {
@@ -246,12 +245,7 @@ pub(crate) async fn intercept(
             async move { Ok::<_, Infallible>(relay(&session, req).await) }
         })
     };
-    let mut builder = hyper::server::conn::http1::Builder::new();
-    builder
-        .max_buf_size(MAX_HEAD_BYTES)
-        .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(10));
-    let serving = builder.serve_connection(TokioIo::new(client), service);
+    let serving = program_side().serve_connection(TokioIo::new(client), service);
     // The upstream connection is driven beside the program's; once it ends, requests get
     // 502 until the program closes.
     let driving = async {

@@ -8,7 +8,7 @@
 
 use crate::address::refused_kind;
 use crate::host::Host;
-use crate::http::{strip_hop_by_hop, text, upstream_error};
+use crate::http::{program_side, strip_hop_by_hop, text, upstream_error};
 use crate::meter::{ConnCounts, Metered, BYTES_LIMIT};
 use crate::policy::HostCheck;
 use crate::run::{OpenRecord, Outcome, Record, RunEgress, Serving, CONNECTION_LIMIT};
@@ -17,7 +17,7 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode, Uri};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,10 +27,6 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::task::JoinSet;
 
-/// The largest request head the proxy reads (hyper answers 431 past it).
-const MAX_HEAD_BYTES: usize = 16 * 1024;
-/// How long a client may take to send a request head (and stay idle between requests).
-const HEAD_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long connecting to one upstream address may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The most resolved addresses considered for one name.
@@ -100,12 +96,7 @@ where
             async move { Ok::<_, Infallible>(handle(&conn, req).await) }
         })
     };
-    let mut builder = hyper::server::conn::http1::Builder::new();
-    builder
-        .max_buf_size(MAX_HEAD_BYTES)
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEAD_READ_TIMEOUT);
-    if let Err(e) = builder
+    if let Err(e) = program_side()
         .serve_connection(TokioIo::new(client), service)
         .with_upgrades()
         .await
