@@ -3,6 +3,9 @@
 //! reached only where a test names their addresses in `allow_addresses`, as a configuration
 //! would.
 
+mod common;
+
+use common::start_proxy;
 use sandcall_egress::{HostRule, IpNet, Limits, Outcome, Policy, Record, Resolver, RunEgress};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -26,20 +29,6 @@ fn run_with(rules: &[String], allow: &[&str], limits: Limits) -> Arc<RunEgress> 
         allow_addresses: allow.iter().map(|a| a.parse::<IpNet>().unwrap()).collect(),
     };
     RunEgress::new(policy.grant(None, limits).unwrap(), Resolver::system())
-}
-
-/// The proxy for `run`, listening on loopback.
-async fn start_proxy(run: &Arc<RunEgress>) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let run = run.clone();
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let run = run.clone();
-            tokio::spawn(async move { run.serve(stream).await });
-        }
-    });
-    addr
 }
 
 /// An upstream that echoes what it receives.

@@ -2,7 +2,10 @@
 //! the proxy to TLS upstreams whose certificates a test CA (made here with rcgen, passed as
 //! an extra root) signs. The upstreams echo what they receive, in headers and body.
 
+mod common;
+
 use bytes::Bytes;
+use common::start_proxy;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Incoming;
@@ -148,19 +151,6 @@ fn run_with_secret(rules: &[String], dir: &std::path::Path, extra_roots: &str) -
         RunEgress::with_interceptor(grant, Resolver::system(), Arc::new(tls)),
         ca_pem,
     )
-}
-
-async fn start_proxy(run: &Arc<RunEgress>) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let run = run.clone();
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let run = run.clone();
-            tokio::spawn(async move { run.serve(stream).await });
-        }
-    });
-    addr
 }
 
 /// CONNECTs through the proxy and checks it answers 200.
