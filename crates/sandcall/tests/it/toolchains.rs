@@ -38,6 +38,14 @@ fn sandcall(args: &[&str], toolchains: &Path, env: &[(&str, &str)]) -> Command {
     cmd
 }
 
+/// `sandcall runtime install --toolchains` with its data in `data`, the toolchains looked
+/// for in `toolchains`, and `path` as its PATH (where its apt-get is, if any).
+fn install_toolchains(data: &Path, toolchains: &Path, path: &str) -> Output {
+    let data = data.to_str().unwrap();
+    let args = ["runtime", "install", "--toolchains", "--data-dir", data];
+    sandcall(&args, toolchains, &[("PATH", path)]).output().unwrap()
+}
+
 fn text(out: &Output) -> (String, String) {
     (
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -130,19 +138,7 @@ fn without_apt_get_runtime_install_toolchains_prints_the_exact_apt_line_and_fail
     let empty = scratch("no-apt");
     let data = Server::new_dir().join("data");
     // PATH holds no apt-get (and nothing else).
-    let out = sandcall(
-        &[
-            "runtime",
-            "install",
-            "--toolchains",
-            "--data-dir",
-            data.to_str().unwrap(),
-        ],
-        &empty,
-        &[("PATH", empty.to_str().unwrap())],
-    )
-    .output()
-    .unwrap();
+    let out = install_toolchains(&data, &empty, empty.to_str().unwrap());
     let (stdout, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
     assert_eq!(
@@ -202,19 +198,7 @@ fn as_root_runtime_install_toolchains_asks_apt_get_for_only_the_missing_packages
     let bin = scratch("root-bin");
     let log = fake_apt_get(&bin);
     let data = Server::new_dir().join("data");
-    let out = sandcall(
-        &[
-            "runtime",
-            "install",
-            "--toolchains",
-            "--data-dir",
-            data.to_str().unwrap(),
-        ],
-        &toolchains,
-        &[("PATH", &format!("{}:/usr/bin:/bin", bin.display()))],
-    )
-    .output()
-    .unwrap();
+    let out = install_toolchains(&data, &toolchains, &format!("{}:/usr/bin:/bin", bin.display()));
     let (stdout, stderr) = text(&out);
     let asked = std::fs::read_to_string(&log).unwrap_or_default();
     let wanted = "g++ libc6-dev golang-go default-jdk-headless php-cli rustc r-base-core gfortran gdc";
@@ -233,19 +217,11 @@ fn as_root_runtime_install_toolchains_asks_apt_get_for_only_the_missing_packages
     );
     // With every toolchain found, there is nothing to do and apt-get is not run.
     std::fs::remove_file(&log).unwrap();
-    let out = sandcall(
-        &[
-            "runtime",
-            "install",
-            "--toolchains",
-            "--data-dir",
-            data.to_str().unwrap(),
-        ],
+    let out = install_toolchains(
+        &data,
         Path::new("/usr/bin"),
-        &[("PATH", &format!("{}:/usr/bin:/bin", bin.display()))],
-    )
-    .output()
-    .unwrap();
+        &format!("{}:/usr/bin:/bin", bin.display()),
+    );
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}{stderr}");
     assert!(
