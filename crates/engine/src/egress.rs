@@ -156,10 +156,33 @@ fn node_preload(spec: &mut crate::run::RunSpec) {
     ));
 }
 
+/// The way out of a run `granted` network (`grant`), for `/v1/exec` and programmatic
+/// sessions alike: its socket `run_id`, served until the endpoint is dropped, and `spec`
+/// built for it (`prepare_run`). None for a run without network.
+pub fn open_for(
+    egress: Option<&Egress>,
+    granted: Option<Arc<dyn RunEgress>>,
+    run_id: &str,
+    spec: &mut crate::run::RunSpec,
+    language: sandcall_api::Language,
+) -> Result<Option<Endpoint>, EngineError> {
+    let (Some(run), Some(egress)) = (granted, egress) else {
+        return Ok(None);
+    };
+    let endpoint = Endpoint::open(&egress.dir, run_id, run).map_err(|e| {
+        EngineError::internal(
+            sandcall_api::error_type::SANDBOX_FAILURE,
+            &format!("egress socket: {e}"),
+        )
+    })?;
+    prepare_run(spec, &endpoint, language);
+    Ok(Some(endpoint))
+}
+
 /// Builds `spec` for a run with network served by `endpoint`: the helper's relay, the
 /// environment naming the proxy, the secrets' placeholders and trust bundle, and Node's
-/// preload. `/v1/exec` and programmatic sessions alike.
-pub fn prepare_run(spec: &mut crate::run::RunSpec, endpoint: &Endpoint, language: sandcall_api::Language) {
+/// preload.
+fn prepare_run(spec: &mut crate::run::RunSpec, endpoint: &Endpoint, language: sandcall_api::Language) {
     spec.egress = Some(endpoint.message());
     spec.env.extend(proxy_env());
     secrets(spec, endpoint.run.as_ref());

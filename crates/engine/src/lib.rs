@@ -163,15 +163,7 @@ impl Engine {
             spec.limits.workspace_bytes,
         ));
         // The run's way out, served until the run is over (dropping it closes it).
-        let endpoint = match (granted, self.egress.as_ref()) {
-            (Some(run), Some(egress)) => {
-                let endpoint = egress::Endpoint::open(&egress.dir, &session_id, run)
-                    .map_err(|e| EngineError::internal(error_type::SANDBOX_FAILURE, &format!("egress socket: {e}")))?;
-                egress::prepare_run(&mut spec, &endpoint, language);
-                Some(endpoint)
-            }
-            _ => None,
-        };
+        let endpoint = egress::open_for(self.egress.as_ref(), granted, &session_id, &mut spec, language)?;
         // The slot travels with the run, which finishes even if the client goes away.
         let started = std::time::Instant::now();
         let was_warm = warm.is_some();

@@ -535,21 +535,12 @@ impl Sessions {
                 return Err(journal_failed(&e));
             }
         }
-        let endpoint = match (granted, inner.egress.as_ref()) {
-            (Some(run), Some(egress)) => match crate::egress::Endpoint::open(&egress.dir, &id, run) {
-                Ok(endpoint) => {
-                    crate::egress::prepare_run(&mut spec, &endpoint, cmd.language);
-                    Some(endpoint)
-                }
-                Err(e) => {
-                    let _ = inner.store.remove(&id).await;
-                    return Err(EngineError::internal(
-                        error_type::SANDBOX_FAILURE,
-                        &format!("egress socket: {e}"),
-                    ));
-                }
-            },
-            _ => None,
+        let endpoint = match crate::egress::open_for(inner.egress.as_ref(), granted, &id, &mut spec, cmd.language) {
+            Ok(endpoint) => endpoint,
+            Err(e) => {
+                let _ = inner.store.remove(&id).await;
+                return Err(e);
+            }
         };
         let started = match warm {
             Some(helper) => {
