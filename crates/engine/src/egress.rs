@@ -62,27 +62,14 @@ pub struct Egress {
 }
 
 /// The request's `network`, checked against the caller's policy before the run takes a
-/// slot. Without `network` the run has none. Runs in the `gvisor` tier have none: the
-/// helper there could reach the host's socket only through `runsc --host-uds`, which
-/// would open every host socket to the gVisor sandbox (docs/egress.md).
+/// slot. Without `network` the run has none.
 pub fn grant(
     egress: Option<&Egress>,
     principal: &str,
     network: Option<&NetworkRequest>,
-    tier: sandcall_config::Isolation,
 ) -> Result<Option<Arc<dyn RunEgress>>, EngineError> {
     let Some(network) = network else { return Ok(None) };
     let refused = EngineError::bad_request;
-    if tier == sandcall_config::Isolation::Gvisor {
-        return Err(EngineError {
-            code: Some(sandcall_api::error_code::UNSUPPORTED_CAPABILITY),
-            ..refused(
-                "`network`: runs in the gvisor isolation tier have no network yet (docs/egress.md); \
-                 retrying will not work"
-                    .into(),
-            )
-        });
-    }
     let Some(egress) = egress else {
         return Err(refused(
             "`network`: this server gives runs no network (no `egress_allow`)".into(),
@@ -229,6 +216,7 @@ impl Endpoint {
         sandcall_sandbox::protocol::Egress {
             socket: self.path.clone(),
             port: PROXY_PORT,
+            channel: None,
         }
     }
 

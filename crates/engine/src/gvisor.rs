@@ -13,8 +13,10 @@
 
 use sandcall_sandbox::cgroup::{CgroupRoot, RunCgroup};
 use sandcall_sandbox::protocol::Limits;
+use sandcall_sandbox::protocol::EGRESS_CHANNEL_FD;
 use std::ffi::CString;
 use std::fs;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
@@ -230,15 +232,24 @@ impl Gvisor {
     }
 
     /// The command that starts the gVisor sandbox of run `id` with the helper in it, joined to
-    /// `cgroup` before it execs (so that nothing of it ever runs outside). No gVisor sandbox
-    /// may open host unix sockets (`--host-uds`): with the host's root visible read-only,
-    /// that would reach every socket on the host, other sandboxes' control sockets
-    /// included; so runs in this tier have no egress (`egress::grant`).
-    pub fn command(&self, id: &str, cgroup: &RunCgroup) -> std::io::Result<tokio::process::Command> {
+    /// `cgroup` before it execs (so that nothing of it ever runs outside), and `channel`
+    /// (`egress_channel`), if any, passed in as the helper's `EGRESS_CHANNEL_FD`. No gVisor
+    /// sandbox may open host unix sockets (`--host-uds`): with the host's root visible
+    /// read-only, that would reach every socket on the host, other sandboxes' control
+    /// sockets included. Descriptors passed in reach only what the server connected them to.
+    pub fn command(
+        &self,
+        id: &str,
+        cgroup: &RunCgroup,
+        channel: Option<OwnedFd>,
+    ) -> std::io::Result<tokio::process::Command> {
         let mut command = tokio::process::Command::new(&self.runsc);
         command.arg("--root").arg(&self.state).args(RUNSC_FLAGS);
+        command.arg("run");
+        if let Some(fd) = &channel {
+            command.arg(format!("--pass-fd={}:{EGRESS_CHANNEL_FD}", fd.as_raw_fd()));
+        }
         command
-            .arg("run")
             .arg("--bundle")
             .arg(&self.bundle)
             .arg(container_id(id))
@@ -249,9 +260,16 @@ impl Gvisor {
             .map(|p| CString::new(p.into_os_string().into_encoded_bytes()).map_err(std::io::Error::other))
             .collect::<Result<_, _>>()?;
         // SAFETY: the closure runs in the forked child before exec, and only makes
-        // async-signal-safe calls (open, write, close) on memory prepared before the fork.
+        // async-signal-safe calls (open, write, close, fcntl) on memory prepared before the
+        // fork. The closure owns `channel`: the command's drop closes the server's copy.
         unsafe {
             command.pre_exec(move || {
+                // `runsc` inherits the channel (the server's descriptors are close-on-exec).
+                if let Some(fd) = channel.as_ref().map(AsRawFd::as_raw_fd) {
+                    if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
                 for path in &procs {
                     let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
                     if fd < 0 {
@@ -294,6 +312,74 @@ impl Gvisor {
         }
         let _ = fs::remove_dir_all(&self.state);
         ids.len()
+    }
+}
+
+/// The egress channel of a run with network (`egress`) in this tier: a unix socket pair,
+/// whose one end the gVisor sandbox gets at its start (`Gvisor::command`), returned here,
+/// and whose other the server serves until the sandbox closes its end. For each byte the
+/// helper writes, the server connects to the run's proxy socket (`egress.socket`, which
+/// no gVisor sandbox can open itself) and sends that connection back with SCM_RIGHTS, or
+/// a byte alone when it cannot connect. `egress` is told where the helper finds it.
+pub fn egress_channel(egress: &mut sandcall_sandbox::protocol::Egress) -> std::io::Result<OwnedFd> {
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+    ours.set_nonblocking(true)?;
+    let ours = tokio::net::UnixStream::from_std(ours)?;
+    tokio::spawn(serve_channel(ours, egress.socket.clone()));
+    egress.channel = Some(EGRESS_CHANNEL_FD);
+    Ok(theirs.into())
+}
+
+/// Answers the helper's questions on its egress channel (`egress_channel`) until it
+/// closes it or stops reading.
+async fn serve_channel(channel: tokio::net::UnixStream, proxy: PathBuf) {
+    loop {
+        let mut question = [0u8; 1];
+        if !matches!(
+            channel_io(&channel, tokio::io::Interest::READABLE, || {
+                nix::unistd::read(channel.as_raw_fd(), &mut question)
+            })
+            .await,
+            Ok(1)
+        ) {
+            return;
+        }
+        let conn = tokio::net::UnixStream::connect(&proxy).await.and_then(|c| c.into_std());
+        if let Err(e) = &conn {
+            tracing::warn!("egress: connecting the proxy socket for a gVisor sandbox: {e}");
+        }
+        let conn = conn.ok();
+        let answered = channel_io(&channel, tokio::io::Interest::WRITABLE, || {
+            let fds: Vec<i32> = conn.iter().map(AsRawFd::as_raw_fd).collect();
+            let rights = [nix::sys::socket::ControlMessage::ScmRights(&fds)];
+            let cmsgs = if fds.is_empty() { &[][..] } else { &rights[..] };
+            nix::sys::socket::sendmsg::<()>(
+                channel.as_raw_fd(),
+                &[std::io::IoSlice::new(if conn.is_some() { b"k" } else { b"e" })],
+                cmsgs,
+                nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
+                None,
+            )
+        })
+        .await;
+        if answered.is_err() {
+            return;
+        }
+    }
+}
+
+/// `op` on `channel` once it is ready for `interest`, retried while it would block.
+async fn channel_io<T>(
+    channel: &tokio::net::UnixStream,
+    interest: tokio::io::Interest,
+    mut op: impl FnMut() -> nix::Result<T>,
+) -> std::io::Result<T> {
+    loop {
+        channel.ready(interest).await?;
+        match channel.try_io(interest, || op().map_err(std::io::Error::from)) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            done => return done,
+        }
     }
 }
 

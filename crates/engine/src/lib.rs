@@ -96,8 +96,8 @@ impl Engine {
         tier: sandcall_config::Isolation,
         cmd: exec::ExecCommand,
     ) -> Result<(ExecResponse, bool), EngineError> {
-        let (chosen, tier) = self.tiers.pick(tier, cmd.isolation)?;
-        let granted = egress::grant(self.egress.as_ref(), &principal.0, cmd.network.as_ref(), chosen)?;
+        let (_, tier) = self.tiers.pick(tier, cmd.isolation)?;
+        let granted = egress::grant(self.egress.as_ref(), &principal.0, cmd.network.as_ref())?;
         // A run in a workspace holds it until its outputs are stored (files::workspace).
         let mut cmd = cmd;
         if exec::is_prewarm(&cmd) {

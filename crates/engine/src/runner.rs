@@ -240,10 +240,16 @@ impl Runner {
     }
 
     /// Builds a sandbox and starts the program in it; the caller drives the rest.
-    pub async fn start(&self, spec: RunSpec) -> Result<Helper, RunError> {
+    pub async fn start(&self, mut spec: RunSpec) -> Result<Helper, RunError> {
         let mut prepare = self.prepare_message(spec.run_id.clone(), spec.limits.clone(), None, spec.tools.clone());
         prepare.egress = spec.egress.is_some();
-        let mut helper = self.prepare(&prepare).await?;
+        // A gVisor sandbox reaches the run's proxy through a channel passed in at its
+        // start (`gvisor::egress_channel`).
+        let passed = match (&self.settings.gvisor, spec.egress.as_mut()) {
+            (Some(_), Some(egress)) => Some(crate::gvisor::egress_channel(egress).map_err(RunError::Spawn)?),
+            _ => None,
+        };
+        let mut helper = self.prepare_passing(&prepare, passed).await?;
         match helper.send_run(spec).await {
             Ok(()) => Ok(helper),
             Err(e) => Err(helper.reclaim(e).await),
@@ -338,9 +344,10 @@ impl Runner {
     async fn spawn_helper(
         &self,
         prepare: &Prepare,
+        passed: Option<OwnedFd>,
     ) -> Result<(Process, OwnedFd, OwnedFd, Option<RunCgroup>), RunError> {
         if let Some(gvisor) = &self.settings.gvisor {
-            return spawn_in_gvisor(gvisor, prepare).await;
+            return spawn_in_gvisor(gvisor, prepare, passed).await;
         }
         let ends = HelperPipes::new().map_err(RunError::Spawn)?;
         if let Some(forked) = self.launcher.fork(&ends.helper_stdin, &ends.helper_stdout).await {
@@ -357,9 +364,14 @@ impl Runner {
 
     /// Spawns a helper and has it build a sandbox.
     async fn prepare(&self, prepare: &Prepare) -> Result<Helper, RunError> {
+        self.prepare_passing(prepare, None).await
+    }
+
+    /// `prepare`, with `passed` handed to a gVisor sandbox as its egress channel.
+    async fn prepare_passing(&self, prepare: &Prepare, passed: Option<OwnedFd>) -> Result<Helper, RunError> {
         let started = std::time::Instant::now();
         let guard = ActiveGuard::new(self.active.clone());
-        let (child, stdin, stdout, outer) = self.spawn_helper(prepare).await?;
+        let (child, stdin, stdout, outer) = self.spawn_helper(prepare, passed).await?;
         if prepare.background && priority::can_restore() {
             // Lowered at once, for its own start too; the helper raises itself again at
             // its `Run` (`sandcall_sandbox::priority`).
@@ -408,16 +420,19 @@ impl Runner {
     }
 }
 
-/// Starts a helper in a gVisor sandbox of its own, in a host cgroup made for it.
+/// Starts a helper in a gVisor sandbox of its own, in a host cgroup made for it, with
+/// `passed` as its egress channel. The server keeps no copy of `passed`: the channel
+/// closes when the sandbox ends.
 async fn spawn_in_gvisor(
     gvisor: &Gvisor,
     prepare: &Prepare,
+    passed: Option<OwnedFd>,
 ) -> Result<(Process, OwnedFd, OwnedFd, Option<RunCgroup>), RunError> {
     let cgroup = gvisor
         .host_cgroup(&prepare.run_id, &prepare.limits)
         .map_err(RunError::Spawn)?;
     let started = HelperPipes::new().and_then(|ends| {
-        let command = gvisor.command(&prepare.run_id, &cgroup)?;
+        let command = gvisor.command(&prepare.run_id, &cgroup, passed)?;
         let child = spawn_with(command, ends.helper_stdin, ends.helper_stdout)?;
         Ok((child, ends.stdin, ends.stdout))
     });

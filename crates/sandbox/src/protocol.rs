@@ -177,7 +177,17 @@ pub struct Run {
 pub struct Egress {
     pub socket: PathBuf,
     pub port: u16,
+    /// Set in the `gvisor` tier, where no host socket is open to the helper: the
+    /// descriptor of the unix socket it was started with (`EGRESS_CHANNEL_FD`), over
+    /// which it asks for each connection to `socket` (one byte) and gets it, already
+    /// connected by the server, with SCM_RIGHTS (or, refused, a byte without one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel: Option<i32>,
 }
+
+/// Where a helper started in a gVisor sandbox for a run with network finds its egress
+/// channel (`Egress::channel`): `runsc run --pass-fd` puts it there.
+pub const EGRESS_CHANNEL_FD: i32 = 3;
 
 /// A file to stage: a host path the helper reads, and the relative name it gets.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -115,8 +115,62 @@ impl Relay {
 /// The listener inside the run's network namespace and the connections being relayed.
 pub(crate) struct EgressRelays {
     listener: OwnedFd,
-    socket: std::path::PathBuf,
+    upstream: Upstream,
     relays: Vec<Option<Relay>>,
+}
+
+/// Where each relayed connection's other end comes from.
+enum Upstream {
+    /// The proxy's socket on the host, connected to directly (the `namespace` tier).
+    Socket(std::path::PathBuf),
+    /// The channel the server passed into the gVisor sandbox (`Egress::channel`): asked
+    /// once per connection. None once an answer did not come in time: a late one would
+    /// be taken for the next question's.
+    Channel(Option<OwnedFd>),
+}
+
+/// How long the helper waits for the server to answer on the channel (it connects a
+/// local socket: milliseconds). The helper's loop waits meanwhile.
+const CHANNEL_WAIT_MS: u16 = 5_000;
+
+impl Upstream {
+    fn for_endpoint(endpoint: &Egress) -> Result<Self, HelperError> {
+        let Some(fd) = endpoint.channel else {
+            return Ok(Upstream::Socket(endpoint.socket.clone()));
+        };
+        // Only the descriptor `runsc --pass-fd` puts in place, never the helper's own.
+        if fd != crate::protocol::EGRESS_CHANNEL_FD {
+            return Err(HelperError::EgressListen(io::Error::other(format!(
+                "egress channel: descriptor {fd} is not {}",
+                crate::protocol::EGRESS_CHANNEL_FD
+            ))));
+        }
+        nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC))
+            .map_err(|e| HelperError::EgressListen(io::Error::other(format!("egress channel: {e}"))))?;
+        // SAFETY: the descriptor was passed in for this use alone, and is owned from here on.
+        Ok(Upstream::Channel(Some(unsafe {
+            <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd)
+        })))
+    }
+
+    /// A non-blocking connection to the proxy's socket.
+    fn connect(&mut self) -> io::Result<OwnedFd> {
+        match self {
+            Upstream::Socket(path) => connect_host(path),
+            Upstream::Channel(channel) => {
+                let Some(fd) = channel.as_ref() else {
+                    return Err(io::Error::other("the egress channel is closed"));
+                };
+                match ask_channel(fd) {
+                    Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                        *channel = None;
+                        Err(e)
+                    }
+                    got => got,
+                }
+            }
+        }
+    }
 }
 
 impl EgressRelays {
@@ -166,7 +220,7 @@ impl EgressRelays {
                 let _ = nix::sys::wait::waitpid(child, None);
                 Ok(EgressRelays {
                     listener: got.map_err(HelperError::EgressListen)?,
-                    socket: endpoint.socket.clone(),
+                    upstream: Upstream::for_endpoint(endpoint)?,
                     relays: Vec::new(),
                 })
             }
@@ -216,7 +270,7 @@ impl EgressRelays {
             if self.relays.iter().flatten().count() >= MAX_RELAYS {
                 continue;
             }
-            let Ok(upstream) = connect_host(&self.socket) else {
+            let Ok(upstream) = self.upstream.connect() else {
                 continue;
             };
             let relay = Relay {
@@ -251,17 +305,9 @@ impl EgressRelays {
 /// The listener the child made, or its error.
 fn receive_listener(from: &std::os::unix::net::UnixStream) -> io::Result<OwnedFd> {
     let mut buf = [0u8; 512];
-    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
-    let mut iov = [io::IoSliceMut::new(&mut buf)];
-    let msg = recvmsg::<()>(from.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)?;
-    let fd = msg.cmsgs()?.find_map(|c| match c {
-        ControlMessageOwned::ScmRights(fds) => fds.first().copied(),
-        _ => None,
-    });
-    let len = msg.bytes;
+    let (fd, len) = receive_fd(from.as_fd(), &mut buf, MsgFlags::empty())?;
     match fd {
-        // SAFETY: the descriptor just arrived with SCM_RIGHTS; nothing else owns it.
-        Some(fd) => Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) }),
+        Some(fd) => Ok(fd),
         None => {
             let text = String::from_utf8_lossy(buf.get(1..len).unwrap_or_default()).into_owned();
             Err(io::Error::other(if text.is_empty() {
@@ -270,6 +316,59 @@ fn receive_listener(from: &std::os::unix::net::UnixStream) -> io::Result<OwnedFd
                 text
             }))
         }
+    }
+}
+
+/// One message from `from` into `buf`, and the descriptor that came with it, if any:
+/// its length and the descriptor, owned.
+fn receive_fd(from: BorrowedFd<'_>, buf: &mut [u8], flags: MsgFlags) -> io::Result<(Option<OwnedFd>, usize)> {
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+    let mut iov = [io::IoSliceMut::new(buf)];
+    let msg = recvmsg::<()>(
+        from.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        flags | MsgFlags::MSG_CMSG_CLOEXEC,
+    )?;
+    let mut fds = msg.cmsgs()?.flat_map(|c| match c {
+        ControlMessageOwned::ScmRights(fds) => fds,
+        _ => Vec::new(),
+    });
+    // SAFETY: each descriptor just arrived with SCM_RIGHTS; nothing else owns it.
+    let first = fds
+        .next()
+        .map(|fd| unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+    for extra in fds {
+        // SAFETY: as above; a descriptor more than asked for is closed.
+        drop(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(extra) });
+    }
+    Ok((first, msg.bytes))
+}
+
+/// Asks the server for a connection to the proxy over the egress channel `channel`
+/// (`Egress::channel`) and waits for it: one byte out, one byte back with the
+/// connection, or without one when the server could not connect.
+fn ask_channel(channel: &OwnedFd) -> io::Result<OwnedFd> {
+    send(channel.as_raw_fd(), b"c", MsgFlags::MSG_NOSIGNAL)?;
+    let mut ready = [nix::poll::PollFd::new(channel.as_fd(), PollFlags::POLLIN)];
+    if nix::poll::poll(&mut ready, nix::poll::PollTimeout::from(CHANNEL_WAIT_MS))? == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "the server did not answer on the egress channel",
+        ));
+    }
+    // One byte: the answer to this question, not the next one's.
+    let mut byte = [0u8; 1];
+    match receive_fd(channel.as_fd(), &mut byte, MsgFlags::MSG_DONTWAIT)? {
+        (Some(conn), 1) => {
+            nix::fcntl::fcntl(
+                conn.as_raw_fd(),
+                nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+            )?;
+            Ok(conn)
+        }
+        (_, 0) => Err(io::Error::new(io::ErrorKind::TimedOut, "the egress channel closed")),
+        _ => Err(io::Error::other("the server could not connect to the proxy")),
     }
 }
 

@@ -2,8 +2,9 @@
 # 127.0.0.1:3128, tries every other way: DNS over UDP to the sandbox's loopback, to the
 # host's resolver and to a public one (exfiltration through queries), the system's name
 # lookup, raw and packet sockets, plain UDP and TCP to outside addresses, other loopback
-# ports (the server's own port among them), the proxy's host-side socket by path, and a
-# CONNECT through the proxy to a port its rule does not allow.
+# ports (the server's own port among them), the proxy's host-side socket by path, the
+# helper's egress channel (gvisor tier), and a CONNECT through the proxy to a port its
+# rule does not allow.
 # argv: server port, the egress directory on the host, the allowed host, a port not allowed.
 # Expect: every attempt fails; only the proxy's port accepts, and it refuses the CONNECT.
 import json, os, socket, sys
@@ -57,6 +58,31 @@ def unix_socket():
     return "connected"
 
 attempt("proxy_host_socket", unix_socket)
+
+def egress_channel():
+    # In the gvisor tier the helper holds a channel on which the server answers a byte
+    # with a connection (SCM_RIGHTS): no descriptor of the program may be that channel.
+    answered = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            s = socket.socket(fileno=os.dup(int(name)))
+        except OSError:
+            continue
+        try:
+            s.settimeout(2)
+            s.send(b"c")
+            _, ancillary, _, _ = s.recvmsg(1, socket.CMSG_SPACE(4))
+            if ancillary:
+                answered.append(name)
+        except OSError:
+            pass
+        finally:
+            s.close()
+    if answered:
+        return "a descriptor came back on fd " + ",".join(answered)
+    raise PermissionError("no descriptor answers")
+
+attempt("egress_channel", egress_channel)
 
 def connect_bad_port():
     s = socket.create_connection(("127.0.0.1", 3128), timeout=5)

@@ -4,7 +4,7 @@
 //! unless the configuration names it (`egress_allow_addresses`), which these servers'
 //! configurations do, except where the refusal itself is tested.
 //!
-//! The namespace tier: the gvisor tier has no egress yet, and says so (the last test).
+//! `.ci/run` runs these in both tiers; the last test asks for the gvisor tier itself.
 //!
 //! The upstreams listen on 127.0.0.2: the program's `NO_PROXY` names `localhost` and
 //! `127.0.0.1` (the sandbox's own loopback), so its clients send anything else to the
@@ -473,29 +473,40 @@ fn the_byte_limit_cuts_the_traffic_with_the_sandbox_reason() {
 }
 
 #[test]
-fn a_run_in_the_gvisor_tier_asking_for_network_is_refused() {
-    // gVisor's sandbox could reach the run's host socket only with `runsc --host-uds`,
-    // which would open every host socket to it: that tier has no egress, and says so.
+fn a_run_in_the_gvisor_tier_reaches_an_allowed_host_through_its_channel() {
+    // gVisor's sandbox opens no host socket: the server passes it a channel at its start
+    // and answers each of its connections with one made to the run's proxy socket.
     let up = Upstream::http();
     let host = format!("127.0.0.2:{}", up.port);
     let s = egress_server(std::slice::from_ref(&host), "\"127.0.0.2/32\"", "");
-    let ask = json!({"code": "print(1)", "network": {}, "isolation": "gvisor"});
-    let (status, v) = s.post("/v1/exec", &ask);
-    assert_eq!((status, &v["code"]), (400, &json!("unsupported_capability")), "{v}");
-    assert!(v["error"].as_str().unwrap().contains("gvisor"), "{v}");
-    // A programmatic session in that tier too.
-    let (status, v) = s.post("/v1/exec/programmatic", &ask);
-    assert_eq!((status, &v["code"]), (400, &json!("unsupported_capability")), "{v}");
-    assert!(v["error"].as_str().unwrap().contains("gvisor"), "{v}");
-    if crate::common::gvisor_pass() {
-        return;
-    }
-    // The same server still gives network to a namespace run.
-    let r = run(
-        &s,
-        "bash",
-        &format!("curl -sS --max-time 20 http://{host}/x"),
-        json!({}),
+    let code = format!(
+        "cat /proc/version; for i in 1 2 3; do curl -sS --max-time 20 http://{host}/g$i; echo; done; \
+         curl -sS --max-time 20 -o /dev/null -w '%{{http_code}}' http://other.example/"
     );
-    assert_eq!(r["stdout"], GREETING, "{r}");
+    let ask = json!({"language": "bash", "code": code, "network": {}, "isolation": "gvisor", "timeout": 60000});
+    let r = s.exec(ask);
+    let out = r["stdout"].as_str().unwrap();
+    let host_version = std::fs::read_to_string("/proc/version").unwrap();
+    assert_ne!(out.lines().next(), host_version.lines().next(), "not in gVisor: {r}");
+    assert_eq!(out.matches(GREETING).count(), 3, "{r}");
+    assert!(out.ends_with("403"), "{r}");
+    assert_eq!(
+        (&r["network"]["connections"], &r["network"]["refused"]),
+        (&json!(4), &json!(1)),
+        "{r}"
+    );
+    let seen = up.seen();
+    for path in ["/g1", "/g2", "/g3"] {
+        assert!(seen.iter().any(|h| h.starts_with(&format!("GET {path} "))), "{seen:?}");
+    }
+    // A programmatic session in that tier too.
+    let py =
+        format!("import urllib.request\nprint(urllib.request.urlopen('http://{host}/p', timeout=20).read().decode())");
+    let (status, v) = s.post(
+        "/v1/exec/programmatic",
+        &json!({"code": py, "network": {}, "isolation": "gvisor", "tools": [], "timeout": 60000}),
+    );
+    assert_eq!((status, v["status"].as_str()), (200, Some("completed")), "{v}");
+    assert_eq!(v["stdout"], format!("{GREETING}\n"), "{v}");
+    s.assert_healthy();
 }

@@ -3,7 +3,7 @@
 //! server's CA, and takes it out of what comes back. The upstreams are real servers of
 //! this process on loopback (named in `egress_allow_addresses`); the secret host's
 //! certificate is signed by a test CA the server trusts through `egress_extra_roots`.
-//! The namespace tier: the gvisor tier has no egress yet.
+//! `.ci/run` runs these in both isolation tiers.
 
 use crate::common::{Server, STDERR_FILE};
 use crate::egress::{listen, read_head, Conn};

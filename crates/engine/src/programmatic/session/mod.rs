@@ -466,7 +466,7 @@ impl Sessions {
         let (isolation, tier) = inner.tiers.pick(tier, cmd.isolation)?;
         request.isolation = Some(isolation.name().to_owned());
         // The grant lives as long as the session, pauses included (docs/egress.md).
-        let granted = crate::egress::grant(inner.egress.as_ref(), &principal.0, request.network.as_ref(), isolation)?;
+        let granted = crate::egress::grant(inner.egress.as_ref(), &principal.0, request.network.as_ref())?;
         // The workspace is held from here to the session's end (`held`); its files
         // are journalled with the caller's, so that a replay stages the same ones.
         let mut files = cmd.files;

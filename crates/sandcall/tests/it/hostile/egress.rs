@@ -10,13 +10,6 @@ fn a_run_with_network_has_no_way_out_but_the_proxy() {
         "egress_allow = [\"localhost:80\"]\negress_principals = [\"*\"]\negress_allow_addresses = [\"127.0.0.1/32\"]\n",
     );
     let egress_dir = s.data_dir.join("egress");
-    if crate::common::gvisor_pass() {
-        // The gvisor tier gives no run network (docs/egress.md): asking is refused, and
-        // nothing runs.
-        let (status, v) = s.post("/v1/exec", &json!({"code": "print(1)", "network": {}}));
-        assert_eq!((status, &v["code"]), (400, &json!("unsupported_capability")), "{v}");
-        return;
-    }
     let r = s.exec(json!({
         "code": hostile("egress_escape.py"),
         "args": [s.port.to_string(), egress_dir.to_str().unwrap(), "localhost", "22"],
@@ -38,6 +31,7 @@ fn a_run_with_network_has_no_way_out_but_the_proxy() {
         "loopback_server_port",
         "loopback_ssh",
         "proxy_host_socket",
+        "egress_channel",
     ] {
         assert!(v[attempt].as_str().unwrap().starts_with("refused"), "{attempt}: {v}");
     }
