@@ -165,6 +165,29 @@ impl Capture {
     }
 }
 
+/// One message from the unix socket `from` into `buf`, and the descriptors sent with it
+/// (SCM_RIGHTS), close-on-exec and owned: its length, the descriptors (room for `N`), and
+/// whether the kernel dropped some because more than `N` came.
+pub(crate) fn receive_fds<const N: usize>(
+    from: std::os::fd::RawFd,
+    buf: &mut [u8],
+    flags: nix::sys::socket::MsgFlags,
+) -> nix::Result<(usize, Vec<std::os::fd::OwnedFd>, bool)> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+    let mut space = nix::cmsg_space!([RawFd; N]);
+    let mut iov = [std::io::IoSliceMut::new(buf)];
+    let msg = recvmsg::<()>(from, &mut iov, Some(&mut space), flags | MsgFlags::MSG_CMSG_CLOEXEC)?;
+    let mut fds = Vec::new();
+    for cmsg in msg.cmsgs()? {
+        if let ControlMessageOwned::ScmRights(raw) = cmsg {
+            // SAFETY: the kernel installed these descriptors for this process just now.
+            fds.extend(raw.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+        }
+    }
+    Ok((msg.bytes, fds, msg.flags.contains(MsgFlags::MSG_CTRUNC)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

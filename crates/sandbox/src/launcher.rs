@@ -25,10 +25,9 @@
 //! it receives nothing but pipe ends.
 
 use nix::errno::Errno;
-use nix::sys::socket::{recvmsg, send, ControlMessageOwned, MsgFlags};
+use nix::sys::socket::{send, MsgFlags};
 use std::ffi::CString;
-use std::io::IoSliceMut;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 
 /// The name (`comm`) the launcher shows in `ps` and `/proc/<pid>/comm`; the helpers it
 /// forks take back the name an exec'd helper has.
@@ -160,20 +159,10 @@ unsafe fn fork_as_sibling() -> Result<libc::pid_t, Errno> {
 /// One request: `Ok(None)` once the server closed its end.
 fn receive() -> Result<Option<(OwnedFd, OwnedFd)>, Errno> {
     let mut byte = [0u8; 1];
-    let mut iov = [IoSliceMut::new(&mut byte)];
-    let mut space = nix::cmsg_space!([RawFd; 2]);
-    let msg = recvmsg::<()>(0, &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)?;
-    if msg.bytes == 0 {
+    let (bytes, fds, truncated) = crate::io::receive_fds::<2>(0, &mut byte, MsgFlags::empty())?;
+    if bytes == 0 {
         return Ok(None);
     }
-    let mut fds: Vec<OwnedFd> = Vec::new();
-    for cmsg in msg.cmsgs().map_err(|_| Errno::EBADMSG)? {
-        if let ControlMessageOwned::ScmRights(raw) = cmsg {
-            // SAFETY: the kernel installed these descriptors for this process just now.
-            fds.extend(raw.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
-        }
-    }
-    let truncated = msg.flags.contains(MsgFlags::MSG_CTRUNC);
     match <[OwnedFd; 2]>::try_from(fds) {
         Ok([stdin, stdout]) if !truncated => Ok(Some((stdin, stdout))),
         _ => Err(Errno::EBADMSG),

@@ -17,8 +17,8 @@ use crate::protocol::Egress;
 use nix::poll::PollFlags;
 use nix::sched::{setns, CloneFlags};
 use nix::sys::socket::{
-    accept4, connect, recvmsg, send, sendmsg, shutdown, socket, AddressFamily, ControlMessage, ControlMessageOwned,
-    MsgFlags, Shutdown, SockFlag, SockType, UnixAddr,
+    accept4, connect, send, sendmsg, shutdown, socket, AddressFamily, ControlMessage, MsgFlags, Shutdown, SockFlag,
+    SockType, UnixAddr,
 };
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -322,27 +322,8 @@ fn receive_listener(from: &std::os::unix::net::UnixStream) -> io::Result<OwnedFd
 /// One message from `from` into `buf`, and the descriptor that came with it, if any:
 /// its length and the descriptor, owned.
 fn receive_fd(from: BorrowedFd<'_>, buf: &mut [u8], flags: MsgFlags) -> io::Result<(Option<OwnedFd>, usize)> {
-    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
-    let mut iov = [io::IoSliceMut::new(buf)];
-    let msg = recvmsg::<()>(
-        from.as_raw_fd(),
-        &mut iov,
-        Some(&mut space),
-        flags | MsgFlags::MSG_CMSG_CLOEXEC,
-    )?;
-    let mut fds = msg.cmsgs()?.flat_map(|c| match c {
-        ControlMessageOwned::ScmRights(fds) => fds,
-        _ => Vec::new(),
-    });
-    // SAFETY: each descriptor just arrived with SCM_RIGHTS; nothing else owns it.
-    let first = fds
-        .next()
-        .map(|fd| unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
-    for extra in fds {
-        // SAFETY: as above; a descriptor more than asked for is closed.
-        drop(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(extra) });
-    }
-    Ok((first, msg.bytes))
+    let (bytes, fds, _) = crate::io::receive_fds::<1>(from.as_raw_fd(), buf, flags)?;
+    Ok((fds.into_iter().next(), bytes))
 }
 
 /// Asks the server for a connection to the proxy over the egress channel `channel`
