@@ -40,6 +40,8 @@ pub struct RunnerSettings {
     pub host_uid: u32,
     pub host_gid: u32,
     pub max_code_bytes: u64,
+    /// The server's nice value, which runs run at (`Prepare::nice`).
+    pub nice: i32,
     /// The `gvisor` tier: each helper runs in a gVisor sandbox of its own
     /// (`crate::gvisor`). None: helpers run on the host (the `namespace` tier).
     pub gvisor: Option<Arc<Gvisor>>,
@@ -69,6 +71,7 @@ impl RunnerSettings {
             host_uid: host.host_uid,
             host_gid: host.host_gid,
             max_code_bytes: config.limits.max_code_bytes,
+            nice: priority::nice_of(0).unwrap_or(0),
             gvisor,
         }
     }
@@ -298,6 +301,7 @@ impl Runner {
             template: None,
             fork_from: None,
             background: false,
+            nice: s.nice,
             egress: false,
         }
     }

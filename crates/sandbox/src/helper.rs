@@ -120,7 +120,7 @@ pub fn run_helper() -> i32 {
     // every thread of the run (a run forked from a template inherits its priority).
     if (prepare.background || prepare.fork_from.is_some()) && crate::priority::can_restore() {
         let threads = || sandbox.cgroup.as_ref().map(|c| c.threads()).unwrap_or_default();
-        for (tid, e) in crate::priority::restore(threads) {
+        for (tid, e) in crate::priority::restore(prepare.nice, threads) {
             eprintln!("sandcall helper: cannot restore the priority of thread {tid}: {e}");
         }
     }
@@ -789,7 +789,7 @@ impl Sandbox {
         // (With the whole fork at nice 19, the 8-client throughput fell from 111 to 80
         // runs/s.)
         if !prepare.background && crate::priority::can_restore() {
-            let _ = crate::priority::set_nice(child, 0);
+            let _ = crate::priority::set_nice(child, prepare.nice);
         }
 
         // 4. Then the run's request: the limits its init needs for the mounts and its

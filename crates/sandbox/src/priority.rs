@@ -3,8 +3,9 @@
 //! A warm pool's refill, and a template's forks, run at nice 19 while they wait, so that
 //! on a busy machine the work of rebuilding yields to the runs in flight (their helper,
 //! their program, the server). When a sandbox's `Run` arrives, its helper raises itself
-//! and every thread of the run's cgroup back to nice 0 before the program's go: a run's
-//! program always runs at the priority a cold run's does.
+//! and every thread of the run's cgroup back to the server's own nice value
+//! (`Prepare::nice`) before the program's go: a run's program always runs at the
+//! priority a cold run's does, never above the server's.
 //!
 //! Raising a priority again needs `CAP_SYS_NICE`; without it the helper never lowers
 //! one, so that no run could be left at nice 19.
@@ -46,12 +47,12 @@ pub fn nice_of(tid: i32) -> std::io::Result<i32> {
 }
 
 /// Puts the calling thread (the helper, which is single-threaded) and every thread that
-/// `threads` lists back at nice 0. `threads` is read again until it names no thread not
-/// already raised, so a thread started meanwhile by one not yet raised is caught too.
+/// `threads` lists back at nice `normal`. `threads` is read again until it names no thread
+/// not already raised, so a thread started meanwhile by one not yet raised is caught too.
 /// Returns the threads that could not be raised (gone ones are not counted).
-pub fn restore(mut threads: impl FnMut() -> Vec<i32>) -> Vec<(i32, std::io::Error)> {
+pub fn restore(normal: i32, mut threads: impl FnMut() -> Vec<i32>) -> Vec<(i32, std::io::Error)> {
     let mut failed = Vec::new();
-    if let Err(e) = set_nice(0, 0) {
+    if let Err(e) = set_nice(0, normal) {
         failed.push((0, e));
     }
     let mut done: HashSet<i32> = HashSet::new();
@@ -62,7 +63,7 @@ pub fn restore(mut threads: impl FnMut() -> Vec<i32>) -> Vec<(i32, std::io::Erro
         }
         for tid in fresh {
             done.insert(tid);
-            match set_nice(tid, 0) {
+            match set_nice(tid, normal) {
                 Ok(()) => {}
                 Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
                 Err(e) => failed.push((tid, e)),
@@ -78,9 +79,12 @@ mod tests {
 
     #[test]
     fn restore_raises_the_caller_and_every_listed_thread() {
-        if !can_restore() {
-            return; // Needs CAP_SYS_NICE, as the helper does (tests run as root).
-        }
+        assert!(
+            can_restore(),
+            "needs CAP_SYS_NICE, as the helper does: run the tests as root"
+        );
+        // Back to where the test started (a test runner may itself run under `nice`).
+        let normal = nice_of(0).unwrap();
         // A child process (a thread id of its own) lowered as background work is.
         let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
         let tid = child.id() as i32;
@@ -92,12 +96,12 @@ mod tests {
         );
         // Listed twice over, plus one that is gone: raised once, nothing fails.
         let mut calls = 0;
-        let failed = restore(|| {
+        let failed = restore(normal, || {
             calls += 1;
             vec![tid, tid, 999_999_999]
         });
         assert!(failed.is_empty(), "{failed:?}");
-        assert_eq!((nice_of(0).unwrap(), nice_of(tid).unwrap()), (0, 0));
+        assert_eq!((nice_of(0).unwrap(), nice_of(tid).unwrap()), (normal, normal));
         assert_eq!(calls, 2, "the list is read again until it names nothing new");
         let _ = child.kill();
         let _ = child.wait();

@@ -94,11 +94,15 @@ pub struct Prepare {
     /// Built ahead of any request (a warm pool's refill, a template): the helper, and
     /// everything it starts, runs at the lowest CPU priority (nice 19) until the `Run`
     /// arrives, so that rebuilding never takes CPU from a run in flight. The helper puts
-    /// itself and every thread of the run's cgroup back at nice 0 before the program's
+    /// itself and every thread of the run's cgroup back at `nice` before the program's
     /// go. Ignored where the helper could not raise the priority again (no
     /// `CAP_SYS_NICE`).
     #[serde(default)]
     pub background: bool,
+    /// The nice value runs run at: the server's own (a server started under `nice`
+    /// never has a run raised above itself).
+    #[serde(default)]
+    pub nice: i32,
     /// The run will have egress (`Run::egress`): the helper holds the run's network
     /// namespace from init's clone on (it makes the listener there at the `Run`).
     #[serde(default)]
