@@ -345,9 +345,9 @@ impl Audit {
         self.network = Some(run);
     }
 
-    /// The session's connections through its proxy, in the order they were made, and
-    /// how many are not listed: the latest ones are kept within what the trail's bounds
-    /// leave beside the calls (`MAX_RECORDS`, `MAX_TRAIL_BYTES`).
+    /// The session's connections through its proxy, in the order the program asked for
+    /// them, and how many are not listed: the latest ones are kept within what the trail's
+    /// bounds leave beside the calls (`MAX_RECORDS`, `MAX_TRAIL_BYTES`).
     pub fn connections(&self) -> (Vec<AuditConnection>, u64) {
         let Some(run) = &self.network else {
             return (Vec::new(), 0);
@@ -379,6 +379,8 @@ fn connection_weight(c: &AuditConnection) -> usize {
         + c.address.as_ref().map_or(0, String::len)
         + c.outcome.len()
         + c.reason.as_ref().map_or(0, String::len)
+        + c.opened_at.len()
+        + c.closed_at.as_ref().map_or(0, String::len)
 }
 
 #[cfg(test)]
@@ -489,6 +491,8 @@ mod tests {
                 bytes_in: 0,
                 outcome: "refused".into(),
                 reason: Some("x".repeat(200)),
+                opened_at: crate::egress::record_time(1_000 + i as u64),
+                closed_at: Some(crate::egress::record_time(1_001 + i as u64)),
             };
             ((0..self.0).map(one).collect(), 3)
         }
