@@ -1,8 +1,8 @@
 //! Egress for programmatic sessions (docs/egress.md): a session granted network keeps
 //! its proxy across its pauses, its connections are in its audit trail beside its tool
-//! calls, with times that put both in one order, its answer carries the summary, and a
-//! session granted network is not replayed after a restart (its requests would be made
-//! again).
+//! calls, with times that put both in one order, its answer carries the summary, a
+//! dormant session's trail keeps its connections, and a session granted network is not
+//! replayed after a restart (its requests would be made again).
 
 use crate::common::Server;
 use crate::egress::{egress_server, Upstream, GREETING};
@@ -252,6 +252,7 @@ fn a_session_granted_network_is_not_replayed_after_an_eviction() {
         &[crate::common::NO_POOL, ("SANDCALL_SESSION_IDLE_EVICT_S", "1")],
         &config,
     );
+    let began = now_ms();
     let paused = start(&s, fetching_program(&host));
     assert_eq!(paths(&up), ["/a"]);
     // Evicted: its sandbox goes, the session waits in the store.
@@ -260,6 +261,24 @@ fn a_session_granted_network_is_not_replayed_after_an_eviction() {
         assert!(t.elapsed().as_secs() < 20, "the paused session was not evicted");
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
+    // Dormant, its trail (in the store) still lists its connection, with its times.
+    let trail = calls(&s, &paused);
+    assert_eq!(trail["calls"].as_array().unwrap().len(), 1, "{trail}");
+    let connections = trail["connections"].as_array().unwrap();
+    assert_eq!(connections.len(), 1, "{trail}");
+    let c = &connections[0];
+    assert_eq!(
+        (&c["host"], &c["port"], &c["outcome"]),
+        (&json!("127.0.0.2"), &json!(up.port), &json!("relayed")),
+        "{trail}"
+    );
+    assert!(c["bytes_in"].as_u64().unwrap() > GREETING.len() as u64, "{trail}");
+    let opened = ms_of(&c["opened_at"]);
+    assert!(
+        began <= opened && opened <= ms_of(&trail["calls"][0]["requested_at"]),
+        "{trail}"
+    );
+    assert!(trail.get("connections_dropped").is_none(), "{trail}");
     let (status, v) = answer(&s, &paused, json!(42));
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["status"], "error", "{v}");
