@@ -403,7 +403,7 @@ pub struct CallsResponse {
     pub trail_released: bool,
     /// (extension) For a session granted network: every connection its program asked
     /// the proxy for, in the order it asked (`opened_at`), refused ones included. Kept
-    /// while the session is dormant (evicted, or across a restart), as its calls are.
+    /// while the session is dormant (evicted, or stopped with the server), as its calls are.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub connections: Vec<AuditConnection>,
     /// (extension) Connections not listed: past the trail's bounds (its 10,000 records
