@@ -387,7 +387,8 @@ pub struct ProgrammaticRequest {
 }
 
 /// GET /v1/exec/programmatic/{session_id}/calls (extension): the session's tool calls,
-/// oldest first.
+/// oldest first (by `requested_at`), and its connections through the egress proxy, oldest
+/// first (by `opened_at`): the two lists merge into one in time order by those times.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct CallsResponse {
     pub session_id: String,
@@ -401,7 +402,8 @@ pub struct CallsResponse {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub trail_released: bool,
     /// (extension) For a session granted network: every connection its program asked
-    /// the proxy for, in the order they were made, refused ones included.
+    /// the proxy for, in the order it asked (`opened_at`), refused ones included. Kept
+    /// while the session is dormant (evicted, or stopped with the server), as its calls are.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub connections: Vec<AuditConnection>,
     /// (extension) Connections not listed: past the trail's bounds (its 10,000 records
@@ -431,6 +433,13 @@ pub struct AuditConnection {
     /// Why it was refused, failed or limited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// When the program asked the proxy for it (RFC 3339, ms), as `requested_at` of a call.
+    pub opened_at: String,
+    /// When it was over (RFC 3339, ms): when it was refused or failed, or when a relayed
+    /// connection closed or was cut. Absent while it is open (and for one still open when
+    /// its session went dormant).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub closed_at: Option<String>,
 }
 
 /// One tool call of a session, as the audit trail keeps it.

@@ -11,7 +11,7 @@ use crate::host::Host;
 use crate::http::{program_side, strip_hop_by_hop, text, upstream_error};
 use crate::meter::{ConnCounts, Metered, BYTES_LIMIT};
 use crate::policy::HostCheck;
-use crate::run::{OpenRecord, Outcome, Record, RunEgress, Serving, CONNECTION_LIMIT};
+use crate::run::{now_ms, OpenRecord, Outcome, Record, RunEgress, Serving, CONNECTION_LIMIT};
 use crate::secrets::{Interceptor, Secret};
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode, Uri};
@@ -228,16 +228,25 @@ async fn forward(conn: &Arc<ClientConn>, req: Request<Incoming>, upstream: (Mete
     }
 }
 
+/// What the program asked the proxy for: the host as records name it, the port, and when
+/// (ms since the epoch).
+#[derive(Clone, Copy)]
+struct Attempt<'a> {
+    host: &'a str,
+    port: u16,
+    asked: u64,
+}
+
 /// An attempt that ends before a connection: its record and the answer.
 fn refuse(
     conn: &ClientConn,
-    host: &str,
-    port: u16,
+    attempt: &Attempt<'_>,
     address: Option<IpAddr>,
     outcome: Outcome,
     status: StatusCode,
     reason: String,
 ) -> Box<Response<Body>> {
+    let Attempt { host, port, asked } = *attempt;
     tracing::debug!(host, port, ?address, ?outcome, %reason, "egress: attempt refused");
     let response = text(status, &reason);
     let record = Record {
@@ -248,6 +257,8 @@ fn refuse(
         bytes_in: 0,
         outcome,
         reason: Some(reason),
+        opened_at_ms: asked,
+        closed_at_ms: Some(now_ms()),
     };
     conn.run.record(record);
     Box::new(response)
@@ -257,23 +268,20 @@ fn refuse(
 /// a checked address. The record of a connection that opens is completed as it closes.
 async fn open(conn: &Arc<ClientConn>, raw_host: &str, port: u16) -> Result<(Metered, OpenRecord), Box<Response<Body>>> {
     let run = &conn.run;
+    let asked = now_ms();
     // Records name the host as rules do (lower case, no trailing dot) where it parses.
     let parsed = Host::parse(raw_host);
     let shown: String = match &parsed {
         Some(host) => host.to_string(),
         None => raw_host.chars().take(256).collect(),
     };
-    let forbidden = |address, outcome, reason| {
-        Err(refuse(
-            conn,
-            &shown,
-            port,
-            address,
-            outcome,
-            StatusCode::FORBIDDEN,
-            reason,
-        ))
+    let attempt = Attempt {
+        host: &shown,
+        port,
+        asked,
     };
+    let forbidden =
+        |address, outcome, reason| Err(refuse(conn, &attempt, address, outcome, StatusCode::FORBIDDEN, reason));
     let Some(host) = parsed else {
         return forbidden(None, Outcome::Refused, format!("{shown} is not a valid host name"));
     };
@@ -310,8 +318,7 @@ async fn open(conn: &Arc<ClientConn>, raw_host: &str, port: u16) -> Result<(Mete
         Err(reason) => {
             return Err(refuse(
                 conn,
-                &shown,
-                port,
+                &attempt,
                 None,
                 Outcome::Failed,
                 StatusCode::BAD_GATEWAY,
@@ -334,8 +341,7 @@ async fn open(conn: &Arc<ClientConn>, raw_host: &str, port: u16) -> Result<(Mete
         let address = addresses.first().map(SocketAddr::ip);
         return Err(refuse(
             conn,
-            &shown,
-            port,
+            &attempt,
             address,
             Outcome::Failed,
             StatusCode::BAD_GATEWAY,
@@ -351,6 +357,8 @@ async fn open(conn: &Arc<ClientConn>, raw_host: &str, port: u16) -> Result<(Mete
         bytes_in: 0,
         outcome: Outcome::Relayed,
         reason: None,
+        opened_at_ms: asked,
+        closed_at_ms: None,
     };
     let metered = Metered {
         inner: stream,

@@ -8,7 +8,7 @@ use serde::Serialize;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 
@@ -72,6 +72,18 @@ pub struct Record {
     pub outcome: Outcome,
     /// Why it was refused, failed or limited.
     pub reason: Option<String>,
+    /// When the program asked the proxy for it, in ms since the epoch.
+    pub opened_at_ms: u64,
+    /// When it was over, in ms since the epoch: when it was refused or failed, or when a
+    /// relayed connection closed or was cut. None while it is open.
+    pub closed_at_ms: Option<u64>,
+}
+
+/// Now, in ms since the epoch (the time of records).
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// A run's egress in numbers.
@@ -155,10 +167,15 @@ impl RunEgress {
         &self.grant
     }
 
-    /// Every connection attempt so far, in the order they were decided (refused, failed or
-    /// connected), at most `MAX_RECORDS`.
+    /// Every connection attempt so far, in the order the program asked for them
+    /// (`opened_at_ms`; attempts asked for in the same ms in the order they were decided),
+    /// at most `MAX_RECORDS`.
     pub fn records(&self) -> Vec<Record> {
-        self.lock_records().clone()
+        let mut records = self.lock_records().clone();
+        // Kept in the order they were decided: one that took long to resolve or connect
+        // is kept after those asked for later.
+        records.sort_by_key(|r| r.opened_at_ms);
+        records
     }
 
     pub fn summary(&self) -> Summary {
@@ -274,6 +291,7 @@ impl RunEgress {
         };
         let mut records = self.lock_records();
         if let Some(record) = records.get_mut(index) {
+            record.closed_at_ms = Some(now_ms());
             record.bytes_out = counts.bytes_out.load(Ordering::Relaxed);
             record.bytes_in = counts.bytes_in.load(Ordering::Relaxed);
             if let Some(reason) = limited {
@@ -365,6 +383,8 @@ mod tests {
             bytes_in: 0,
             outcome: Outcome::Refused,
             reason: Some("not in the policy".into()),
+            opened_at_ms: 1_000,
+            closed_at_ms: Some(1_002),
         }
     }
 
@@ -384,6 +404,32 @@ mod tests {
     }
 
     #[test]
+    fn records_list_in_the_order_asked_for_and_close_with_a_time() {
+        let run = run();
+        let slow = Record {
+            outcome: Outcome::Relayed,
+            reason: None,
+            closed_at_ms: None,
+            ..refused("slow.example")
+        };
+        // Asked for after the slow one but decided first: listed after it all the same.
+        run.record(Record {
+            opened_at_ms: 2_000,
+            closed_at_ms: Some(2_000),
+            ..refused("quick.example")
+        });
+        let before = now_ms();
+        let open = run.record_open(slow, Arc::default(), Arc::default());
+        let hosts = |run: &RunEgress| run.records().into_iter().map(|r| r.host).collect::<Vec<_>>();
+        assert_eq!(hosts(&run), ["slow.example", "quick.example"]);
+        assert_eq!(run.records()[0].closed_at_ms, None);
+        drop(open);
+        let closed = run.records()[0].closed_at_ms.expect("closed with a time");
+        assert!(closed >= before && closed <= now_ms(), "{closed}");
+        assert_eq!(run.open_connections(), 0);
+    }
+
+    #[test]
     fn records_and_summaries_serialize_plainly() {
         let run = run();
         run.record(refused("api.other.com"));
@@ -391,7 +437,8 @@ mod tests {
         assert_eq!(
             json,
             serde_json::json!([{"host": "api.other.com", "port": 443, "address": null, "bytes_out": 0, "bytes_in": 0,
-                "outcome": "refused", "reason": "not in the policy"}])
+                "outcome": "refused", "reason": "not in the policy",
+                "opened_at_ms": 1_000, "closed_at_ms": 1_002}])
         );
         let summary = serde_json::to_value(run.summary()).unwrap();
         assert_eq!(summary["connections"], 1);

@@ -36,9 +36,9 @@ pub trait RunEgress: Send + Sync {
     fn finish(self: Arc<Self>, run_id: String) -> Pin<Box<dyn Future<Output = NetworkSummary> + Send>>;
     /// The `[sandbox]` reason when a bound ended or refused the run's traffic.
     fn limit_reason(&self) -> Option<&'static str>;
-    /// The run's connections so far, in the order they were made (a connection still
-    /// open has its bytes so far), and how many were not recorded: for a programmatic
-    /// session's audit trail.
+    /// The run's connections so far, in the order the program asked for them (a
+    /// connection still open has its bytes so far, and no `closed_at`), and how many were
+    /// not recorded: for a programmatic session's audit trail.
     fn connections(&self) -> (Vec<sandcall_api::AuditConnection>, u64) {
         (Vec::new(), 0)
     }
@@ -52,6 +52,13 @@ pub trait RunEgress: Send + Sync {
     fn trust_bundle(&self) -> Option<String> {
         None
     }
+}
+
+/// A connection record's time, `ms` since the epoch, in the form the audit trail gives
+/// its times (RFC 3339, ms, UTC): `AuditConnection::opened_at` and `closed_at`.
+pub fn record_time(ms: u64) -> String {
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+    humantime::format_rfc3339_millis(at).to_string()
 }
 
 /// What the engine holds of egress: the policy and the directory of the runs' sockets.

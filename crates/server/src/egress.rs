@@ -236,6 +236,8 @@ impl sandcall_engine::egress::RunEgress for RunProxy {
                     bytes_in = r.bytes_in,
                     outcome = ?r.outcome,
                     reason = r.reason,
+                    opened_at = sandcall_engine::egress::record_time(r.opened_at_ms),
+                    closed_at = r.closed_at_ms.map(sandcall_engine::egress::record_time),
                     "egress connection"
                 );
             }
@@ -263,6 +265,7 @@ impl sandcall_engine::egress::RunEgress for RunProxy {
 
     fn connections(&self) -> (Vec<sandcall_api::AuditConnection>, u64) {
         use sandcall_egress::Outcome;
+        use sandcall_engine::egress::record_time;
         let records = self.run.records().into_iter().map(|r| sandcall_api::AuditConnection {
             host: r.host,
             port: r.port,
@@ -277,6 +280,8 @@ impl sandcall_engine::egress::RunEgress for RunProxy {
             }
             .to_owned(),
             reason: r.reason,
+            opened_at: record_time(r.opened_at_ms),
+            closed_at: r.closed_at_ms.map(record_time),
         });
         (records.collect(), self.run.summary().records_dropped)
     }

@@ -538,6 +538,13 @@ pub struct Dormancy {
 pub struct DormantAudit {
     pub calls: Vec<sandcall_api::AuditCall>,
     pub dropped: u64,
+    /// Its connections through the egress proxy (a session granted network), as listed
+    /// when it went dormant, and how many were not listed. Absent in a trail kept by a
+    /// version before them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub connections: Vec<sandcall_api::AuditConnection>,
+    #[serde(default)]
+    pub connections_dropped: u64,
 }
 
 /// What every `SessionStore` must do with dormant sessions and request ids; run against

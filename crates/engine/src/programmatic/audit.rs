@@ -88,6 +88,9 @@ pub struct Audit {
     /// The session's proxy, when it was granted network: its connection records are
     /// listed beside the calls (`connections`).
     network: Option<std::sync::Arc<dyn crate::egress::RunEgress>>,
+    /// The connections a trail brought back from the store listed (and how many it did
+    /// not), listed while no proxy is attached.
+    kept_connections: (Vec<AuditConnection>, u64),
 }
 
 /// Milliseconds since the epoch, as RFC 3339.
@@ -145,6 +148,7 @@ impl Audit {
     /// ended sessions hold more than `max_ended_session_bytes`.
     pub fn release(&mut self) {
         self.network = None;
+        self.kept_connections = (Vec::new(), 0);
         self.dropped += self.records.len() as u64;
         self.records = Vec::new();
         self.bytes = 0;
@@ -305,7 +309,13 @@ impl Audit {
     /// The trail as a dormant session keeps it in the store (`SessionStore::sleep`).
     pub fn snapshot(&self) -> sandcall_store::DormantAudit {
         let (calls, dropped) = self.list();
-        sandcall_store::DormantAudit { calls, dropped }
+        let (connections, connections_dropped) = self.connections();
+        sandcall_store::DormantAudit {
+            calls,
+            dropped,
+            connections,
+            connections_dropped,
+        }
     }
 
     /// The trail of a session brought back from the store: what it listed when it went
@@ -315,6 +325,7 @@ impl Audit {
         let now = SystemTime::now();
         let mut audit = Audit {
             dropped: kept.dropped,
+            kept_connections: (kept.connections, kept.connections_dropped),
             ..Audit::default()
         };
         // Through `push`: a trail kept by an earlier version is held to today's bounds.
@@ -345,14 +356,15 @@ impl Audit {
         self.network = Some(run);
     }
 
-    /// The session's connections through its proxy, in the order they were made, and
-    /// how many are not listed: the latest ones are kept within what the trail's bounds
-    /// leave beside the calls (`MAX_RECORDS`, `MAX_TRAIL_BYTES`).
+    /// The session's connections through its proxy (or those a restored trail kept), in
+    /// the order the program asked for them, and how many are not listed: the latest ones
+    /// are kept within what the trail's bounds leave beside the calls (`MAX_RECORDS`,
+    /// `MAX_TRAIL_BYTES`).
     pub fn connections(&self) -> (Vec<AuditConnection>, u64) {
-        let Some(run) = &self.network else {
-            return (Vec::new(), 0);
+        let (mut all, mut dropped) = match &self.network {
+            Some(run) => run.connections(),
+            None => self.kept_connections.clone(),
         };
-        let (mut all, mut dropped) = run.connections();
         let mut room_records = MAX_RECORDS.saturating_sub(self.records.len());
         let mut room_bytes = MAX_TRAIL_BYTES.saturating_sub(self.bytes);
         let mut keep = 0;
@@ -379,6 +391,8 @@ fn connection_weight(c: &AuditConnection) -> usize {
         + c.address.as_ref().map_or(0, String::len)
         + c.outcome.len()
         + c.reason.as_ref().map_or(0, String::len)
+        + c.opened_at.len()
+        + c.closed_at.as_ref().map_or(0, String::len)
 }
 
 #[cfg(test)]
@@ -489,6 +503,8 @@ mod tests {
                 bytes_in: 0,
                 outcome: "refused".into(),
                 reason: Some("x".repeat(200)),
+                opened_at: crate::egress::record_time(1_000 + i as u64),
+                closed_at: Some(crate::egress::record_time(1_001 + i as u64)),
             };
             ((0..self.0).map(one).collect(), 3)
         }
@@ -516,5 +532,25 @@ mod tests {
         // A released trail lists none.
         audit.release();
         assert_eq!(audit.connections(), (Vec::new(), 0));
+    }
+
+    #[test]
+    fn a_dormant_trail_keeps_its_connections_and_their_count() {
+        let mut audit = Audit::default();
+        audit.refused("s", "t", "no");
+        audit.attach_network(std::sync::Arc::new(Made(4)));
+        let kept = audit.snapshot();
+        assert_eq!((kept.connections.len(), kept.connections_dropped), (4, 3));
+        // Through the store's JSON, as a dormant session keeps it.
+        let json = serde_json::to_string(&kept).unwrap();
+        let back: sandcall_store::DormantAudit = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.connections, kept.connections);
+        let restored = Audit::restore(back);
+        assert_eq!(restored.connections(), (kept.connections.clone(), 3));
+        assert_eq!(restored.connections().0[1].opened_at, "1970-01-01T00:00:01.001Z");
+        assert_eq!(restored.list().0.len(), 1);
+        // A trail kept before connections were: none, none dropped.
+        let old: sandcall_store::DormantAudit = serde_json::from_str(r#"{"calls": [], "dropped": 2}"#).unwrap();
+        assert_eq!(Audit::restore(old).connections(), (Vec::new(), 0));
     }
 }

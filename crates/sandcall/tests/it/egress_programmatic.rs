@@ -1,6 +1,7 @@
 //! Egress for programmatic sessions (docs/egress.md): a session granted network keeps
 //! its proxy across its pauses, its connections are in its audit trail beside its tool
-//! calls, its answer carries the summary, and a session granted network is not
+//! calls, with times that put both in one order, its answer carries the summary, a
+//! dormant session's trail keeps its connections, and a session granted network is not
 //! replayed after a restart (its requests would be made again).
 
 use crate::common::Server;
@@ -65,6 +66,20 @@ fn calls(s: &Server, paused: &Value) -> Value {
     v
 }
 
+/// An RFC 3339 time of the trail, in ms since the epoch.
+fn ms_of(v: &Value) -> u64 {
+    let text = v.as_str().unwrap_or_else(|| panic!("not a time: {v}"));
+    let at = humantime::parse_rfc3339(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+    at.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
 /// The paths the upstream was asked for, in order.
 fn paths(up: &Upstream) -> Vec<String> {
     up.seen()
@@ -120,6 +135,56 @@ fn a_session_reaches_an_allowed_host_before_and_after_a_tool_call_pause() {
         assert!(c["bytes_out"].as_u64().unwrap() > 0, "{trail}");
     }
     assert_eq!(trail["calls"][0]["outcome"]["status"], "answered", "{trail}");
+}
+
+#[test]
+fn connections_carry_times_that_sort_them_among_the_tool_calls() {
+    let up = Upstream::http();
+    let host = format!("127.0.0.2:{}", up.port);
+    let s = egress_server(std::slice::from_ref(&host), "\"127.0.0.2/32\"", "");
+    let code = [
+        "import urllib.request",
+        "r1 = get(n=1)",
+        &format!("body = urllib.request.urlopen('http://{host}/a', timeout=20).read().decode()"),
+        "r2 = get(n=2)",
+        "print(body, r1, r2)",
+        "",
+    ]
+    .join("\n");
+    let began = now_ms();
+    let first = start(&s, code);
+    let (status, second) = answer(&s, &first, json!(1));
+    assert_eq!(
+        (status, &second["status"]),
+        (200, &json!("tool_call_required")),
+        "{second}"
+    );
+    let (status, done) = answer(&s, &second, json!(2));
+    assert_eq!((status, &done["status"]), (200, &json!("completed")), "{done}");
+    let ended = now_ms();
+    assert_eq!(done["stdout"], format!("{GREETING} 1 2\n"), "{done}");
+    let trail = calls(&s, &first);
+    let calls = trail["calls"].as_array().unwrap();
+    let connections = trail["connections"].as_array().unwrap();
+    assert_eq!((calls.len(), connections.len()), (2, 1), "{trail}");
+    let c = &connections[0];
+    let (opened, closed) = (ms_of(&c["opened_at"]), ms_of(&c["closed_at"]));
+    // Within the session's life, and closed no earlier than opened.
+    assert!(
+        began <= opened && opened <= closed && closed <= ended,
+        "{began} {ended} {trail}"
+    );
+    // Made between the two calls: merged by time, it sorts between them.
+    let (call1, call2) = (ms_of(&calls[0]["requested_at"]), ms_of(&calls[1]["requested_at"]));
+    assert!(call1 < opened && opened < call2, "{trail}");
+    let mut merged: Vec<(u64, &str)> = calls
+        .iter()
+        .map(|call| (ms_of(&call["requested_at"]), "call"))
+        .chain(connections.iter().map(|c| (ms_of(&c["opened_at"]), "connection")))
+        .collect();
+    merged.sort_by_key(|(at, _)| *at);
+    let order: Vec<&str> = merged.iter().map(|(_, what)| *what).collect();
+    assert_eq!(order, ["call", "connection", "call"], "{trail}");
 }
 
 #[test]
@@ -187,6 +252,7 @@ fn a_session_granted_network_is_not_replayed_after_an_eviction() {
         &[crate::common::NO_POOL, ("SANDCALL_SESSION_IDLE_EVICT_S", "1")],
         &config,
     );
+    let began = now_ms();
     let paused = start(&s, fetching_program(&host));
     assert_eq!(paths(&up), ["/a"]);
     // Evicted: its sandbox goes, the session waits in the store.
@@ -195,6 +261,24 @@ fn a_session_granted_network_is_not_replayed_after_an_eviction() {
         assert!(t.elapsed().as_secs() < 20, "the paused session was not evicted");
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
+    // Dormant, its trail (in the store) still lists its connection, with its times.
+    let trail = calls(&s, &paused);
+    assert_eq!(trail["calls"].as_array().unwrap().len(), 1, "{trail}");
+    let connections = trail["connections"].as_array().unwrap();
+    assert_eq!(connections.len(), 1, "{trail}");
+    let c = &connections[0];
+    assert_eq!(
+        (&c["host"], &c["port"], &c["outcome"]),
+        (&json!("127.0.0.2"), &json!(up.port), &json!("relayed")),
+        "{trail}"
+    );
+    assert!(c["bytes_in"].as_u64().unwrap() > GREETING.len() as u64, "{trail}");
+    let opened = ms_of(&c["opened_at"]);
+    assert!(
+        began <= opened && opened <= ms_of(&trail["calls"][0]["requested_at"]),
+        "{trail}"
+    );
+    assert!(trail.get("connections_dropped").is_none(), "{trail}");
     let (status, v) = answer(&s, &paused, json!(42));
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["status"], "error", "{v}");
