@@ -538,6 +538,12 @@ pub struct Dormancy {
 pub struct DormantAudit {
     pub calls: Vec<sandcall_api::AuditCall>,
     pub dropped: u64,
+    /// A session granted network: its connections as the trail listed them, and how
+    /// many it did not list (`CallsResponse::connections`, `connections_dropped`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub connections: Vec<sandcall_api::AuditConnection>,
+    #[serde(default)]
+    pub connections_dropped: u64,
 }
 
 /// What every `SessionStore` must do with dormant sessions and request ids; run against

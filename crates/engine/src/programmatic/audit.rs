@@ -303,9 +303,17 @@ impl Audit {
     }
 
     /// The trail as a dormant session keeps it in the store (`SessionStore::sleep`).
+    /// A session granted network keeps its connections too: it is never brought back
+    /// (docs/egress.md, "Replay"), so the store is where they are listed from then on.
     pub fn snapshot(&self) -> sandcall_store::DormantAudit {
         let (calls, dropped) = self.list();
-        sandcall_store::DormantAudit { calls, dropped }
+        let (connections, connections_dropped) = self.connections();
+        sandcall_store::DormantAudit {
+            calls,
+            dropped,
+            connections,
+            connections_dropped,
+        }
     }
 
     /// The trail of a session brought back from the store: what it listed when it went
@@ -516,5 +524,20 @@ mod tests {
         // A released trail lists none.
         audit.release();
         assert_eq!(audit.connections(), (Vec::new(), 0));
+    }
+
+    #[test]
+    fn a_dormant_trail_keeps_the_connections_and_an_older_one_without_them_still_reads() {
+        let mut audit = Audit::default();
+        audit.refused("s", "t", "no");
+        audit.attach_network(std::sync::Arc::new(Made(2)));
+        let kept = audit.snapshot();
+        assert_eq!((kept.calls.len(), kept.connections.len(), kept.connections_dropped), (1, 2, 3));
+        let json = serde_json::to_string(&kept).unwrap();
+        let back: sandcall_store::DormantAudit = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.connections, kept.connections);
+        // A trail a server kept before connections were: none, not an error.
+        let old: sandcall_store::DormantAudit = serde_json::from_str(r#"{"calls":[],"dropped":4}"#).unwrap();
+        assert_eq!((old.dropped, old.connections.len(), old.connections_dropped), (4, 0, 0));
     }
 }

@@ -783,4 +783,50 @@ mod egress {
         );
         assert_eq!(paths(&up), ["/a"]);
     }
+
+    #[test]
+    fn an_evicted_session_with_network_keeps_its_connections_in_the_trail_on_every_node() {
+        let up = Upstream::http();
+        let host = format!("127.0.0.2:{}", up.port);
+        let config = format!(
+            "egress_allow = [{host:?}]\negress_principals = [\"*\"]\negress_allow_addresses = [\"127.0.0.2/32\"]\n"
+        );
+        let redis = redis_url();
+        let a = node_with_config(&redis, &[("SANDCALL_SESSION_IDLE_EVICT_S", "1")], &config);
+        let b = node_with_config(&redis, &[], &config);
+        let paused = start_fetching(&a, &host);
+        // Evicted on A: the store alone keeps it, and its trail.
+        let t = Instant::now();
+        loop {
+            let (_, _, health) = a.request("GET", "/v1/health", None, None);
+            if health["sessions"].as_u64() == Some(0) {
+                break;
+            }
+            assert!(t.elapsed() < Duration::from_secs(15), "not evicted: {health}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        for s in [&b, &a] {
+            let trail = connections(s, &paused);
+            assert_eq!(trail.body["calls"].as_array().map(Vec::len), Some(1), "{}", trail.body);
+            let listed = trail.body["connections"].as_array().unwrap();
+            assert_eq!(listed.len(), 1, "the connection made before the pause: {}", trail.body);
+            assert_eq!(listed[0]["host"], "127.0.0.2", "{}", trail.body);
+            assert_eq!(listed[0]["outcome"], "relayed", "{}", trail.body);
+            assert!(listed[0]["bytes_in"].as_u64().unwrap() > 0, "{}", trail.body);
+        }
+        // Its resume through B ends it without a replay.
+        let ended = resume(&b, &paused, json!(42));
+        assert_eq!(ended.body["status"], "error", "{}", ended.body);
+        assert!(
+            ended.body["error"].as_str().unwrap_or_default().contains("granted network"),
+            "{}",
+            ended.body
+        );
+        assert_eq!(paths(&up), ["/a"]);
+        let id = paused["session_id"].as_str().unwrap();
+        // Ended and forgotten, as a session that cannot be brought back is (the log
+        // keeps its connections).
+        let after = send(&b, "GET", &format!("{ROUTE}/{id}/calls"), None);
+        assert_eq!(after.status, 404, "{}", after.body);
+    }
 }

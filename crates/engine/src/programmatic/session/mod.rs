@@ -647,8 +647,8 @@ impl Sessions {
             calls: kept.calls,
             calls_dropped: kept.dropped,
             trail_released: false,
-            connections: Vec::new(),
-            connections_dropped: 0,
+            connections: kept.connections,
+            connections_dropped: kept.connections_dropped,
         })
     }
 
