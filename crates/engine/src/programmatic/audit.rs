@@ -532,7 +532,10 @@ mod tests {
         audit.refused("s", "t", "no");
         audit.attach_network(std::sync::Arc::new(Made(2)));
         let kept = audit.snapshot();
-        assert_eq!((kept.calls.len(), kept.connections.len(), kept.connections_dropped), (1, 2, 3));
+        assert_eq!(
+            (kept.calls.len(), kept.connections.len(), kept.connections_dropped),
+            (1, 2, 3)
+        );
         let json = serde_json::to_string(&kept).unwrap();
         let back: sandcall_store::DormantAudit = serde_json::from_str(&json).unwrap();
         assert_eq!(back.connections, kept.connections);

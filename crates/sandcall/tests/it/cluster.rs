@@ -725,7 +725,12 @@ mod egress {
         let paused = start_fetching(&a, &host);
         // While it waits, B lists the connection made before the pause.
         let trail = connections(&b, &paused);
-        assert_eq!(trail.body["connections"].as_array().map(Vec::len), Some(1), "{}", trail.body);
+        assert_eq!(
+            trail.body["connections"].as_array().map(Vec::len),
+            Some(1),
+            "{}",
+            trail.body
+        );
         assert_eq!(trail.body["connections"][0]["outcome"], "relayed", "{}", trail.body);
         let done = resume(&b, &paused, json!(42));
         assert_eq!(done.status, 200, "{}", done.body);
@@ -748,7 +753,11 @@ mod egress {
         for c in listed {
             assert_eq!(c["outcome"], "relayed", "{}", trail.body);
             assert_eq!(c["host"], "127.0.0.2", "{}", trail.body);
-            assert!(c["bytes_in"].as_u64().unwrap() > GREETING.len() as u64, "{}", trail.body);
+            assert!(
+                c["bytes_in"].as_u64().unwrap() > GREETING.len() as u64,
+                "{}",
+                trail.body
+            );
         }
         assert_eq!(trail.body["calls"][0]["name"], "get", "{}", trail.body);
     }
@@ -808,7 +817,7 @@ mod egress {
         for s in [&b, &a] {
             let trail = connections(s, &paused);
             assert_eq!(trail.body["calls"].as_array().map(Vec::len), Some(1), "{}", trail.body);
-            let listed = trail.body["connections"].as_array().unwrap();
+            let listed = trail.body["connections"].as_array().cloned().unwrap_or_default();
             assert_eq!(listed.len(), 1, "the connection made before the pause: {}", trail.body);
             assert_eq!(listed[0]["host"], "127.0.0.2", "{}", trail.body);
             assert_eq!(listed[0]["outcome"], "relayed", "{}", trail.body);
@@ -818,7 +827,10 @@ mod egress {
         let ended = resume(&b, &paused, json!(42));
         assert_eq!(ended.body["status"], "error", "{}", ended.body);
         assert!(
-            ended.body["error"].as_str().unwrap_or_default().contains("granted network"),
+            ended.body["error"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("granted network"),
             "{}",
             ended.body
         );

@@ -217,12 +217,21 @@ console.log(out.stdout.trim(), out.stderr.trim());
         .to_owned();
     assert!(placeholder.starts_with("sandcall-secret-"), "{r}");
     let mut lines = out.lines().skip(1);
-    assert_eq!(lines.next(), Some(format!("status 200 Bearer {placeholder}").as_str()), "{r}");
+    assert_eq!(
+        lines.next(),
+        Some(format!("status 200 Bearer {placeholder}").as_str()),
+        "{r}"
+    );
     assert_eq!(lines.next(), Some("body-has-placeholder true"), "{r}");
     // Without the bundle's CA the handshake with the proxy fails: no request is made.
     let child = lines.next().unwrap_or_default();
-    assert!(child.starts_with("child-failed "), "{r}");
-    assert!(!child.contains("undefined"), "a TLS error's code: {r}");
+    let code = child.strip_prefix("child-failed ").unwrap_or_default().trim();
+    let untrusted = [
+        "SELF_SIGNED_CERT_IN_CHAIN",
+        "UNABLE_TO_GET_ISSUER_CERT_LOCALLY",
+        "UNABLE_TO_VERIFY_LEAF_SIGNATURE",
+    ];
+    assert!(untrusted.contains(&code), "a certificate error: {r}");
     assert!(!r.to_string().contains(VALUE), "the program saw the secret: {r}");
     // The host got the value in its header, once (the parent's request).
     let seen = secret_host.seen();
