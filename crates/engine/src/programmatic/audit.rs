@@ -307,6 +307,8 @@ impl Audit {
     }
 
     /// The trail as a dormant session keeps it in the store (`SessionStore::sleep`).
+    /// A session granted network keeps its connections too: it is never brought back
+    /// (docs/egress.md, "Replay"), so the store is where they are listed from then on.
     pub fn snapshot(&self) -> sandcall_store::DormantAudit {
         let (calls, dropped) = self.list();
         let (connections, connections_dropped) = self.connections();

@@ -629,3 +629,216 @@ fn cancel_by_request_id_reaches_a_session_from_any_node_live_or_evicted() {
     let resumed = resume(&a, &evicted.body, json!(1));
     assert!(resumed.status == 404 || resumed.status == 409, "{}", resumed.body);
 }
+
+/// Egress in a cluster (docs/egress.md): each node serves its own runs' proxy, a session
+/// granted network is resumed through any node (forwarded to the node that holds it live),
+/// and one whose node died is not replayed elsewhere. The upstream is a real server of
+/// this process on 127.0.0.2, which every node's configuration names explicitly.
+mod egress {
+    use super::*;
+    use crate::egress::{Upstream, GREETING};
+    use crate::egress_programmatic::{fetching_program, paths};
+
+    /// Two nodes over `redis` whose runs may reach `host` (every principal).
+    fn nodes(redis: &str, host: &str) -> (Server, Server) {
+        let config = format!(
+            "egress_allow = [{host:?}]\negress_principals = [\"*\"]\negress_allow_addresses = [\"127.0.0.2/32\"]\n"
+        );
+        (
+            node_with_config(redis, &[], &config),
+            node_with_config(redis, &[], &config),
+        )
+    }
+
+    /// The sum of `/metrics`' samples of `name` with `label`.
+    fn metric(s: &Server, name: &str, label: &str) -> u64 {
+        let (status, _, text) = s.request("GET", "/metrics", None, None);
+        assert_eq!(status, 200, "{text}");
+        let text = text.as_str().unwrap_or_default().to_owned();
+        text.lines()
+            .filter(|l| l.starts_with(name) && l.contains(label))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    }
+
+    fn start_fetching(s: &Server, host: &str) -> Value {
+        let a = send(
+            s,
+            "POST",
+            ROUTE,
+            Some(&json!({
+                "language": "python", "code": fetching_program(host), "tools": [get_tool()],
+                "network": {}, "timeout": 60000,
+            })),
+        );
+        assert_eq!(a.status, 200, "start: {}", a.body);
+        assert_eq!(a.body["status"], "tool_call_required", "{}", a.body);
+        assert_eq!(a.body["partial_stdout"], format!("before {GREETING}\n"), "{}", a.body);
+        assert_eq!(a.node, s.base, "the node that started it answers");
+        a.body
+    }
+
+    fn connections(s: &Server, paused: &Value) -> Answer {
+        let id = paused["session_id"].as_str().unwrap();
+        let a = send(s, "GET", &format!("{ROUTE}/{id}/calls"), None);
+        assert_eq!(a.status, 200, "{}", a.body);
+        a
+    }
+
+    #[test]
+    fn exec_with_network_reaches_an_allowed_host_and_is_refused_others_on_either_node() {
+        let up = Upstream::http();
+        let host = format!("127.0.0.2:{}", up.port);
+        let (a, b) = nodes(&redis_url(), &host);
+        for (name, s, other) in [("a", &a, &b), ("b", &b, &a)] {
+            let code = format!(
+                "import urllib.request\nprint(urllib.request.urlopen('http://{host}/{name}', timeout=20).read().decode())\n\
+                 try:\n    urllib.request.urlopen('http://evil.example.org/x', timeout=20)\n    print('reached')\n\
+                 except Exception as e:\n    print('refused', getattr(e, 'code', e))\n"
+            );
+            let before = metric(other, "sandcall_egress_connections_total", "relayed");
+            let r = s.exec(json!({"language": "python", "code": code, "network": {}, "timeout": 60000}));
+            assert_eq!(r["stdout"], format!("{GREETING}\nrefused 403\n"), "{name}: {r}");
+            assert_eq!(r["network"]["connections"], 2, "{name}: {r}");
+            assert_eq!(r["network"]["refused"], 1, "{name}: {r}");
+            // This node's own proxy served it: its metrics count the connection, the
+            // other node's do not move.
+            assert!(metric(s, "sandcall_egress_connections_total", "relayed") >= 1, "{name}");
+            assert_eq!(
+                metric(other, "sandcall_egress_connections_total", "relayed"),
+                before,
+                "{name}"
+            );
+            // Its socket went with its run.
+            let left: Vec<_> = std::fs::read_dir(s.data_dir.join("egress")).unwrap().collect();
+            assert!(left.is_empty(), "{name}: {left:?}");
+        }
+        let seen: Vec<String> = paths(&up);
+        assert_eq!(seen, ["/a", "/b"], "the refused host reached nothing");
+    }
+
+    #[test]
+    fn a_session_with_network_resumed_through_another_node_goes_on_at_its_owner() {
+        let up = Upstream::http();
+        let host = format!("127.0.0.2:{}", up.port);
+        let (a, b) = nodes(&redis_url(), &host);
+        let paused = start_fetching(&a, &host);
+        // While it waits, B lists the connection made before the pause.
+        let trail = connections(&b, &paused);
+        assert_eq!(
+            trail.body["connections"].as_array().map(Vec::len),
+            Some(1),
+            "{}",
+            trail.body
+        );
+        assert_eq!(trail.body["connections"][0]["outcome"], "relayed", "{}", trail.body);
+        let done = resume(&b, &paused, json!(42));
+        assert_eq!(done.status, 200, "{}", done.body);
+        assert_eq!(done.body["status"], "completed", "{}", done.body);
+        assert_eq!(
+            done.body["stdout"],
+            format!("before {GREETING}\nafter {GREETING} 42\n"),
+            "{}",
+            done.body
+        );
+        assert_eq!(done.node, a.base, "A, which holds it live, answered");
+        assert_eq!(done.resume, "live");
+        assert_eq!(done.body["network"]["connections"], 2, "{}", done.body);
+        // The request after the resume reached the upstream, once.
+        assert_eq!(paths(&up), ["/a", "/b"]);
+        // Through B, the trail lists both connections with their bytes.
+        let trail = connections(&b, &paused);
+        let listed = trail.body["connections"].as_array().unwrap();
+        assert_eq!(listed.len(), 2, "{}", trail.body);
+        for c in listed {
+            assert_eq!(c["outcome"], "relayed", "{}", trail.body);
+            assert_eq!(c["host"], "127.0.0.2", "{}", trail.body);
+            assert!(
+                c["bytes_in"].as_u64().unwrap() > GREETING.len() as u64,
+                "{}",
+                trail.body
+            );
+        }
+        assert_eq!(trail.body["calls"][0]["name"], "get", "{}", trail.body);
+    }
+
+    #[test]
+    fn a_session_with_network_whose_node_is_killed_ends_with_an_error_on_another_not_a_replay() {
+        let up = Upstream::http();
+        let host = format!("127.0.0.2:{}", up.port);
+        let (a, b) = nodes(&redis_url(), &host);
+        let paused = start_fetching(&a, &host);
+        assert_eq!(paths(&up), ["/a"]);
+        kill_hard(a);
+        // B takes it over once A's lease has run out, and ends it: a replay would make
+        // its first request again.
+        let started = Instant::now();
+        let ended = resume(&b, &paused, json!(42));
+        assert!(started.elapsed() < Duration::from_secs(60), "{:?}", started.elapsed());
+        assert_eq!(ended.status, 200, "{}", ended.body);
+        assert_eq!(ended.body["status"], "error", "{}", ended.body);
+        assert_eq!(ended.body["error_type"], "sandbox_failure", "{}", ended.body);
+        let message = ended.body["error"].as_str().unwrap_or_default();
+        assert!(message.contains("granted network"), "{}", ended.body);
+        assert_eq!(ended.node, b.base);
+        assert_eq!(paths(&up), ["/a"], "nothing was requested again");
+        // It is over on every node.
+        let again = resume(&b, &paused, json!(42));
+        assert!(
+            again.status == 404 || again.status == 409 || again.body["status"] == "error",
+            "{} {}",
+            again.status,
+            again.body
+        );
+        assert_eq!(paths(&up), ["/a"]);
+    }
+
+    #[test]
+    fn an_evicted_session_with_network_keeps_its_connections_in_the_trail_on_every_node() {
+        let up = Upstream::http();
+        let host = format!("127.0.0.2:{}", up.port);
+        let config = format!(
+            "egress_allow = [{host:?}]\negress_principals = [\"*\"]\negress_allow_addresses = [\"127.0.0.2/32\"]\n"
+        );
+        let redis = redis_url();
+        let a = node_with_config(&redis, &[("SANDCALL_SESSION_IDLE_EVICT_S", "1")], &config);
+        let b = node_with_config(&redis, &[], &config);
+        let paused = start_fetching(&a, &host);
+        // Evicted on A: the store alone keeps it, and its trail.
+        let t = Instant::now();
+        loop {
+            let (_, _, health) = a.request("GET", "/v1/health", None, None);
+            if health["sessions"].as_u64() == Some(0) {
+                break;
+            }
+            assert!(t.elapsed() < Duration::from_secs(15), "not evicted: {health}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        for s in [&b, &a] {
+            let trail = connections(s, &paused);
+            assert_eq!(trail.body["calls"].as_array().map(Vec::len), Some(1), "{}", trail.body);
+            let listed = trail.body["connections"].as_array().cloned().unwrap_or_default();
+            assert_eq!(listed.len(), 1, "the connection made before the pause: {}", trail.body);
+            assert_eq!(listed[0]["host"], "127.0.0.2", "{}", trail.body);
+            assert_eq!(listed[0]["outcome"], "relayed", "{}", trail.body);
+            assert!(listed[0]["bytes_in"].as_u64().unwrap() > 0, "{}", trail.body);
+        }
+        // Its resume through B ends it without a replay.
+        let ended = resume(&b, &paused, json!(42));
+        assert_eq!(ended.body["status"], "error", "{}", ended.body);
+        assert!(
+            ended.body["error"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("granted network"),
+            "{}",
+            ended.body
+        );
+        assert_eq!(paths(&up), ["/a"]);
+        let id = paused["session_id"].as_str().unwrap();
+        // Ended and forgotten, as a session that cannot be brought back is (the log
+        // keeps its connections).
+        let after = send(&b, "GET", &format!("{ROUTE}/{id}/calls"), None);
+        assert_eq!(after.status, 404, "{}", after.body);
+    }
+}

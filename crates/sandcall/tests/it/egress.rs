@@ -169,7 +169,7 @@ fn run(s: &Server, language: &str, code: &str, network: Value) -> Value {
 }
 
 #[test]
-fn an_allowed_https_host_is_reached_by_curl_python_and_requests() {
+fn an_allowed_https_host_is_reached_by_curl_python_requests_and_node_fetch() {
     let up = Upstream::https();
     let host = format!("127.0.0.2:{}", up.port);
     let s = egress_server(std::slice::from_ref(&host), "\"127.0.0.2/32\"", "");
@@ -195,7 +195,22 @@ print(requests.get({url:?}, verify="/tmp/ca.pem", timeout=20).text)
     let r = run(&s, "python", &py, json!({"allow": [host]}));
     assert_eq!(r["stdout"], format!("{GREETING}\n{GREETING}\n"), "{r}");
     assert_eq!(r["network"]["connections"], 2, "{r}");
-    assert_eq!(up.seen().len(), 3, "{:?}", up.seen());
+    // Node's fetch (the preload's agent) through a CONNECT tunnel: a child `node`, since
+    // NODE_EXTRA_CA_CERTS, here the upstream's certificate, is read as a process starts.
+    let js = format!(
+        r#"
+require("node:fs").writeFileSync("/tmp/ca.pem", {ca:?});
+const child = `fetch({url:?}).then(async (r) => console.log(r.status, await r.text()),
+  (e) => console.log("failed", e.cause && e.cause.code))`;
+const env = {{ ...process.env, NODE_EXTRA_CA_CERTS: "/tmp/ca.pem" }};
+const out = require("node:child_process").spawnSync(process.execPath, ["-e", child], {{ env, encoding: "utf8" }});
+process.stdout.write(out.stdout + out.stderr);
+"#
+    );
+    let r = run(&s, "javascript", &js, json!({}));
+    assert_eq!(r["stdout"], format!("200 {GREETING}\n"), "{r}");
+    assert_eq!(r["network"]["connections"], 1, "{r}");
+    assert_eq!(up.seen().len(), 4, "{:?}", up.seen());
     // Each run's socket on the host is gone with its run.
     let left: Vec<_> = std::fs::read_dir(s.data_dir.join("egress")).unwrap().collect();
     assert!(left.is_empty(), "{left:?}");

@@ -19,7 +19,7 @@ fn get_tool() -> Value {
 }
 
 /// A Python program that fetches `/a` from `host`, calls `get`, then fetches `/b`.
-fn fetching_program(host: &str) -> String {
+pub(crate) fn fetching_program(host: &str) -> String {
     [
         "import urllib.request",
         "def fetch(path):",
@@ -81,7 +81,7 @@ fn now_ms() -> u64 {
 }
 
 /// The paths the upstream was asked for, in order.
-fn paths(up: &Upstream) -> Vec<String> {
+pub(crate) fn paths(up: &Upstream) -> Vec<String> {
     up.seen()
         .iter()
         .map(|head| head.split_whitespace().nth(1).unwrap_or_default().to_owned())

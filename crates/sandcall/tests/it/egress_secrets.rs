@@ -75,16 +75,14 @@ fn tls_upstream() -> (Echo, String) {
     (Echo::start("127.0.0.1:0", Some(Arc::new(config))), ca_pem)
 }
 
-#[test]
-fn a_secret_reaches_its_host_and_the_program_sees_only_the_placeholder() {
-    let (secret_host, test_ca) = tls_upstream();
-    let other = Echo::start("127.0.0.2:0", None);
+/// A server whose runs may reach `host` (its secret's, `localhost`) and `other_host`, the
+/// secret `VALUE` in `authorization` for `localhost` (placeholder in `API_TOKEN`), the test
+/// CA `test_ca` trusted for upstreams; with the file of its log (debug), in its directory.
+fn secret_server(host: &str, other_host: &str, test_ca: &str) -> (Server, std::path::PathBuf) {
     let dir = Server::new_dir();
-    let roots = dir.join("roots.pem");
-    std::fs::write(&roots, &test_ca).unwrap();
     let log = dir.join("server.log");
-    let host = format!("localhost:{}", secret_host.port);
-    let other_host = format!("127.0.0.2:{}", other.port);
+    let roots = dir.join("roots.pem");
+    std::fs::write(&roots, test_ca).unwrap();
     let config = format!(
         "egress_allow = [{host:?}, {other_host:?}]\negress_principals = [\"*\"]\n\
          egress_allow_addresses = [\"127.0.0.0/8\", \"::1/128\"]\negress_extra_roots = {roots:?}\n\
@@ -97,7 +95,16 @@ fn a_secret_reaches_its_host_and_the_program_sees_only_the_placeholder() {
         ("SANDCALL_LOG", "debug"),
         (STDERR_FILE, log_path),
     ];
-    let s = Server::launch(dir.clone(), &env, &config, None);
+    (Server::launch(dir, &env, &config, None), log)
+}
+
+#[test]
+fn a_secret_reaches_its_host_and_the_program_sees_only_the_placeholder() {
+    let (secret_host, test_ca) = tls_upstream();
+    let other = Echo::start("127.0.0.2:0", None);
+    let host = format!("localhost:{}", secret_host.port);
+    let other_host = format!("127.0.0.2:{}", other.port);
+    let (s, log) = secret_server(&host, &other_host, &test_ca);
     let run = |language: &str, code: &str| -> Value {
         s.exec(json!({"language": language, "code": code, "network": {}, "timeout": 60000}))
     };
@@ -167,6 +174,77 @@ print("requests", resp.headers["X-Echo-Auth"])
     drop(s);
     assert!(log.contains("egress connection"), "the log shows no connection: {log}");
     assert!(!log.contains(VALUE), "the server logged the secret");
+}
+
+#[test]
+fn node_fetch_over_https_to_a_secrets_host_sends_the_secret_and_sees_the_placeholder() {
+    let (secret_host, test_ca) = tls_upstream();
+    let other = Echo::start("127.0.0.2:0", None);
+    let host = format!("localhost:{}", secret_host.port);
+    let other_host = format!("127.0.0.2:{}", other.port);
+    let (s, _log) = secret_server(&host, &other_host, &test_ca);
+    let url = format!("https://{host}/node");
+    // `localhost` is in NO_PROXY; the preload's EnvHttpProxyAgent reads NO_PROXY at each
+    // request, so the program clears it as the curl and Python cases do. Then a child
+    // `node` (the preload comes with NODE_OPTIONS) without NODE_EXTRA_CA_CERTS: the
+    // proxy's certificate for the host does not verify there.
+    let js = format!(
+        r#"
+const {{ spawnSync }} = require("node:child_process");
+const token = process.env.API_TOKEN;
+console.log("token=" + token);
+delete process.env.NO_PROXY;
+delete process.env.no_proxy;
+const r = await fetch({url:?}, {{ headers: {{ Authorization: "Bearer " + token }} }});
+const body = await r.text();
+console.log("status", r.status, r.headers.get("x-echo-auth"));
+console.log("body-has-placeholder", body.includes("Bearer " + token));
+const env = {{ ...process.env }};
+delete env.NODE_EXTRA_CA_CERTS;
+const child = `fetch({url:?}, {{ headers: {{ Authorization: "Bearer " + process.env.API_TOKEN }} }})
+  .then((r) => console.log("child", r.status), (e) => console.log("child-failed", e.cause && e.cause.code))`;
+const out = spawnSync(process.execPath, ["-e", child], {{ env, encoding: "utf8", timeout: 30000 }});
+console.log(out.stdout.trim(), out.stderr.trim());
+"#
+    );
+    let r = s.exec(json!({"language": "javascript", "code": js, "network": {}, "timeout": 60000}));
+    let out = r["stdout"].as_str().unwrap_or_default().to_owned();
+    let placeholder = out
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix("token="))
+        .unwrap_or_default()
+        .to_owned();
+    assert!(placeholder.starts_with("sandcall-secret-"), "{r}");
+    let mut lines = out.lines().skip(1);
+    assert_eq!(
+        lines.next(),
+        Some(format!("status 200 Bearer {placeholder}").as_str()),
+        "{r}"
+    );
+    assert_eq!(lines.next(), Some("body-has-placeholder true"), "{r}");
+    // Without the bundle's CA the handshake with the proxy fails: no request is made.
+    let child = lines.next().unwrap_or_default();
+    let code = child.strip_prefix("child-failed ").unwrap_or_default().trim();
+    let untrusted = [
+        "SELF_SIGNED_CERT_IN_CHAIN",
+        "UNABLE_TO_GET_ISSUER_CERT_LOCALLY",
+        "UNABLE_TO_VERIFY_LEAF_SIGNATURE",
+    ];
+    assert!(untrusted.contains(&code), "a certificate error: {r}");
+    assert!(!r.to_string().contains(VALUE), "the program saw the secret: {r}");
+    // The host got the value in its header, once (the parent's request).
+    let seen = secret_host.seen();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    let auth = seen[0]
+        .lines()
+        .find(|l| l.to_ascii_lowercase().starts_with("authorization:"));
+    assert_eq!(
+        auth.map(|l| l[14..].trim()),
+        Some(format!("Bearer {VALUE}").as_str()),
+        "{seen:?}"
+    );
+    assert!(other.seen().is_empty());
 }
 
 #[test]
