@@ -12,6 +12,7 @@
 //! sandbox and reports the run out of memory (`runner::end_at_memory_limit`).
 
 use sandcall_sandbox::cgroup::{CgroupRoot, RunCgroup};
+use sandcall_sandbox::mounts::HostView;
 use sandcall_sandbox::protocol::Limits;
 use sandcall_sandbox::protocol::EGRESS_CHANNEL_FD;
 use std::ffi::CString;
@@ -85,7 +86,20 @@ pub fn for_config(
         Err(_) => return Ok(None),
     };
     let writable = [host.runs_dir.as_path(), host.outbox_dir.as_path()];
-    let gvisor = Gvisor::prepare(runsc, &host.data_dir, helper_exe, host.cgroups.clone(), &writable)?;
+    let (extra, node_modules) = crate::runner::program_host_paths(config);
+    let mut view = sandcall_sandbox::mounts::host_view(&extra, node_modules.as_deref());
+    // The helper, and the stored files it stages as a run's inputs (the local
+    // store's objects, an S3 store's local copies: `sandcall_store`).
+    // Its directory: gVisor names a file bound alone `/` in `/proc/self/exe`, which the
+    // helper binds into a programmatic run's root as its tool client.
+    view.paths.extend(helper_exe.parent().map(Path::to_path_buf));
+    for dir in ["objects", "cache"] {
+        let dir = host.data_dir.join("files").join(dir);
+        // runsc refuses a bind whose source is missing; the store makes one of them.
+        let _ = fs::create_dir_all(&dir);
+        view.paths.push(dir);
+    }
+    let gvisor = Gvisor::prepare(runsc, &host.data_dir, helper_exe, host.cgroups.clone(), &writable, view)?;
     Ok(Some(std::sync::Arc::new(gvisor)))
 }
 
@@ -168,14 +182,16 @@ pub struct Gvisor {
 impl Gvisor {
     /// Writes the bundle under `<data_dir>/gvisor` and sweeps whatever gVisor sandboxes
     /// an earlier server left there. `writable` are the host directories the helper
-    /// writes in (the staging directories, the outbox); everything else of the host is
-    /// seen read-only.
+    /// writes in (the staging directories, the outbox); of the rest of the host, a
+    /// sandbox sees only `view`, read-only: what its programs' roots are built from, the
+    /// helper and the stored files (`root_binds`).
     pub fn prepare(
         runsc: PathBuf,
         data_dir: &Path,
         helper_exe: &Path,
         host_cgroups: CgroupRoot,
         writable: &[&Path],
+        view: HostView,
     ) -> Result<Gvisor, GvisorError> {
         let dir = data_dir.join("gvisor");
         let gvisor = Gvisor {
@@ -198,8 +214,12 @@ impl Gvisor {
             fs::create_dir_all(dir).map_err(bundle_err(dir))?;
         }
         fs::create_dir_all(&gvisor.bundle).map_err(bundle_err(&gvisor.bundle))?;
+        let root = dir.join("root");
+        let binds = root_binds(&view);
+        build_skeleton(&root, &view.symlinks, &binds, writable).map_err(bundle_err(&root))?;
         let config = gvisor.bundle.join("config.json");
-        let spec = serde_json::to_vec_pretty(&oci_spec(helper_exe, writable)).map_err(|e| GvisorError::Bundle {
+        let spec = oci_spec(helper_exe, &root, &binds, writable);
+        let spec = serde_json::to_vec_pretty(&spec).map_err(|e| GvisorError::Bundle {
             path: config.clone(),
             source: e.into(),
         })?;
@@ -411,12 +431,73 @@ fn state_file_id(name: &str) -> Option<&str> {
     (!id.is_empty()).then_some(id)
 }
 
-/// The OCI runtime spec of every gVisor sandbox: the host's root read-only (its `/tmp`
-/// too: a data directory may be there), `writable` bound read-write, gVisor's own
-/// `/proc`, `/dev`, `/sys` and cgroup controllers, and
-/// the helper as the one process, root inside gVisor's kernel with the capabilities it
-/// builds sandboxes with.
-fn oci_spec(helper_exe: &Path, writable: &[&Path]) -> serde_json::Value {
+/// The host paths a gVisor sandbox gets read-only: `view`'s, each once (one under a
+/// top-level symlink, such as `/lib64/...` with a merged `/usr`, by the path it leads
+/// to), none under another (that one's bind holds it).
+fn root_binds(view: &HostView) -> Vec<PathBuf> {
+    let mut paths: Vec<PathBuf> = view
+        .paths
+        .iter()
+        .map(|p| {
+            view.symlinks
+                .iter()
+                .find_map(|(link, target)| {
+                    let rest = p.strip_prefix(link).ok()?;
+                    Some(Path::new("/").join(target).join(rest))
+                })
+                .unwrap_or_else(|| p.clone())
+        })
+        .collect();
+    paths.sort();
+    let mut kept: Vec<PathBuf> = Vec::new();
+    for path in paths {
+        if !kept.iter().any(|k| path.starts_with(k)) {
+            kept.push(path);
+        }
+    }
+    kept
+}
+
+/// The root every gVisor sandbox starts from, at `root` (made again at each start): an
+/// otherwise empty tree with a mount point for each of `binds` and `writable` (a
+/// directory, or a file for a file), gVisor's own `/proc`, `/dev` and `/sys`, and the
+/// top-level `symlinks` of the host's (merged `/usr`).
+fn build_skeleton(
+    root: &Path,
+    symlinks: &[(PathBuf, PathBuf)],
+    binds: &[PathBuf],
+    writable: &[&Path],
+) -> std::io::Result<()> {
+    let _ = fs::remove_dir_all(root);
+    fs::create_dir_all(root)?;
+    let inside = |path: &Path| root.join(path.strip_prefix("/").unwrap_or(path));
+    for (link, target) in symlinks {
+        std::os::unix::fs::symlink(target, inside(link))?;
+    }
+    for dir in [PROC, DEV, SYS] {
+        fs::create_dir_all(inside(Path::new(dir)))?;
+    }
+    for path in binds.iter().map(PathBuf::as_path).chain(writable.iter().copied()) {
+        let at = inside(path);
+        if path.is_dir() {
+            fs::create_dir_all(&at)?;
+        } else {
+            if let Some(parent) = at.parent() {
+                fs::create_dir_all(parent)?;
+            }
+            fs::File::create(&at)?;
+        }
+    }
+    Ok(())
+}
+
+/// The OCI runtime spec of every gVisor sandbox: `root` (`build_skeleton`) read-only,
+/// `binds` bound read-only and `writable` read-write at their own paths, gVisor's own
+/// `/proc`, `/dev`, `/sys` and cgroup controllers, and the helper as the one process,
+/// root inside gVisor's kernel with the capabilities it builds sandboxes with. Nothing
+/// else of the host is there: not its `/etc`, not the data directory's keys, not other
+/// home directories.
+fn oci_spec(helper_exe: &Path, root: &Path, binds: &[PathBuf], writable: &[&Path]) -> serde_json::Value {
     let caps = [
         "CAP_CHOWN",
         "CAP_DAC_OVERRIDE",
@@ -437,6 +518,11 @@ fn oci_spec(helper_exe: &Path, writable: &[&Path]) -> serde_json::Value {
         serde_json::json!({"destination": SYS, "type": "sysfs", "source": "sysfs", "options": ["ro", "nosuid", "nodev", "noexec"]}),
         serde_json::json!({"destination": INNER_CGROUPS, "type": "cgroup", "source": "cgroup"}),
     ];
+    for path in binds {
+        mounts.push(serde_json::json!({
+            "destination": path, "type": "bind", "source": path, "options": ["rbind", "ro"]
+        }));
+    }
     for dir in writable {
         mounts.push(serde_json::json!({
             "destination": dir, "type": "bind", "source": dir, "options": ["rbind", "rw"]
@@ -452,7 +538,7 @@ fn oci_spec(helper_exe: &Path, writable: &[&Path]) -> serde_json::Value {
             "cwd": "/",
             "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
         },
-        "root": {"path": "/", "readonly": true},
+        "root": {"path": root, "readonly": true},
         "hostname": "sandbox",
         "mounts": mounts,
         "linux": {"namespaces": [{"type": "pid"}, {"type": "network"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}]},
@@ -473,6 +559,67 @@ mod tests {
             Some((2025, 11, 10))
         );
         assert_eq!(parse_version("runsc version 1.2.3-dev").released, None);
+    }
+
+    #[test]
+    fn a_gvisor_sandbox_sees_only_what_runs_are_built_from() {
+        let view = HostView {
+            paths: [
+                "/usr",
+                "/lib64/ld-linux-x86-64.so.2",
+                "/usr/lib/jvm",
+                "/etc/fonts",
+                "/etc/ld.so.cache",
+                "/srv/data/runtimes/python-1",
+                "/srv/data/files/objects",
+            ]
+            .map(PathBuf::from)
+            .to_vec(),
+            symlinks: vec![(PathBuf::from("/lib64"), PathBuf::from("usr/lib64"))],
+        };
+        let binds = root_binds(&view);
+        // One under a top-level symlink, and one under another bind, are in `/usr`'s.
+        assert_eq!(
+            binds,
+            [
+                "/etc/fonts",
+                "/etc/ld.so.cache",
+                "/srv/data/files/objects",
+                "/srv/data/runtimes/python-1",
+                "/usr"
+            ]
+            .map(PathBuf::from)
+            .to_vec()
+        );
+        let runs = Path::new("/srv/data/runs");
+        let spec = oci_spec(
+            Path::new("/opt/sandcall"),
+            Path::new("/srv/data/gvisor/root"),
+            &binds,
+            &[runs],
+        );
+        assert_eq!(
+            spec["root"],
+            serde_json::json!({"path": "/srv/data/gvisor/root", "readonly": true})
+        );
+        let mounts = spec["mounts"].as_array().unwrap();
+        let bound: Vec<(&str, &str)> = mounts
+            .iter()
+            .filter(|m| m["type"] == "bind")
+            .map(|m| (m["source"].as_str().unwrap(), m["options"][1].as_str().unwrap()))
+            .collect();
+        assert_eq!(bound.len(), binds.len() + 1, "{bound:?}");
+        assert!(
+            bound
+                .iter()
+                .all(|(source, how)| (*how == "rw") == (*source == "/srv/data/runs")),
+            "{bound:?}"
+        );
+        // Nothing of the host's /etc but what was asked for, nothing of the data directory
+        // but its runtimes, stored files and staging directories.
+        for hidden in ["/", "/etc", "/root", "/srv/data", "/srv/data/token.key"] {
+            assert!(!bound.iter().any(|(source, _)| *source == hidden), "{hidden} is bound");
+        }
     }
 
     #[test]

@@ -56,18 +56,13 @@ impl RunnerSettings {
         helper_exe: PathBuf,
         gvisor: Option<Arc<Gvisor>>,
     ) -> RunnerSettings {
+        let (extra_runtime_paths, node_modules) = program_host_paths(config);
         RunnerSettings {
             helper_exe,
             runs_dir: host.runs_dir.clone(),
             cgroups: host.cgroups.clone(),
-            extra_runtime_paths: config
-                .languages
-                .extra_runtime_paths
-                .iter()
-                .cloned()
-                .chain(crate::runtime::languages::runtime_paths(config))
-                .collect(),
-            node_modules: crate::npm_runtime::for_config(config).map(|n| n.node_modules()),
+            extra_runtime_paths,
+            node_modules,
             host_uid: host.host_uid,
             host_gid: host.host_gid,
             max_code_bytes: config.limits.max_code_bytes,
@@ -75,6 +70,20 @@ impl RunnerSettings {
             gvisor,
         }
     }
+}
+
+/// The host paths a server with `config` binds into its programs' roots besides the
+/// system's own (`sandcall_sandbox::mounts::host_view`): the runtimes, toolchains and
+/// operator's paths, and the npm packages.
+pub fn program_host_paths(config: &sandcall_config::Config) -> (Vec<PathBuf>, Option<PathBuf>) {
+    let extra = config
+        .languages
+        .extra_runtime_paths
+        .iter()
+        .cloned()
+        .chain(crate::runtime::languages::runtime_paths(config))
+        .collect();
+    (extra, crate::npm_runtime::for_config(config).map(|n| n.node_modules()))
 }
 
 #[derive(Clone)]
@@ -302,6 +311,7 @@ impl Runner {
             fork_from: None,
             background: false,
             nice: s.nice,
+            helper_exe: Some(s.helper_exe.clone()),
             egress: false,
         }
     }

@@ -547,7 +547,7 @@ impl Sandbox {
             None => (None, None),
         };
 
-        let tool_client = std::env::current_exe().ok();
+        let tool_client = prepare.helper_exe.clone().or_else(|| std::env::current_exe().ok());
         // 5. The seccomp policy is compiled here, where errors can still be reported.
         let policy = Policy::compile()?;
         // A template installs no filter itself: each run it forks installs this one,

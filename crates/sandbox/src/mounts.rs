@@ -52,6 +52,44 @@ pub const MOUNTED_OVER: [(&str, &str); 6] = [
     (NODE_MODULES, "the npm packages for programs"),
 ];
 
+/// What of the host `build_root` binds into a program's root: the runtime's top-level
+/// directories, `extra_runtime_paths`, `node_modules` and the /etc files, each an absolute
+/// host path that exists, in `paths`; and the top-level symlinks it recreates (merged
+/// `/usr`), each with its target, in `symlinks`. A sandbox built inside another one (the
+/// `gvisor` tier's) needs exactly these of the host.
+#[derive(Debug, Default, PartialEq)]
+pub struct HostView {
+    pub paths: Vec<PathBuf>,
+    pub symlinks: Vec<(PathBuf, PathBuf)>,
+}
+
+pub fn host_view(extra_runtime_paths: &[PathBuf], node_modules: Option<&Path>) -> HostView {
+    let mut view = HostView::default();
+    for name in RUNTIME_TOP {
+        let host = Path::new("/").join(name);
+        let Ok(meta) = fs::symlink_metadata(&host) else {
+            continue;
+        };
+        if meta.file_type().is_symlink() {
+            if let Ok(target) = fs::read_link(&host) {
+                view.symlinks.push((host, target));
+            }
+        } else if meta.is_dir() {
+            view.paths.push(host);
+        }
+    }
+    view.paths
+        .extend(extra_runtime_paths.iter().filter(|p| p.exists()).cloned());
+    view.paths.extend(node_modules.map(Path::to_path_buf));
+    for name in ETC_FILES {
+        let host = Path::new("/etc").join(name);
+        if host_file(&host) {
+            view.paths.push(host);
+        }
+    }
+    view
+}
+
 /// `path` (absolute) below the new root.
 fn under(root: &Path, path: &str) -> PathBuf {
     root.join(path.trim_start_matches('/'))

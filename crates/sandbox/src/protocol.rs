@@ -107,6 +107,11 @@ pub struct Prepare {
     /// namespace from init's clone on (it makes the listener there at the `Run`).
     #[serde(default)]
     pub egress: bool,
+    /// The helper's own binary, as the server started it: bound into a programmatic
+    /// run's root as its tool client. None: the helper's `/proc/self/exe` (which gVisor
+    /// names relative to its bind mount, so the `gvisor` tier always sends it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub helper_exe: Option<PathBuf>,
 }
 
 /// How to start a program ahead of its run.
