@@ -76,6 +76,20 @@ pub(crate) fn node_with_config(redis: &str, extra: &[(&str, &str)], config: &str
     node_at(redis, extra, config, &node_url, &listen)
 }
 
+/// Waits (up to 15 s) until `node` holds no session in memory: its sessions were evicted
+/// to the store.
+fn wait_until_evicted(node: &Server) {
+    let t = Instant::now();
+    loop {
+        let (_, _, health) = node.request("GET", "/v1/health", None, None);
+        if health["sessions"].as_u64() == Some(0) {
+            return;
+        }
+        assert!(t.elapsed() < Duration::from_secs(15), "not evicted: {health}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// A node known to the others as `node_url` and listening on `listen` (the same place,
 /// unless something stands between them).
 pub(crate) fn node_at(redis: &str, extra: &[(&str, &str)], config: &str, node_url: &str, listen: &str) -> Server {
@@ -605,15 +619,7 @@ fn cancel_by_request_id_reaches_a_session_from_any_node_live_or_evicted() {
     let evicted = send_named(&a, ROUTE, &body(2), &dormant_id);
     assert_eq!(evicted.status, 200, "{}", evicted.body);
     let id = evicted.body["session_id"].as_str().unwrap().to_owned();
-    let t = Instant::now();
-    loop {
-        let (_, _, health) = a.request("GET", "/v1/health", None, None);
-        if health["sessions"].as_u64() == Some(0) {
-            break;
-        }
-        assert!(t.elapsed() < Duration::from_secs(15), "not evicted: {health}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_until_evicted(&a);
     let got = send(&b, "GET", &format!("{ROUTE}/{id}"), None);
     assert_eq!(got.status, 200, "{}", got.body);
     assert_eq!(got.body, evicted.body);
@@ -636,14 +642,12 @@ fn cancel_by_request_id_reaches_a_session_from_any_node_live_or_evicted() {
 /// this process on 127.0.0.2, which every node's configuration names explicitly.
 mod egress {
     use super::*;
-    use crate::egress::{Upstream, GREETING};
+    use crate::egress::{egress_config, Upstream, GREETING};
     use crate::egress_programmatic::{fetching_program, paths};
 
     /// Two nodes over `redis` whose runs may reach `host` (every principal).
     fn nodes(redis: &str, host: &str) -> (Server, Server) {
-        let config = format!(
-            "egress_allow = [{host:?}]\negress_principals = [\"*\"]\negress_allow_addresses = [\"127.0.0.2/32\"]\n"
-        );
+        let config = egress_config(std::slice::from_ref(&host.to_owned()), "\"127.0.0.2/32\"", "");
         (
             node_with_config(redis, &[], &config),
             node_with_config(redis, &[], &config),
@@ -797,23 +801,13 @@ mod egress {
     fn an_evicted_session_with_network_keeps_its_connections_in_the_trail_on_every_node() {
         let up = Upstream::http();
         let host = format!("127.0.0.2:{}", up.port);
-        let config = format!(
-            "egress_allow = [{host:?}]\negress_principals = [\"*\"]\negress_allow_addresses = [\"127.0.0.2/32\"]\n"
-        );
+        let config = egress_config(std::slice::from_ref(&host), "\"127.0.0.2/32\"", "");
         let redis = redis_url();
         let a = node_with_config(&redis, &[("SANDCALL_SESSION_IDLE_EVICT_S", "1")], &config);
         let b = node_with_config(&redis, &[], &config);
         let paused = start_fetching(&a, &host);
         // Evicted on A: the store alone keeps it, and its trail.
-        let t = Instant::now();
-        loop {
-            let (_, _, health) = a.request("GET", "/v1/health", None, None);
-            if health["sessions"].as_u64() == Some(0) {
-                break;
-            }
-            assert!(t.elapsed() < Duration::from_secs(15), "not evicted: {health}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        wait_until_evicted(&a);
         for s in [&b, &a] {
             let trail = connections(s, &paused);
             assert_eq!(trail.body["calls"].as_array().map(Vec::len), Some(1), "{}", trail.body);

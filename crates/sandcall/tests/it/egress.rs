@@ -156,12 +156,17 @@ fn answer(stream: Box<dyn Conn>, log: &Mutex<Vec<String>>) {
 /// A server whose runs may reach `rules` (every principal), loopback allowed as
 /// `addresses` says, with `extra` config lines.
 pub(crate) fn egress_server(rules: &[String], addresses: &str, extra: &str) -> Server {
+    Server::start_with(&[], &egress_config(rules, addresses, extra))
+}
+
+/// A configuration whose every principal's runs may reach `rules`, with `addresses`
+/// (TOML strings) exempt from the refusal of loopback and private addresses.
+pub(crate) fn egress_config(rules: &[String], addresses: &str, extra: &str) -> String {
     let rules: Vec<String> = rules.iter().map(|r| format!("{r:?}")).collect();
-    let config = format!(
+    format!(
         "egress_allow = [{}]\negress_principals = [\"*\"]\negress_allow_addresses = [{addresses}]\n{extra}",
         rules.join(", ")
-    );
-    Server::start_with(&[], &config)
+    )
 }
 
 fn run(s: &Server, language: &str, code: &str, network: Value) -> Value {

@@ -245,9 +245,7 @@ fn a_session_granted_network_is_not_replayed_after_a_restart() {
 fn a_session_granted_network_is_not_replayed_after_an_eviction() {
     let up = Upstream::http();
     let host = format!("127.0.0.2:{}", up.port);
-    let config = format!(
-        "egress_allow = [\"{host}\"]\negress_principals = [\"*\"]\negress_allow_addresses = [\"127.0.0.2/32\"]\n"
-    );
+    let config = crate::egress::egress_config(std::slice::from_ref(&host), "\"127.0.0.2/32\"", "");
     let s = Server::start_with(
         &[crate::common::NO_POOL, ("SANDCALL_SESSION_IDLE_EVICT_S", "1")],
         &config,
