@@ -162,7 +162,8 @@ impl Upstream {
                     return Err(io::Error::other("the egress channel is closed"));
                 };
                 match ask_channel(fd) {
-                    Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                    // No answer in time, or none ever: the channel is done.
+                    Err(e) if matches!(e.kind(), io::ErrorKind::TimedOut | io::ErrorKind::UnexpectedEof) => {
                         *channel = None;
                         Err(e)
                     }
@@ -348,7 +349,10 @@ fn ask_channel(channel: &OwnedFd) -> io::Result<OwnedFd> {
             )?;
             Ok(conn)
         }
-        (_, 0) => Err(io::Error::new(io::ErrorKind::TimedOut, "the egress channel closed")),
+        (_, 0) => Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the egress channel closed",
+        )),
         _ => Err(io::Error::other("the server could not connect to the proxy")),
     }
 }
