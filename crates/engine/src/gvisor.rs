@@ -257,11 +257,16 @@ impl Gvisor {
     /// sandbox may open host unix sockets (`--host-uds`): with the host's root visible
     /// read-only, that would reach every socket on the host, other sandboxes' control
     /// sockets included. Descriptors passed in reach only what the server connected them to.
+    ///
+    /// With `nice`, `runsc` starts at that nice value, and so does every thread and
+    /// process of the sandbox, all of which it starts (the server raises them again at the
+    /// run: `Helper::send_run`).
     pub fn command(
         &self,
         id: &str,
         cgroup: &RunCgroup,
         channel: Option<OwnedFd>,
+        nice: Option<i32>,
     ) -> std::io::Result<tokio::process::Command> {
         let mut command = tokio::process::Command::new(&self.runsc);
         command.arg("--root").arg(&self.state).args(RUNSC_FLAGS);
@@ -280,10 +285,18 @@ impl Gvisor {
             .map(|p| CString::new(p.into_os_string().into_encoded_bytes()).map_err(std::io::Error::other))
             .collect::<Result<_, _>>()?;
         // SAFETY: the closure runs in the forked child before exec, and only makes
-        // async-signal-safe calls (open, write, close, fcntl) on memory prepared before the
-        // fork. The closure owns `channel`: the command's drop closes the server's copy.
+        // async-signal-safe calls (open, write, close, fcntl, setpriority) on memory
+        // prepared before the fork. The closure owns `channel`: the command's drop closes
+        // the server's copy.
         unsafe {
             command.pre_exec(move || {
+                if let Some(nice) = nice {
+                    // The forked child is single-threaded: every thread `runsc` starts
+                    // inherits this.
+                    if libc::setpriority(libc::PRIO_PROCESS, 0, nice) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
                 // `runsc` inherits the channel (the server's descriptors are close-on-exec).
                 if let Some(fd) = channel.as_ref().map(AsRawFd::as_raw_fd) {
                     if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {

@@ -386,7 +386,8 @@ impl Runner {
         let started = std::time::Instant::now();
         let guard = ActiveGuard::new(self.active.clone());
         let (child, stdin, stdout, outer) = self.spawn_helper(prepare, passed).await?;
-        if prepare.background && priority::can_restore() {
+        let lowered = prepare.background && priority::can_restore();
+        if lowered {
             // Lowered at once, for its own start too; the helper raises itself again at
             // its `Run` (`sandcall_sandbox::priority`).
             if let Some(pid) = child.id() {
@@ -402,6 +403,7 @@ impl Runner {
             events: BufReader::new(stdout).lines(),
             parsing: None,
             hash_seed: None,
+            raise_outer_to: outer.as_ref().and(lowered.then_some(prepare.nice)),
             outer,
             running: None,
             _guard: guard,
@@ -435,8 +437,8 @@ impl Runner {
 }
 
 /// Starts a helper in a gVisor sandbox of its own, in a host cgroup made for it, with
-/// `passed` as its egress channel. The server keeps no copy of `passed`: the channel
-/// closes when the sandbox ends.
+/// `passed` as its egress channel, at nice 19 when it is `Prepare::background` work.
+/// The server keeps no copy of `passed`: the channel closes when the sandbox ends.
 async fn spawn_in_gvisor(
     gvisor: &Gvisor,
     prepare: &Prepare,
@@ -445,8 +447,14 @@ async fn spawn_in_gvisor(
     let cgroup = gvisor
         .host_cgroup(&prepare.run_id, &prepare.limits)
         .map_err(RunError::Spawn)?;
+    let lowered = prepare.background && priority::can_restore();
     let started = HelperPipes::new().and_then(|ends| {
-        let command = gvisor.command(&prepare.run_id, &cgroup, passed)?;
+        let command = gvisor.command(
+            &prepare.run_id,
+            &cgroup,
+            passed,
+            lowered.then_some(priority::BACKGROUND_NICE),
+        )?;
         let child = spawn_with(command, ends.helper_stdin, ends.helper_stdout)?;
         Ok((child, ends.stdin, ends.stdout))
     });
@@ -584,6 +592,12 @@ pub struct Helper {
     /// The host cgroup of the helper's gVisor sandbox (the `gvisor` tier), removed once
     /// the helper is reaped.
     outer: Option<RunCgroup>,
+    /// The nice value the processes of a gVisor sandbox built in the background go
+    /// back to at its `Run`. The helper raises what runs on gVisor's kernel, where the
+    /// host's priorities mean nothing; gVisor's own processes (its kernel, the
+    /// program's stubs, the file proxy) stay at the nice value they were lowered to
+    /// until the server raises them.
+    raise_outer_to: Option<i32>,
     /// When the program was sent its `Run`.
     running: Option<std::time::Instant>,
     _guard: ActiveGuard,
@@ -666,6 +680,15 @@ impl Helper {
 
     /// Sends the run's program its `Run`.
     async fn send_run(&mut self, spec: RunSpec) -> Result<(), RunError> {
+        if let (Some(outer), Some(nice)) = (&self.outer, self.raise_outer_to.take()) {
+            let watch = outer.watch();
+            let failed = tokio::task::spawn_blocking(move || priority::restore(nice, || watch.threads()))
+                .await
+                .unwrap_or_default();
+            for (tid, e) in failed {
+                tracing::warn!("cannot restore the priority of gVisor's thread {tid}: {e}");
+            }
+        }
         self.send(&run_message(spec)).await?;
         self.running = Some(std::time::Instant::now());
         if let Some(outer) = &self.outer {

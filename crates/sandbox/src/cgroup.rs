@@ -411,6 +411,17 @@ impl CgroupWatch {
         }
     }
 
+    /// The thread ids of every process in the cgroup, as the host names them.
+    pub fn threads(&self) -> Vec<i32> {
+        let tasks = match &self.placement {
+            CgroupPlacement::V1 { pids, .. } => fs::read_to_string(pids.join("tasks")),
+            CgroupPlacement::V2 { path } => fs::read_to_string(path.join("cgroup.threads")),
+        };
+        tasks
+            .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
+            .unwrap_or_default()
+    }
+
     /// Kills every process in the cgroup.
     pub fn kill(&self) {
         let dir = match &self.placement {
@@ -612,13 +623,7 @@ impl RunCgroup {
 
     /// The thread ids of every process in the run's cgroup, as the host names them.
     pub fn threads(&self) -> Vec<i32> {
-        let tasks = match &self.placement {
-            CgroupPlacement::V1 { pids, .. } => fs::read_to_string(pids.join("tasks")),
-            CgroupPlacement::V2 { path } => fs::read_to_string(path.join("cgroup.threads")),
-        };
-        tasks
-            .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
-            .unwrap_or_default()
+        self.watch().threads()
     }
 
     pub fn cpu_time_ms(&self) -> u64 {

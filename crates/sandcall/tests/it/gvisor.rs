@@ -3,7 +3,9 @@
 //! sandbox outlives its run, a killed run or a killed server. The suites that run twice
 //! (`.ci/run`'s gvisor pass) check that everything else works the same in the tier.
 
-use crate::common::{gvisor_kernels, mount_count, processes_matching, run_cgroups, settle, Server, NO_POOL};
+use crate::common::{
+    gvisor_kernels, mount_count, processes_matching, run_cgroup_paths, run_cgroups, settle, Server, NO_POOL,
+};
 use serde_json::json;
 use std::time::Duration;
 
@@ -237,6 +239,73 @@ fn gvisor_sandboxes_leave_nothing_after_runs_a_killed_run_or_a_killed_server() {
         "the host's mounts after the restart"
     );
     s.assert_healthy();
+}
+
+/// The nice value of every host thread in this server's host cgroups named `id` (all
+/// of them with `None`): a gVisor sandbox's kernel, file proxy, `runsc` and the stubs
+/// its programs run in.
+fn host_thread_nices(s: &Server, id: Option<&str>) -> Vec<i64> {
+    let mut nices: Vec<i64> = run_cgroup_paths(&s.instance())
+        .into_iter()
+        .filter(|dir| id.is_none_or(|id| dir.file_name().is_some_and(|n| n == id)))
+        .flat_map(|dir| {
+            ["tasks", "cgroup.threads"]
+                .iter()
+                .filter_map(|f| std::fs::read_to_string(dir.join(f)).ok())
+                .collect::<Vec<_>>()
+        })
+        .flat_map(|tasks| tasks.lines().map(str::to_owned).collect::<Vec<_>>())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .filter_map(|tid| {
+            let stat = std::fs::read_to_string(format!("/proc/{}/stat", tid.trim())).ok()?;
+            stat.rsplit_once(')')?.1.split_whitespace().nth(16)?.parse().ok()
+        })
+        .collect();
+    nices.sort();
+    nices
+}
+
+/// A warm gVisor sandbox waits at nice 19, every host thread of it (the helper inside
+/// can only lower or raise what runs on gVisor's kernel); at its run, the server puts
+/// them back at its own nice value, so a warm run does not run at the priority of the
+/// pool's refills.
+#[test]
+fn a_warm_gvisor_sandbox_waits_at_the_lowest_priority_and_runs_at_the_servers() {
+    let s = Server::start_with(
+        &[
+            GVISOR,
+            ("SANDCALL_WARM_POOL_SIZE", "1"),
+            ("SANDCALL_WARM_LANGUAGES", r#"["python"]"#),
+        ],
+        "",
+    );
+    s.wait_warm(1);
+    let waiting = host_thread_nices(&s, None);
+    assert!(
+        waiting.len() >= 3 && waiting.iter().all(|n| *n == 19),
+        "an idle warm gVisor sandbox's host threads: {waiting:?}"
+    );
+    let (status, paused) = s.post(
+        "/v1/exec/programmatic",
+        &json!({
+            "language": "python",
+            "code": "print(ask())",
+            "tools": [{"name": "ask", "description": "asks", "parameters": {"type": "object", "properties": {}}}],
+        }),
+    );
+    assert_eq!(
+        (status, &paused["status"]),
+        (200, &json!("tool_call_required")),
+        "{paused}"
+    );
+    let id = paused["session_id"].as_str().unwrap();
+    let normal = sandcall_sandbox::priority::nice_of(0).unwrap() as i64;
+    let running = host_thread_nices(&s, Some(id));
+    assert!(
+        running.len() >= 3 && running.iter().all(|n| *n == normal),
+        "the host threads of the gVisor sandbox of run {id}, at nice {normal}: {running:?}"
+    );
 }
 
 /// A server with credentials (many principals) on the `namespace` tier says once, at
