@@ -194,7 +194,24 @@ pub async fn ingest(
             });
         }
     }
-    for out in result.outputs.drain(..) {
+    for mut out in result.outputs.drain(..) {
+        // The helper says where it put each file. In the gvisor tier it runs inside the
+        // gVisor sandbox, where a program that broke out of its own sandbox could make it
+        // name any host path: only a regular file right in this run's outbox is taken,
+        // at the size the host sees.
+        let Some(size) = outbox_file_size(outbox, &out.path) else {
+            tracing::warn!(path = %out.path.display(), "an output outside the run's outbox, or not a regular file");
+            skipped_total += 1;
+            undelivered += 1;
+            if skipped.len() < 100 {
+                skipped.push(SkippedFile {
+                    name: out.name,
+                    reason: "unreadable".into(),
+                });
+            }
+            continue;
+        };
+        out.size = size;
         let meta = FileMeta {
             principal: principal.to_owned(),
             session_id: session_id.to_owned(),
@@ -270,10 +287,81 @@ pub async fn ingest(
     }
 }
 
+/// The size of `path` if it is a regular file (not a link to one) directly in `outbox`.
+fn outbox_file_size(outbox: &Path, path: &Path) -> Option<u64> {
+    if path.parent() != Some(outbox) || path.file_name().is_none() {
+        return None;
+    }
+    let meta = std::fs::symlink_metadata(path).ok()?;
+    meta.file_type().is_file().then(|| meta.len())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use sandcall_sandbox::protocol::CollectedFile;
+
+    /// A helper that names a host path outside the outbox as an output (a gVisor
+    /// sandbox's, made to by a program that broke out of its own sandbox) gets nothing
+    /// stored, and the file stays where it is.
+    #[tokio::test]
+    async fn an_output_named_outside_the_outbox_is_skipped_and_left_alone() {
+        let dir = std::env::temp_dir().join(format!("sandcall-ingest-test-{}", sandcall_api::ids::new_id()));
+        let outbox = dir.join("outbox");
+        std::fs::create_dir_all(&outbox).unwrap();
+        let secret = dir.join("token.key");
+        std::fs::write(&secret, "secret").unwrap();
+        std::fs::write(outbox.join("0"), "chart").unwrap();
+        let output = |name: &str, path: &Path| CollectedFile {
+            name: name.into(),
+            size: 5,
+            sha256: String::new(),
+            path: path.to_path_buf(),
+            input: None,
+        };
+        let mut result = RunResult {
+            outputs: vec![output("chart.png", &outbox.join("0")), output("stolen", &secret)],
+            ..Default::default()
+        };
+        let store = sandcall_store::memory::MemoryFileStore::new(dir.join("files"));
+        let got = ingest(&store, "p", "s", &Config::default(), &outbox, &mut result).await;
+        let names: Vec<&str> = got.files.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(names, ["chart.png"]);
+        assert_eq!(
+            got.skipped
+                .iter()
+                .map(|s| (s.name.as_str(), s.reason.as_str()))
+                .collect::<Vec<_>>(),
+            [("stolen", "unreadable")]
+        );
+        assert_eq!((got.delivered, got.undelivered), (1, 1));
+        assert_eq!(std::fs::read_to_string(&secret).unwrap(), "secret");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn only_a_regular_file_right_in_the_outbox_is_an_output() {
+        let dir = std::env::temp_dir().join(format!("sandcall-outbox-test-{}", sandcall_api::ids::new_id()));
+        let outbox = dir.join("outbox");
+        std::fs::create_dir_all(outbox.join("sub")).unwrap();
+        let secret = dir.join("token.key");
+        std::fs::write(&secret, "secret").unwrap();
+        std::fs::write(outbox.join("0"), "four").unwrap();
+        std::fs::write(outbox.join("sub/1"), "x").unwrap();
+        std::os::unix::fs::symlink(&secret, outbox.join("2")).unwrap();
+        assert_eq!(outbox_file_size(&outbox, &outbox.join("0")), Some(4));
+        for refused in [
+            secret.clone(),
+            outbox.join("sub/1"),
+            outbox.join("2"),
+            outbox.join("sub"),
+            outbox.join("../token.key"),
+            outbox.join("missing"),
+        ] {
+            assert_eq!(outbox_file_size(&outbox, &refused), None, "{}", refused.display());
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     fn input(name: &str, read_only: bool) -> InputFile {
         let tag = InputTag {
