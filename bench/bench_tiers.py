@@ -6,6 +6,7 @@ same load. Writes its section of docs/benchmarks.md (after TIERS_MARK) and print
 """
 
 import datetime
+import json
 import os
 import statistics
 import time
@@ -26,22 +27,29 @@ print(len(g))
 TIERS = ("namespace", "gvisor")
 
 
-def latencies(b, server, code, expect, n, gap_ms):
-    """One request at a time, `gap_ms` apart; the latencies of `n` runs (ms)."""
+def latencies(b, server, code, expect, n, gap_ms, warm=None):
+    """One request at a time, `gap_ms` apart; the latencies of `n` runs (ms). Appends to
+    `warm` whether each found a warm sandbox (the `sandcall-sandbox` header)."""
     conn = server.conn()
 
     def once():
-        r = b.post(conn, "/v1/exec", {"language": "python", "code": code})
-        assert r["status"] == "ok" and r["stdout"] == expect, r
+        conn.request("POST", "/v1/exec", json.dumps({"language": "python", "code": code}),
+                     {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        r = json.loads(resp.read())
+        assert resp.status == 200 and r["status"] == "ok" and r["stdout"] == expect, r
         time.sleep(gap_ms / 1000)
+        return resp.getheader("sandcall-sandbox") == "warm"
 
     out = []
     for _ in range(2):
         once()
     for _ in range(n):
         t = time.perf_counter()
-        once()
+        was_warm = once()
         out.append((time.perf_counter() - t) * 1000 - gap_ms)
+        if warm is not None:
+            warm.append(was_warm)
     return out
 
 
@@ -63,7 +71,7 @@ def main(args, b):
     started = time.time()
     la_before = os.getloadavg()
     servers = {tier: b.Server(args.binary, {"SANDCALL_ISOLATION": tier}) for tier in TIERS}
-    res = {t: {"print": [], "snippet": [], "runs_per_s": []} for t in TIERS}
+    res = {t: {"print": [], "snippet": [], "runs_per_s": [], "print_warm": [], "snippet_warm": []} for t in TIERS}
     try:
         for s in servers.values():
             s.settle()
@@ -72,8 +80,9 @@ def main(args, b):
         for _ in range(rounds):
             for tier in TIERS:
                 s = servers[tier]
-                res[tier]["print"] += latencies(b, s, "print(1)", "1\n", n // rounds or 1, gap)
-                res[tier]["snippet"] += latencies(b, s, SNIPPET, "3\n", max(n // rounds // 2, 1), gap)
+                res[tier]["print"] += latencies(b, s, "print(1)", "1\n", n // rounds or 1, gap, res[tier]["print_warm"])
+                res[tier]["snippet"] += latencies(b, s, SNIPPET, "3\n", max(n // rounds // 2, 1), gap,
+                                                  res[tier]["snippet_warm"])
                 res[tier]["runs_per_s"].append(b.sandcall_throughput(s, "python", "print(1)", 8, per_client))
                 s.settle()
         for tier in TIERS:
@@ -99,7 +108,10 @@ def main(args, b):
             "paused_session_mib": r["paused_session_mib"],
             "idle_sandbox_mib": r["idle_sandbox_mib"],
             "warm_idle": r["warm_idle"],
+            "print_warm_share": sum(r["print_warm"]) / max(len(r["print_warm"]), 1),
+            "snippet_warm_share": sum(r["snippet_warm"]) / max(len(r["snippet_warm"]), 1),
         }
+    out["gap"] = gap
     write_section(b, out, args.out, b.TIERS_MARK)
     text = open(args.out).read()
     print(text[text.find(b.TIERS_MARK):])
@@ -108,6 +120,7 @@ def main(args, b):
 def write_section(b, r, path, mark):
     ns, gv = r["namespace"], r["gvisor"]
     la, lb = r["load_before"], r["load_after"]
+    gap = r["gap"]
 
     def ratio(a, base):
         return a / base if base else float("inf")
@@ -141,6 +154,10 @@ before and {lb[0]:.2f} {lb[1]:.2f} {lb[2]:.2f} after.
 {rows}
 - `print(1)` p90 / p99: gvisor {gv['print']['p90']:.1f} / {gv['print']['p99']:.1f} ms, namespace
   {ns['print']['p90']:.1f} / {ns['print']['p99']:.1f} ms.
+- Runs that found a warm sandbox, {gap} ms apart: `print(1)` gvisor {gv['print_warm_share']:.0%},
+  namespace {ns['print_warm_share']:.0%}; the data snippet gvisor {gv['snippet_warm_share']:.0%},
+  namespace {ns['snippet_warm_share']:.0%}. The rest started cold: the gvisor tier's pool
+  refills more slowly than one client uses it up.
 - An idle warm sandbox (PSS of the server's sandbox processes over its {gv['warm_idle']} idle warm
   sandboxes): gvisor {gv['idle_sandbox_mib']:.1f} MiB each, namespace {ns['idle_sandbox_mib']:.1f} MiB each
   ({ns['warm_idle']} idle). A principal that runs nothing keeps nothing in either tier: a

@@ -85,21 +85,17 @@ pub fn for_config(
         Err(e) if config.pins_gvisor() || config.host.runsc_path.is_some() => return Err(e),
         Err(_) => return Ok(None),
     };
-    let writable = [host.runs_dir.as_path(), host.outbox_dir.as_path()];
     let (extra, node_modules) = crate::runner::program_host_paths(config);
     let mut view = sandcall_sandbox::mounts::host_view(&extra, node_modules.as_deref());
-    // The helper, and the stored files it stages as a run's inputs (the local
-    // store's objects, an S3 store's local copies: `sandcall_store`).
-    // Its directory: gVisor names a file bound alone `/` in `/proc/self/exe`, which the
-    // helper binds into a programmatic run's root as its tool client.
+    // The helper's directory: gVisor names a file bound alone `/` in `/proc/self/exe`,
+    // which the helper binds into a programmatic run's root as its tool client.
     view.paths.extend(helper_exe.parent().map(Path::to_path_buf));
-    for dir in ["objects", "cache"] {
-        let dir = host.data_dir.join("files").join(dir);
-        // runsc refuses a bind whose source is missing; the store makes one of them.
-        let _ = fs::create_dir_all(&dir);
-        view.paths.push(dir);
-    }
-    let gvisor = Gvisor::prepare(runsc, &host.data_dir, helper_exe, host.cgroups.clone(), &writable, view)?;
+    let own = OwnPaths {
+        runs: host.runs_dir.clone(),
+        outbox: host.outbox_dir.clone(),
+        inputs: host.data_dir.join("gvisor").join("inputs"),
+    };
+    let gvisor = Gvisor::prepare(runsc, &host.data_dir, helper_exe, host.cgroups.clone(), own, view)?;
     Ok(Some(std::sync::Arc::new(gvisor)))
 }
 
@@ -168,36 +164,57 @@ fn parse_version(line: &str) -> RunscVersion {
     }
 }
 
-/// The `gvisor` tier's host side: one server's `runsc` state, the bundle every one of its
-/// gVisor sandboxes starts from, and where their host cgroups go.
+/// Where, inside every gVisor sandbox, its helper finds what is its run's own: the
+/// staging directories' parent and the outbox (the server's own paths, so that the
+/// helper's messages need no translation), and the run's inputs. Each gVisor sandbox
+/// has its own host directory bound at each (`Gvisor::view`), never the server's.
+#[derive(Debug, Clone)]
+pub struct OwnPaths {
+    pub runs: PathBuf,
+    pub outbox: PathBuf,
+    pub inputs: PathBuf,
+}
+
+/// The `gvisor` tier's host side: one server's `runsc` state, the root every one of its
+/// gVisor sandboxes starts from, each one's own bundle and directories, and where their
+/// host cgroups go.
 #[derive(Debug)]
 pub struct Gvisor {
     runsc: PathBuf,
     /// `runsc --root`: the state of this server's gVisor sandboxes, and nobody else's.
     state: PathBuf,
-    bundle: PathBuf,
+    /// `<views>/<id>`: gVisor sandbox `id`'s bundle and own directories (`RunView`).
+    views: PathBuf,
+    root: PathBuf,
+    helper_exe: PathBuf,
+    binds: Vec<PathBuf>,
+    own: OwnPaths,
     host_cgroups: CgroupRoot,
 }
 
 impl Gvisor {
-    /// Writes the bundle under `<data_dir>/gvisor` and sweeps whatever gVisor sandboxes
-    /// an earlier server left there. `writable` are the host directories the helper
-    /// writes in (the staging directories, the outbox); of the rest of the host, a
-    /// sandbox sees only `view`, read-only: what its programs' roots are built from, the
-    /// helper and the stored files (`root_binds`).
+    /// Builds the root under `<data_dir>/gvisor` and sweeps whatever gVisor sandboxes
+    /// an earlier server left there. Of the host, a sandbox sees only `view`, read-only
+    /// (what its programs' roots are built from and the helper: `root_binds`), and the
+    /// directories of its own run at `own` (`Gvisor::view`).
     pub fn prepare(
         runsc: PathBuf,
         data_dir: &Path,
         helper_exe: &Path,
         host_cgroups: CgroupRoot,
-        writable: &[&Path],
+        own: OwnPaths,
         view: HostView,
     ) -> Result<Gvisor, GvisorError> {
         let dir = data_dir.join("gvisor");
+        let binds = root_binds(&view);
         let gvisor = Gvisor {
             runsc,
             state: dir.join("state"),
-            bundle: dir.join("bundle"),
+            views: dir.join("runs"),
+            root: dir.join("root"),
+            helper_exe: helper_exe.to_path_buf(),
+            binds,
+            own,
             host_cgroups,
         };
         let swept = gvisor.sweep();
@@ -208,23 +225,35 @@ impl Gvisor {
             let path = path.to_path_buf();
             move |source| GvisorError::Bundle { path, source }
         };
-        fs::create_dir_all(&gvisor.state).map_err(bundle_err(&gvisor.state))?;
-        // runsc refuses to start a sandbox whose bind source is missing.
-        for dir in writable {
+        for dir in [&gvisor.state, &gvisor.views] {
             fs::create_dir_all(dir).map_err(bundle_err(dir))?;
         }
-        fs::create_dir_all(&gvisor.bundle).map_err(bundle_err(&gvisor.bundle))?;
-        let root = dir.join("root");
-        let binds = root_binds(&view);
-        build_skeleton(&root, &view.symlinks, &binds, writable).map_err(bundle_err(&root))?;
-        let config = gvisor.bundle.join("config.json");
-        let spec = oci_spec(helper_exe, &root, &binds, writable);
-        let spec = serde_json::to_vec_pretty(&spec).map_err(|e| GvisorError::Bundle {
-            path: config.clone(),
-            source: e.into(),
-        })?;
-        fs::write(&config, spec).map_err(bundle_err(&config))?;
+        let own = [gvisor.own.runs.as_path(), &gvisor.own.outbox, &gvisor.own.inputs];
+        build_skeleton(&gvisor.root, &view.symlinks, &gvisor.binds, &own).map_err(bundle_err(&gvisor.root))?;
         Ok(gvisor)
+    }
+
+    /// Makes gVisor sandbox `id`'s bundle and the host directories that are its run's
+    /// own: bound read-write at `OwnPaths::runs` (where the helper makes the run's
+    /// staging directory) and `OwnPaths::outbox`, read-only at `OwnPaths::inputs`. No
+    /// gVisor sandbox sees another's, nor the store's files.
+    pub fn view(&self, id: &str) -> std::io::Result<RunView> {
+        let view = RunView {
+            dir: self.views.join(id),
+            own: self.own.clone(),
+        };
+        let _ = fs::remove_dir_all(&view.dir);
+        let binds = [
+            (view.dir.join("runs"), self.own.runs.as_path(), true),
+            (view.dir.join("outbox"), &self.own.outbox, true),
+            (view.dir.join("inputs"), &self.own.inputs, false),
+        ];
+        for (dir, _, _) in &binds {
+            fs::create_dir_all(dir)?;
+        }
+        let spec = oci_spec(&self.helper_exe, &self.root, &self.binds, &binds);
+        fs::write(view.dir.join("config.json"), serde_json::to_vec(&spec)?)?;
+        Ok(view)
     }
 
     /// Where the helper makes a run's cgroup inside gVisor: at the top of gVisor's own
@@ -257,16 +286,12 @@ impl Gvisor {
     /// sandbox may open host unix sockets (`--host-uds`): with the host's root visible
     /// read-only, that would reach every socket on the host, other sandboxes' control
     /// sockets included. Descriptors passed in reach only what the server connected them to.
-    ///
-    /// With `nice`, `runsc` starts at that nice value, and so does every thread and
-    /// process of the sandbox, all of which it starts (the server raises them again at the
-    /// run: `Helper::send_run`).
     pub fn command(
         &self,
         id: &str,
+        view: &RunView,
         cgroup: &RunCgroup,
         channel: Option<OwnedFd>,
-        nice: Option<i32>,
     ) -> std::io::Result<tokio::process::Command> {
         let mut command = tokio::process::Command::new(&self.runsc);
         command.arg("--root").arg(&self.state).args(RUNSC_FLAGS);
@@ -274,29 +299,17 @@ impl Gvisor {
         if let Some(fd) = &channel {
             command.arg(format!("--pass-fd={}:{EGRESS_CHANNEL_FD}", fd.as_raw_fd()));
         }
-        command
-            .arg("--bundle")
-            .arg(&self.bundle)
-            .arg(container_id(id))
-            .env_clear();
+        command.arg("--bundle").arg(&view.dir).arg(container_id(id)).env_clear();
         let procs: Vec<CString> = cgroup
             .procs_files()
             .into_iter()
             .map(|p| CString::new(p.into_os_string().into_encoded_bytes()).map_err(std::io::Error::other))
             .collect::<Result<_, _>>()?;
         // SAFETY: the closure runs in the forked child before exec, and only makes
-        // async-signal-safe calls (open, write, close, fcntl, setpriority) on memory
-        // prepared before the fork. The closure owns `channel`: the command's drop closes
-        // the server's copy.
+        // async-signal-safe calls (open, write, close, fcntl) on memory prepared before the
+        // fork. The closure owns `channel`: the command's drop closes the server's copy.
         unsafe {
             command.pre_exec(move || {
-                if let Some(nice) = nice {
-                    // The forked child is single-threaded: every thread `runsc` starts
-                    // inherits this.
-                    if libc::setpriority(libc::PRIO_PROCESS, 0, nice) < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
                 // `runsc` inherits the channel (the server's descriptors are close-on-exec).
                 if let Some(fd) = channel.as_ref().map(AsRawFd::as_raw_fd) {
                     if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
@@ -344,7 +357,75 @@ impl Gvisor {
                 .status();
         }
         let _ = fs::remove_dir_all(&self.state);
+        let _ = fs::remove_dir_all(&self.views);
         ids.len()
+    }
+}
+
+/// One gVisor sandbox's bundle and the host directories that are its run's own
+/// (`Gvisor::view`): what the sandbox may write of the host, and the only stored files it
+/// sees, copies of its run's inputs.
+#[derive(Debug, Clone)]
+pub struct RunView {
+    dir: PathBuf,
+    own: OwnPaths,
+}
+
+impl RunView {
+    /// Copies each of `inputs` into the sandbox's own inputs, and points it there as the
+    /// helper sees it.
+    pub fn stage_inputs(&self, inputs: &mut [sandcall_sandbox::protocol::InputFile]) -> std::io::Result<()> {
+        for (i, input) in inputs.iter_mut().enumerate() {
+            let name = i.to_string();
+            fs::copy(&input.source, self.dir.join("inputs").join(&name))?;
+            input.source = self.own.inputs.join(name);
+        }
+        Ok(())
+    }
+
+    /// Copies the files the helper collected into `outbox` (in the sandbox, under
+    /// `OwnPaths::outbox`) out to the same path on the host, which no sandbox sees. Only
+    /// regular files are copied, opened without following a link, at most `max_files`
+    /// and `max_bytes` of them: the helper's directory is the sandbox's to write, and a
+    /// program that broke out of its own sandbox could have put anything there.
+    pub fn take_outbox(&self, outbox: &Path, max_files: usize, max_bytes: u64) -> std::io::Result<()> {
+        let Some(name) = outbox
+            .strip_prefix(&self.own.outbox)
+            .ok()
+            .filter(|rest| rest.components().count() == 1)
+        else {
+            return Err(std::io::Error::other("an outbox outside the outbox directory"));
+        };
+        let from = self.dir.join("outbox").join(name);
+        let Ok(entries) = fs::read_dir(&from) else {
+            return Ok(()); // no file was collected
+        };
+        fs::create_dir(outbox)?;
+        let mut left = max_bytes;
+        for entry in entries.flatten().take(max_files) {
+            if left == 0 {
+                break;
+            }
+            use std::os::unix::fs::OpenOptionsExt;
+            let Ok(mut file) = fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+                .open(entry.path())
+            else {
+                continue;
+            };
+            if !file.metadata().is_ok_and(|m| m.is_file()) {
+                continue;
+            }
+            let mut to = fs::File::create_new(outbox.join(entry.file_name()))?;
+            left -= std::io::copy(&mut std::io::Read::take(&mut file, left), &mut to)?;
+        }
+        Ok(())
+    }
+
+    /// Removes the bundle and the directories (the sandbox has ended).
+    pub fn remove(&self) {
+        let _ = fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -472,14 +553,14 @@ fn root_binds(view: &HostView) -> Vec<PathBuf> {
 }
 
 /// The root every gVisor sandbox starts from, at `root` (made again at each start): an
-/// otherwise empty tree with a mount point for each of `binds` and `writable` (a
-/// directory, or a file for a file), gVisor's own `/proc`, `/dev` and `/sys`, and the
-/// top-level `symlinks` of the host's (merged `/usr`).
+/// otherwise empty tree with a mount point for each of `binds` (a directory, or a file
+/// for a file) and of the directories `own`, gVisor's own `/proc`, `/dev` and `/sys`,
+/// and the top-level `symlinks` of the host's (merged `/usr`).
 fn build_skeleton(
     root: &Path,
     symlinks: &[(PathBuf, PathBuf)],
     binds: &[PathBuf],
-    writable: &[&Path],
+    own: &[&Path],
 ) -> std::io::Result<()> {
     let _ = fs::remove_dir_all(root);
     fs::create_dir_all(root)?;
@@ -487,10 +568,10 @@ fn build_skeleton(
     for (link, target) in symlinks {
         std::os::unix::fs::symlink(target, inside(link))?;
     }
-    for dir in [PROC, DEV, SYS] {
-        fs::create_dir_all(inside(Path::new(dir)))?;
+    for dir in [PROC, DEV, SYS].iter().map(Path::new).chain(own.iter().copied()) {
+        fs::create_dir_all(inside(dir))?;
     }
-    for path in binds.iter().map(PathBuf::as_path).chain(writable.iter().copied()) {
+    for path in binds {
         let at = inside(path);
         if path.is_dir() {
             fs::create_dir_all(&at)?;
@@ -504,13 +585,14 @@ fn build_skeleton(
     Ok(())
 }
 
-/// The OCI runtime spec of every gVisor sandbox: `root` (`build_skeleton`) read-only,
-/// `binds` bound read-only and `writable` read-write at their own paths, gVisor's own
+/// The OCI runtime spec of a gVisor sandbox: `root` (`build_skeleton`) read-only,
+/// `binds` bound read-only at their own paths, each of `own` (host directory, where,
+/// read-write) at its place, gVisor's own
 /// `/proc`, `/dev`, `/sys` and cgroup controllers, and the helper as the one process,
 /// root inside gVisor's kernel with the capabilities it builds sandboxes with. Nothing
 /// else of the host is there: not its `/etc`, not the data directory's keys, not other
 /// home directories.
-fn oci_spec(helper_exe: &Path, root: &Path, binds: &[PathBuf], writable: &[&Path]) -> serde_json::Value {
+fn oci_spec(helper_exe: &Path, root: &Path, binds: &[PathBuf], own: &[(PathBuf, &Path, bool)]) -> serde_json::Value {
     let caps = [
         "CAP_CHOWN",
         "CAP_DAC_OVERRIDE",
@@ -536,9 +618,10 @@ fn oci_spec(helper_exe: &Path, root: &Path, binds: &[PathBuf], writable: &[&Path
             "destination": path, "type": "bind", "source": path, "options": ["rbind", "ro"]
         }));
     }
-    for dir in writable {
+    for (source, destination, writable) in own {
+        let how = if *writable { "rw" } else { "ro" };
         mounts.push(serde_json::json!({
-            "destination": dir, "type": "bind", "source": dir, "options": ["rbind", "rw"]
+            "destination": destination, "type": "bind", "source": source, "options": ["rbind", how]
         }));
     }
     serde_json::json!({
@@ -575,7 +658,7 @@ mod tests {
     }
 
     #[test]
-    fn a_gvisor_sandbox_sees_only_what_runs_are_built_from() {
+    fn a_gvisor_sandbox_sees_only_what_runs_are_built_from_and_its_own_run() {
         let view = HostView {
             paths: [
                 "/usr",
@@ -584,7 +667,6 @@ mod tests {
                 "/etc/fonts",
                 "/etc/ld.so.cache",
                 "/srv/data/runtimes/python-1",
-                "/srv/data/files/objects",
             ]
             .map(PathBuf::from)
             .to_vec(),
@@ -594,45 +676,122 @@ mod tests {
         // One under a top-level symlink, and one under another bind, are in `/usr`'s.
         assert_eq!(
             binds,
-            [
-                "/etc/fonts",
-                "/etc/ld.so.cache",
-                "/srv/data/files/objects",
-                "/srv/data/runtimes/python-1",
-                "/usr"
-            ]
-            .map(PathBuf::from)
-            .to_vec()
+            ["/etc/fonts", "/etc/ld.so.cache", "/srv/data/runtimes/python-1", "/usr"]
+                .map(PathBuf::from)
+                .to_vec()
         );
-        let runs = Path::new("/srv/data/runs");
+        let own = Path::new("/srv/data/gvisor/runs/r1");
         let spec = oci_spec(
             Path::new("/opt/sandcall"),
             Path::new("/srv/data/gvisor/root"),
             &binds,
-            &[runs],
+            &[
+                (own.join("runs"), Path::new("/srv/data/runs"), true),
+                (own.join("outbox"), Path::new("/srv/data/outbox"), true),
+                (own.join("inputs"), Path::new("/srv/data/gvisor/inputs"), false),
+            ],
         );
         assert_eq!(
             spec["root"],
             serde_json::json!({"path": "/srv/data/gvisor/root", "readonly": true})
         );
         let mounts = spec["mounts"].as_array().unwrap();
-        let bound: Vec<(&str, &str)> = mounts
+        let bound: Vec<(&str, &str, &str)> = mounts
             .iter()
             .filter(|m| m["type"] == "bind")
-            .map(|m| (m["source"].as_str().unwrap(), m["options"][1].as_str().unwrap()))
+            .map(|m| {
+                (
+                    m["source"].as_str().unwrap(),
+                    m["destination"].as_str().unwrap(),
+                    m["options"][1].as_str().unwrap(),
+                )
+            })
             .collect();
-        assert_eq!(bound.len(), binds.len() + 1, "{bound:?}");
-        assert!(
-            bound
-                .iter()
-                .all(|(source, how)| (*how == "rw") == (*source == "/srv/data/runs")),
-            "{bound:?}"
+        assert_eq!(bound.len(), binds.len() + 3, "{bound:?}");
+        // What the sandbox may write is its own run's directories, at the server's paths.
+        let writable: Vec<_> = bound.iter().filter(|(_, _, how)| *how == "rw").collect();
+        assert_eq!(
+            writable,
+            [
+                &("/srv/data/gvisor/runs/r1/runs", "/srv/data/runs", "rw"),
+                &("/srv/data/gvisor/runs/r1/outbox", "/srv/data/outbox", "rw")
+            ]
         );
         // Nothing of the host's /etc but what was asked for, nothing of the data directory
-        // but its runtimes, stored files and staging directories.
-        for hidden in ["/", "/etc", "/root", "/srv/data", "/srv/data/token.key"] {
-            assert!(!bound.iter().any(|(source, _)| *source == hidden), "{hidden} is bound");
+        // but its runtimes and this run's own directories: not the stored files, not the
+        // other runs' staging directories or outboxes.
+        for hidden in [
+            "/",
+            "/etc",
+            "/root",
+            "/srv/data",
+            "/srv/data/token.key",
+            "/srv/data/files/objects",
+            "/srv/data/runs",
+            "/srv/data/outbox",
+        ] {
+            assert!(
+                !bound.iter().any(|(source, _, _)| *source == hidden),
+                "{hidden} is bound"
+            );
         }
+    }
+
+    #[test]
+    fn a_run_view_copies_inputs_in_and_only_regular_files_out() {
+        let dir = std::env::temp_dir().join(format!("sandcall-view-test-{}", sandcall_api::ids::new_id()));
+        let own = OwnPaths {
+            runs: dir.join("data/runs"),
+            outbox: dir.join("data/outbox"),
+            inputs: dir.join("data/gvisor/inputs"),
+        };
+        let view = RunView {
+            dir: dir.join("data/gvisor/runs/r1"),
+            own: own.clone(),
+        };
+        for sub in ["inputs", "outbox/r1"] {
+            fs::create_dir_all(view.dir.join(sub)).unwrap();
+        }
+        fs::create_dir_all(&own.outbox).unwrap();
+        // Inputs: copied into the view, named as the sandbox sees them.
+        let object = dir.join("object");
+        fs::write(&object, "input bytes").unwrap();
+        let mut inputs = vec![sandcall_sandbox::protocol::InputFile {
+            source: object.clone(),
+            name: "data.csv".into(),
+            read_only: false,
+            tag: String::new(),
+        }];
+        view.stage_inputs(&mut inputs).unwrap();
+        assert_eq!(inputs[0].source, own.inputs.join("0"));
+        assert_eq!(fs::read_to_string(view.dir.join("inputs/0")).unwrap(), "input bytes");
+        // Outputs: a regular file comes out; a link to a host file, a FIFO and a
+        // directory do not, nor anything past the bound on bytes.
+        let secret = dir.join("token.key");
+        fs::write(&secret, "secret").unwrap();
+        let theirs = view.dir.join("outbox/r1");
+        fs::write(theirs.join("0"), "chart").unwrap();
+        std::os::unix::fs::symlink(&secret, theirs.join("1")).unwrap();
+        nix::unistd::mkfifo(&theirs.join("2"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        fs::create_dir(theirs.join("3")).unwrap();
+        let outbox = own.outbox.join("r1");
+        view.take_outbox(&outbox, 100, 1 << 20).unwrap();
+        let mut out: Vec<String> = fs::read_dir(&outbox)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        out.sort();
+        assert_eq!(out, ["0"]);
+        assert_eq!(fs::read_to_string(outbox.join("0")).unwrap(), "chart");
+        assert!(!fs::symlink_metadata(outbox.join("0")).unwrap().file_type().is_symlink());
+        // Only the run's own outbox, and the bound on bytes holds.
+        assert!(view.take_outbox(&dir.join("elsewhere/r1"), 100, 1 << 20).is_err());
+        fs::remove_dir_all(&outbox).unwrap();
+        view.take_outbox(&outbox, 100, 3).unwrap();
+        assert_eq!(fs::read_to_string(outbox.join("0")).unwrap(), "cha");
+        view.remove();
+        assert!(!view.dir.exists());
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! namespaces itself: each run is a fresh `sandcall sandbox-helper` process, forked by
 //! the helper launcher (`crate::launcher`) once one runs, exec'd by the server otherwise.
 
-use crate::gvisor::Gvisor;
+use crate::gvisor::{Gvisor, RunView};
 use crate::isolation::HelperChannel;
 use crate::launcher::{ForkedHelper, Launcher};
 pub use crate::run::{RunError, RunSpec};
@@ -359,7 +359,7 @@ impl Runner {
         &self,
         prepare: &Prepare,
         passed: Option<OwnedFd>,
-    ) -> Result<(Process, OwnedFd, OwnedFd, Option<RunCgroup>), RunError> {
+    ) -> Result<(Process, OwnedFd, OwnedFd, Option<Outer>), RunError> {
         if let Some(gvisor) = &self.settings.gvisor {
             return spawn_in_gvisor(gvisor, prepare, passed).await;
         }
@@ -386,7 +386,8 @@ impl Runner {
         let started = std::time::Instant::now();
         let guard = ActiveGuard::new(self.active.clone());
         let (child, stdin, stdout, outer) = self.spawn_helper(prepare, passed).await?;
-        let lowered = prepare.background && priority::can_restore();
+        // A gVisor sandbox waits at a low CPU weight instead (`spawn_in_gvisor`).
+        let lowered = prepare.background && priority::can_restore() && outer.is_none();
         if lowered {
             // Lowered at once, for its own start too; the helper raises itself again at
             // its `Run` (`sandcall_sandbox::priority`).
@@ -403,8 +404,10 @@ impl Runner {
             events: BufReader::new(stdout).lines(),
             parsing: None,
             hash_seed: None,
-            raise_outer_to: outer.as_ref().and(lowered.then_some(prepare.nice)),
+            raise_outer: outer.is_some() && prepare.background,
             outer,
+            collect: None,
+            finishing: None,
             running: None,
             _guard: guard,
         };
@@ -437,32 +440,53 @@ impl Runner {
 }
 
 /// Starts a helper in a gVisor sandbox of its own, in a host cgroup made for it, with
-/// `passed` as its egress channel, at nice 19 when it is `Prepare::background` work.
+/// `passed` as its egress channel, at the lowest CPU weight when it is
+/// `Prepare::background` work (`Helper::send_run` gives it the default back).
 /// The server keeps no copy of `passed`: the channel closes when the sandbox ends.
 async fn spawn_in_gvisor(
     gvisor: &Gvisor,
     prepare: &Prepare,
     passed: Option<OwnedFd>,
-) -> Result<(Process, OwnedFd, OwnedFd, Option<RunCgroup>), RunError> {
+) -> Result<(Process, OwnedFd, OwnedFd, Option<Outer>), RunError> {
     let cgroup = gvisor
         .host_cgroup(&prepare.run_id, &prepare.limits)
         .map_err(RunError::Spawn)?;
-    let lowered = prepare.background && priority::can_restore();
-    let started = HelperPipes::new().and_then(|ends| {
-        let command = gvisor.command(
-            &prepare.run_id,
-            &cgroup,
-            passed,
-            lowered.then_some(priority::BACKGROUND_NICE),
-        )?;
+    if prepare.background {
+        if let Err(e) = cgroup.set_cpu_weight(true) {
+            tracing::warn!("cannot lower a warm gVisor sandbox's CPU weight: {e}");
+        }
+    }
+    let mut made = None;
+    let started = gvisor.view(&prepare.run_id).and_then(|view| {
+        let view = &*made.insert(std::sync::Arc::new(view));
+        let ends = HelperPipes::new()?;
+        let command = gvisor.command(&prepare.run_id, view, &cgroup, passed)?;
         let child = spawn_with(command, ends.helper_stdin, ends.helper_stdout)?;
         Ok((child, ends.stdin, ends.stdout))
     });
+    let outer = Outer { cgroup, view: made };
     match started {
-        Ok((child, stdin, stdout)) => Ok((Process::Spawned(child), stdin, stdout, Some(cgroup))),
+        Ok((child, stdin, stdout)) => Ok((Process::Spawned(child), stdin, stdout, Some(outer))),
         Err(e) => {
-            let _ = tokio::task::spawn_blocking(move || cgroup.destroy()).await;
+            let _ = tokio::task::spawn_blocking(move || outer.remove()).await;
             Err(RunError::Spawn(e))
+        }
+    }
+}
+
+/// A helper's gVisor sandbox as the host holds it (the `gvisor` tier): its host cgroup,
+/// and its bundle and own directories.
+struct Outer {
+    cgroup: RunCgroup,
+    view: Option<std::sync::Arc<RunView>>,
+}
+
+impl Outer {
+    /// Kills whatever of the sandbox is left, and removes its cgroup and directories.
+    fn remove(self) {
+        let _ = self.cgroup.destroy();
+        if let Some(view) = self.view {
+            view.remove();
         }
     }
 }
@@ -589,15 +613,20 @@ pub struct Helper {
     parsing: Option<tokio::task::JoinHandle<serde_json::Result<Event>>>,
     /// The `PYTHONHASHSEED` a warm sandbox's program was started with, if it was set.
     hash_seed: Option<u32>,
-    /// The host cgroup of the helper's gVisor sandbox (the `gvisor` tier), removed once
-    /// the helper is reaped.
-    outer: Option<RunCgroup>,
-    /// The nice value the processes of a gVisor sandbox built in the background go
-    /// back to at its `Run`. The helper raises what runs on gVisor's kernel, where the
-    /// host's priorities mean nothing; gVisor's own processes (its kernel, the
-    /// program's stubs, the file proxy) stay at the nice value they were lowered to
-    /// until the server raises them.
-    raise_outer_to: Option<i32>,
+    /// The helper's gVisor sandbox's host cgroup and own directories (the `gvisor` tier),
+    /// removed once the helper is reaped.
+    outer: Option<Outer>,
+    /// Where the run's output files go (the `gvisor` tier): copied out of the sandbox's
+    /// own outbox when it finishes (`RunView::take_outbox`).
+    collect: Option<sandcall_sandbox::protocol::Collect>,
+    /// A finished run's output files being copied out of its gVisor sandbox, then its
+    /// `Finished`. Kept here for the same reason as `parsing`.
+    finishing: Option<tokio::task::JoinHandle<Event>>,
+    /// A gVisor sandbox built in the background, whose host cgroup waits at the lowest
+    /// CPU weight until its `Run`. The helper's priorities are gVisor's, which the host
+    /// never sees: what runs on the host (gVisor's kernel, the program's stubs, the file
+    /// proxy) is the cgroup's, with every process and thread it starts later.
+    raise_outer: bool,
     /// When the program was sent its `Run`.
     running: Option<std::time::Instant>,
     _guard: ActiveGuard,
@@ -621,8 +650,35 @@ impl Helper {
     }
 
     /// The helper's next event. Cancel-safe: reading a line is, and a large line's parse
-    /// outlives a dropped call (see `parsing`).
+    /// and a finished run's copy of its outputs outlive a dropped call (see `parsing`
+    /// and `finishing`).
     pub async fn next_event(&mut self) -> Result<Event, RunError> {
+        if self.finishing.is_none() {
+            let event = self.read_event().await?;
+            if !matches!(event, Event::Finished { .. }) {
+                return Ok(event);
+            }
+            let (Some(collect), Some(view)) = (self.collect.take(), self.outer.as_ref().and_then(|o| o.view.clone()))
+            else {
+                return Ok(event);
+            };
+            self.finishing = Some(tokio::task::spawn_blocking(move || {
+                if let Err(e) = view.take_outbox(&collect.outbox, collect.max_files, collect.max_total_bytes) {
+                    tracing::warn!("copying a run's output files out of its gVisor sandbox: {e}");
+                }
+                event
+            }));
+        }
+        let Some(finishing) = self.finishing.as_mut() else {
+            return Err(RunError::Protocol("no run finishing".into()));
+        };
+        let done = finishing.await;
+        self.finishing = None;
+        done.map_err(|e| RunError::Protocol(format!("copying a run's output files: {e}")))
+    }
+
+    /// `next_event`, before a finished run's outputs are copied out of its gVisor sandbox.
+    async fn read_event(&mut self) -> Result<Event, RunError> {
         if self.parsing.is_none() {
             let line = match self.events.next_line().await {
                 Ok(Some(line)) => line,
@@ -665,7 +721,7 @@ impl Helper {
         let Event::Finished { mut result } = event else {
             return event;
         };
-        let usage = outer.usage();
+        let usage = outer.cgroup.usage();
         result.memory_peak_bytes = result.memory_peak_bytes.max(usage.memory_peak_bytes);
         // Ended as the host kernel ends a run that outgrows its limit, whether gVisor's
         // kernel failed the allocation first (the program may have exited on its own) or
@@ -679,20 +735,25 @@ impl Helper {
     }
 
     /// Sends the run's program its `Run`.
-    async fn send_run(&mut self, spec: RunSpec) -> Result<(), RunError> {
-        if let (Some(outer), Some(nice)) = (&self.outer, self.raise_outer_to.take()) {
-            let watch = outer.watch();
-            let failed = tokio::task::spawn_blocking(move || priority::restore(nice, || watch.threads()))
+    async fn send_run(&mut self, mut spec: RunSpec) -> Result<(), RunError> {
+        if let Some(view) = self.outer.as_ref().and_then(|o| o.view.clone()) {
+            // The run's inputs, copied where its gVisor sandbox alone sees them.
+            let mut inputs = std::mem::take(&mut spec.inputs);
+            spec.inputs = tokio::task::spawn_blocking(move || view.stage_inputs(&mut inputs).map(|()| inputs))
                 .await
-                .unwrap_or_default();
-            for (tid, e) in failed {
-                tracing::warn!("cannot restore the priority of gVisor's thread {tid}: {e}");
+                .map_err(|e| RunError::Sandbox(format!("staging the run's inputs: {e}")))?
+                .map_err(|e| RunError::Sandbox(format!("staging the run's inputs: {e}")))?;
+            self.collect = spec.collect.clone();
+        }
+        if let Some(outer) = self.outer.as_ref().filter(|_| std::mem::take(&mut self.raise_outer)) {
+            if let Err(e) = outer.cgroup.set_cpu_weight(false) {
+                tracing::warn!("cannot give a gVisor sandbox its CPU weight back: {e}");
             }
         }
         self.send(&run_message(spec)).await?;
         self.running = Some(std::time::Instant::now());
         if let Some(outer) = &self.outer {
-            tokio::spawn(end_at_memory_limit(outer.watch()));
+            tokio::spawn(end_at_memory_limit(outer.cgroup.watch()));
         }
         Ok(())
     }
@@ -702,7 +763,7 @@ impl Helper {
     /// down. Either is the run's own doing once its program started, and the run ends
     /// killed (what it printed went with the sandbox). Before that, the sandbox failed.
     fn outer_end(&self) -> Option<RunResult> {
-        let usage = self.outer.as_ref()?.usage();
+        let usage = self.outer.as_ref()?.cgroup.usage();
         (usage.memory_limit_hit || self.running.is_some()).then(|| RunResult {
             oom_killed: usage.memory_limit_hit,
             signal: Some("SIGKILL".into()),
@@ -760,10 +821,10 @@ impl Helper {
     }
 
     /// Removes the host cgroup of the helper's gVisor sandbox, killing whatever of the
-    /// sandbox is left in it.
+    /// sandbox is left in it, and its directories.
     async fn remove_outer(&mut self) {
-        if let Some(cgroup) = self.outer.take() {
-            let _ = tokio::task::spawn_blocking(move || cgroup.destroy()).await;
+        if let Some(outer) = self.outer.take() {
+            let _ = tokio::task::spawn_blocking(move || outer.remove()).await;
         }
     }
 }

@@ -293,7 +293,7 @@ fn outbox_file_size(outbox: &Path, path: &Path) -> Option<u64> {
         return None;
     }
     let meta = std::fs::symlink_metadata(path).ok()?;
-    meta.file_type().is_file().then(|| meta.len())
+    meta.file_type().is_file().then_some(meta.len())
 }
 
 #[cfg(test)]

@@ -12,8 +12,9 @@ use std::time::Duration;
 const GVISOR: (&str, &str) = ("SANDCALL_ISOLATION", "gvisor");
 
 /// What is left of gVisor sandboxes: `runsc` state files, processes that name the
-/// server's `runsc` state directory, and host cgroups of the server's instance.
-fn leftovers(s: &Server) -> (usize, usize, usize) {
+/// server's `runsc` state directory, host cgroups of the server's instance, and
+/// sandboxes' own directories (`gvisor::RunView`).
+fn leftovers(s: &Server) -> (usize, usize, usize, usize) {
     let state = s.data_dir.join("gvisor").join("state");
     let states = std::fs::read_dir(&state).map_or(0, |entries| {
         entries
@@ -25,6 +26,7 @@ fn leftovers(s: &Server) -> (usize, usize, usize) {
         states,
         processes_matching(&state.to_string_lossy()).len(),
         run_cgroups(&s.instance()),
+        std::fs::read_dir(s.data_dir.join("gvisor").join("runs")).map_or(0, |e| e.count()),
     )
 }
 
@@ -168,11 +170,11 @@ fn gvisor_sandboxes_leave_nothing_after_runs_a_killed_run_or_a_killed_server() {
         .and_then(|n| n.parse().ok())
         .unwrap_or(50);
     let s = Server::start_with(&[GVISOR, NO_POOL], "");
-    let none = (0, 0, 0);
+    let none = (0, 0, 0, 0);
     assert_eq!(
         settle(|| leftovers(&s), none),
         none,
-        "(state files, processes, cgroups) before"
+        "(state files, processes, cgroups, directories) before"
     );
     let mounts = mount_count();
     let threads: Vec<_> = (0..2)
@@ -204,7 +206,7 @@ fn gvisor_sandboxes_leave_nothing_after_runs_a_killed_run_or_a_killed_server() {
     assert_eq!(
         settle(|| leftovers(&s), none),
         none,
-        "(state files, processes, cgroups) after {runs} runs"
+        "(state files, processes, cgroups, directories) after {runs} runs"
     );
     assert_eq!(
         settle(mount_count, mounts),
@@ -231,7 +233,7 @@ fn gvisor_sandboxes_leave_nothing_after_runs_a_killed_run_or_a_killed_server() {
     assert_eq!(
         settle(|| leftovers(&s), none),
         none,
-        "(state files, processes, cgroups) after a SIGKILLed server's successor started"
+        "(state files, processes, cgroups, directories) after a SIGKILLed server's successor started"
     );
     assert_eq!(
         settle(mount_count, mounts),
@@ -241,37 +243,27 @@ fn gvisor_sandboxes_leave_nothing_after_runs_a_killed_run_or_a_killed_server() {
     s.assert_healthy();
 }
 
-/// The nice value of every host thread in this server's host cgroups named `id` (all
-/// of them with `None`): a gVisor sandbox's kernel, file proxy, `runsc` and the stubs
-/// its programs run in.
-fn host_thread_nices(s: &Server, id: Option<&str>) -> Vec<i64> {
-    let mut nices: Vec<i64> = run_cgroup_paths(&s.instance())
+/// The CPU weights of this server's host cgroups (`cpu.shares` on v1, `cpu.weight` on
+/// v2), of those named `id` only with `Some`.
+fn cpu_weights(s: &Server, id: Option<&str>) -> Vec<u64> {
+    run_cgroup_paths(&s.instance())
         .into_iter()
         .filter(|dir| id.is_none_or(|id| dir.file_name().is_some_and(|n| n == id)))
         .flat_map(|dir| {
-            ["tasks", "cgroup.threads"]
+            ["cpu.shares", "cpu.weight"]
                 .iter()
-                .filter_map(|f| std::fs::read_to_string(dir.join(f)).ok())
-                .collect::<Vec<_>>()
+                .filter_map(|f| std::fs::read_to_string(dir.join(f)).ok()?.trim().parse().ok())
+                .collect::<Vec<u64>>()
         })
-        .flat_map(|tasks| tasks.lines().map(str::to_owned).collect::<Vec<_>>())
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
-        .filter_map(|tid| {
-            let stat = std::fs::read_to_string(format!("/proc/{}/stat", tid.trim())).ok()?;
-            stat.rsplit_once(')')?.1.split_whitespace().nth(16)?.parse().ok()
-        })
-        .collect();
-    nices.sort();
-    nices
+        .collect()
 }
 
-/// A warm gVisor sandbox waits at nice 19, every host thread of it (the helper inside
-/// can only lower or raise what runs on gVisor's kernel); at its run, the server puts
-/// them back at its own nice value, so a warm run does not run at the priority of the
-/// pool's refills.
+/// A warm gVisor sandbox waits at the lowest CPU weight on the host, with every process
+/// and thread of it (the helper inside can only lower or raise what runs on gVisor's
+/// kernel); at its run it gets the default weight back, so a warm run does not run at
+/// the priority of the pool's refills.
 #[test]
-fn a_warm_gvisor_sandbox_waits_at_the_lowest_priority_and_runs_at_the_servers() {
+fn a_warm_gvisor_sandbox_waits_at_the_lowest_cpu_weight_and_runs_at_the_default() {
     let s = Server::start_with(
         &[
             GVISOR,
@@ -281,10 +273,11 @@ fn a_warm_gvisor_sandbox_waits_at_the_lowest_priority_and_runs_at_the_servers() 
         "",
     );
     s.wait_warm(1);
-    let waiting = host_thread_nices(&s, None);
+    let lowest = [2, 1]; // v1's cpu.shares, v2's cpu.weight
+    let waiting = cpu_weights(&s, None);
     assert!(
-        waiting.len() >= 3 && waiting.iter().all(|n| *n == 19),
-        "an idle warm gVisor sandbox's host threads: {waiting:?}"
+        !waiting.is_empty() && waiting.iter().all(|w| lowest.contains(w)),
+        "an idle warm gVisor sandbox's CPU weight: {waiting:?}"
     );
     let (status, paused) = s.post(
         "/v1/exec/programmatic",
@@ -300,11 +293,10 @@ fn a_warm_gvisor_sandbox_waits_at_the_lowest_priority_and_runs_at_the_servers() 
         "{paused}"
     );
     let id = paused["session_id"].as_str().unwrap();
-    let normal = sandcall_sandbox::priority::nice_of(0).unwrap() as i64;
-    let running = host_thread_nices(&s, Some(id));
+    let running = cpu_weights(&s, Some(id));
     assert!(
-        running.len() >= 3 && running.iter().all(|n| *n == normal),
-        "the host threads of the gVisor sandbox of run {id}, at nice {normal}: {running:?}"
+        !running.is_empty() && running.iter().all(|w| [1024, 100].contains(w)),
+        "the CPU weight of run {id}'s gVisor sandbox: {running:?}"
     );
 }
 
