@@ -85,7 +85,7 @@ pub fn for_config(
         Err(e) if config.pins_gvisor() || config.host.runsc_path.is_some() => return Err(e),
         Err(_) => return Ok(None),
     };
-    let (extra, node_modules) = crate::runner::program_host_paths(config);
+    let (extra, node_modules) = crate::runtime::program_host_paths(config);
     let mut view = sandcall_sandbox::mounts::host_view(&extra, node_modules.as_deref());
     // The helper's directory: gVisor names a file bound alone `/` in `/proc/self/exe`,
     // which the helper binds into a programmatic run's root as its tool client.

@@ -56,7 +56,7 @@ impl RunnerSettings {
         helper_exe: PathBuf,
         gvisor: Option<Arc<Gvisor>>,
     ) -> RunnerSettings {
-        let (extra_runtime_paths, node_modules) = program_host_paths(config);
+        let (extra_runtime_paths, node_modules) = crate::runtime::program_host_paths(config);
         RunnerSettings {
             helper_exe,
             runs_dir: host.runs_dir.clone(),
@@ -70,20 +70,6 @@ impl RunnerSettings {
             gvisor,
         }
     }
-}
-
-/// The host paths a server with `config` binds into its programs' roots besides the
-/// system's own (`sandcall_sandbox::mounts::host_view`): the runtimes, toolchains and
-/// operator's paths, and the npm packages.
-pub fn program_host_paths(config: &sandcall_config::Config) -> (Vec<PathBuf>, Option<PathBuf>) {
-    let extra = config
-        .languages
-        .extra_runtime_paths
-        .iter()
-        .cloned()
-        .chain(crate::runtime::languages::runtime_paths(config))
-        .collect();
-    (extra, crate::npm_runtime::for_config(config).map(|n| n.node_modules()))
 }
 
 #[derive(Clone)]

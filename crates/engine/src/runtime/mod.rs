@@ -5,7 +5,21 @@ pub mod languages;
 
 use languages::{declaration, Build, Start, ToolStub, Warm};
 use sandcall_api::Language;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// The host paths a server with `config` binds into its programs' roots besides the
+/// system's own (`sandcall_sandbox::mounts::host_view`): the runtimes, toolchains and
+/// operator's paths, and the npm packages.
+pub fn program_host_paths(config: &sandcall_config::Config) -> (Vec<PathBuf>, Option<PathBuf>) {
+    let extra = config
+        .languages
+        .extra_runtime_paths
+        .iter()
+        .cloned()
+        .chain(languages::runtime_paths(config))
+        .collect();
+    (extra, crate::npm_runtime::for_config(config).map(|n| n.node_modules()))
+}
 
 /// Where the submitted code appears inside the sandbox (read-only).
 pub const CODE_DIR: &str = "/run/sandcall";
