@@ -55,8 +55,10 @@ pub const MOUNTED_OVER: [(&str, &str); 6] = [
 /// What of the host `build_root` binds into a program's root: the runtime's top-level
 /// directories, `extra_runtime_paths`, `node_modules` and the /etc files, each an absolute
 /// host path that exists, in `paths`; and the top-level symlinks it recreates (merged
-/// `/usr`), each with its target, in `symlinks`. A sandbox built inside another one (the
-/// `gvisor` tier's) needs exactly these of the host.
+/// `/usr`), each with its target, in `symlinks`. `build_root` binds these `paths` (all
+/// but `node_modules`, which it binds at `/node_modules`), so a sandbox built inside
+/// another one (the `gvisor` tier's) that is given exactly these of the host lacks
+/// nothing.
 #[derive(Debug, Default, PartialEq)]
 pub struct HostView {
     pub paths: Vec<PathBuf>,
@@ -314,29 +316,16 @@ pub fn build_root(spec: &RootSpec) -> Result<(), MountError> {
     // pivot_root needs the new root to be a mount point of its own.
     bind_rw(root, root)?;
 
-    // The runtime: the host's /usr (and any real /lib64, ...), read-only.
-    for name in RUNTIME_TOP {
-        let host = Path::new("/").join(name);
-        if fs::symlink_metadata(&host).map(|m| m.is_dir()).unwrap_or(false) {
-            bind_ro(&host, &root.join(name))?;
-        }
-    }
-    for extra in spec.extra_runtime_paths {
-        if extra.exists() {
-            bind_ro(extra, &root.join(extra.strip_prefix("/").unwrap_or(extra)))?;
-        }
+    // The runtime (the host's /usr, any real /lib64, ..., the extra runtime paths) and
+    // the few /etc files the loader and libc read, read-only at their own paths; passwd
+    // and group are our own.
+    for host in host_view(spec.extra_runtime_paths, None).paths {
+        bind_ro(&host, &root.join(host.strip_prefix("/").unwrap_or(&host)))?;
     }
     // The npm packages for programs, at the root: Node looks for `node_modules` in every
     // directory above the importing file, and `/` is above both the code and /mnt/data.
     if let Some(modules) = spec.node_modules {
         bind_ro(modules, &under(root, NODE_MODULES))?;
-    }
-    // /etc: a few host files the loader and libc read; passwd and group are our own.
-    for name in ETC_FILES {
-        let host = Path::new("/etc").join(name);
-        if host_file(&host) {
-            bind_ro(&host, &root.join("etc").join(name))?;
-        }
     }
     // /dev: the harmless device nodes, bound from the host.
     for name in DEVICES {
