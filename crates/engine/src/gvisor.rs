@@ -242,18 +242,26 @@ impl Gvisor {
             dir: self.views.join(id),
             own: self.own.clone(),
         };
-        let _ = fs::remove_dir_all(&view.dir);
+        view.remove();
         let binds = [
             (view.dir.join("runs"), self.own.runs.as_path(), true),
             (view.dir.join("outbox"), &self.own.outbox, true),
             (view.dir.join("inputs"), &self.own.inputs, false),
         ];
-        for (dir, _, _) in &binds {
-            fs::create_dir_all(dir)?;
+        let made = binds
+            .iter()
+            .try_for_each(|(dir, _, _)| fs::create_dir_all(dir))
+            .and_then(|()| {
+                let spec = oci_spec(&self.helper_exe, &self.root, &self.binds, &binds);
+                fs::write(view.dir.join("config.json"), serde_json::to_vec(&spec)?)
+            });
+        match made {
+            Ok(()) => Ok(view),
+            Err(e) => {
+                view.remove();
+                Err(e)
+            }
         }
-        let spec = oci_spec(&self.helper_exe, &self.root, &self.binds, &binds);
-        fs::write(view.dir.join("config.json"), serde_json::to_vec(&spec)?)?;
-        Ok(view)
     }
 
     /// Where the helper makes a run's cgroup inside gVisor: at the top of gVisor's own

@@ -390,7 +390,6 @@ impl Runner {
             events: BufReader::new(stdout).lines(),
             parsing: None,
             hash_seed: None,
-            raise_outer: outer.is_some() && prepare.background,
             outer,
             collect: None,
             finishing: None,
@@ -442,15 +441,19 @@ async fn spawn_in_gvisor(
             tracing::warn!("cannot lower a warm gVisor sandbox's CPU weight: {e}");
         }
     }
-    let mut made = None;
-    let started = gvisor.view(&prepare.run_id).and_then(|view| {
-        let view = &*made.insert(std::sync::Arc::new(view));
-        let ends = HelperPipes::new()?;
-        let command = gvisor.command(&prepare.run_id, view, &cgroup, passed)?;
+    let view = match gvisor.view(&prepare.run_id) {
+        Ok(view) => std::sync::Arc::new(view),
+        Err(e) => {
+            let _ = tokio::task::spawn_blocking(move || cgroup.destroy()).await;
+            return Err(RunError::Spawn(e));
+        }
+    };
+    let outer = Outer { cgroup, view };
+    let started = HelperPipes::new().and_then(|ends| {
+        let command = gvisor.command(&prepare.run_id, &outer.view, &outer.cgroup, passed)?;
         let child = spawn_with(command, ends.helper_stdin, ends.helper_stdout)?;
         Ok((child, ends.stdin, ends.stdout))
     });
-    let outer = Outer { cgroup, view: made };
     match started {
         Ok((child, stdin, stdout)) => Ok((Process::Spawned(child), stdin, stdout, Some(outer))),
         Err(e) => {
@@ -464,16 +467,14 @@ async fn spawn_in_gvisor(
 /// and its bundle and own directories.
 struct Outer {
     cgroup: RunCgroup,
-    view: Option<std::sync::Arc<RunView>>,
+    view: std::sync::Arc<RunView>,
 }
 
 impl Outer {
     /// Kills whatever of the sandbox is left, and removes its cgroup and directories.
     fn remove(self) {
         let _ = self.cgroup.destroy();
-        if let Some(view) = self.view {
-            view.remove();
-        }
+        self.view.remove();
     }
 }
 
@@ -608,11 +609,6 @@ pub struct Helper {
     /// A finished run's output files being copied out of its gVisor sandbox, then its
     /// `Finished`. Kept here for the same reason as `parsing`.
     finishing: Option<tokio::task::JoinHandle<Event>>,
-    /// A gVisor sandbox built in the background, whose host cgroup waits at the lowest
-    /// CPU weight until its `Run`. The helper's priorities are gVisor's, which the host
-    /// never sees: what runs on the host (gVisor's kernel, the program's stubs, the file
-    /// proxy) is the cgroup's, with every process and thread it starts later.
-    raise_outer: bool,
     /// When the program was sent its `Run`.
     running: Option<std::time::Instant>,
     _guard: ActiveGuard,
@@ -644,10 +640,10 @@ impl Helper {
             if !matches!(event, Event::Finished { .. }) {
                 return Ok(event);
             }
-            let (Some(collect), Some(view)) = (self.collect.take(), self.outer.as_ref().and_then(|o| o.view.clone()))
-            else {
+            let (Some(collect), Some(outer)) = (self.collect.take(), &self.outer) else {
                 return Ok(event);
             };
+            let view = outer.view.clone();
             self.finishing = Some(tokio::task::spawn_blocking(move || {
                 if let Err(e) = view.take_outbox(&collect.outbox, collect.max_files, collect.max_total_bytes) {
                     tracing::warn!("copying a run's output files out of its gVisor sandbox: {e}");
@@ -722,16 +718,19 @@ impl Helper {
 
     /// Sends the run's program its `Run`.
     async fn send_run(&mut self, mut spec: RunSpec) -> Result<(), RunError> {
-        if let Some(view) = self.outer.as_ref().and_then(|o| o.view.clone()) {
+        if let Some(outer) = &self.outer {
             // The run's inputs, copied where its gVisor sandbox alone sees them.
+            let view = outer.view.clone();
             let mut inputs = std::mem::take(&mut spec.inputs);
             spec.inputs = tokio::task::spawn_blocking(move || view.stage_inputs(&mut inputs).map(|()| inputs))
                 .await
                 .map_err(|e| RunError::Sandbox(format!("staging the run's inputs: {e}")))?
                 .map_err(|e| RunError::Sandbox(format!("staging the run's inputs: {e}")))?;
             self.collect = spec.collect.clone();
-        }
-        if let Some(outer) = self.outer.as_ref().filter(|_| std::mem::take(&mut self.raise_outer)) {
+            // A sandbox built in the background waited at the lowest CPU weight: the
+            // helper's priorities are gVisor's, which the host never sees, while the
+            // weight holds for all that runs on the host (gVisor's kernel, the
+            // program's stubs, the file proxy), started before or after.
             if let Err(e) = outer.cgroup.set_cpu_weight(false) {
                 tracing::warn!("cannot give a gVisor sandbox its CPU weight back: {e}");
             }

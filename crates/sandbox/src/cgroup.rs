@@ -482,19 +482,17 @@ impl RunCgroup {
 
     /// Gives the cgroup the CPU weight of work that waits for a request (`background`:
     /// the lowest there is), or the default back. Unlike a nice value, the weight also
-    /// holds for the processes and threads started in the cgroup later. False where the
-    /// cgroup has no CPU controller.
-    pub fn set_cpu_weight(&self, background: bool) -> Result<bool, CgroupError> {
+    /// holds for the processes and threads started in the cgroup later. Nothing where
+    /// the cgroup has no CPU controller.
+    pub fn set_cpu_weight(&self, background: bool) -> Result<(), CgroupError> {
         match &self.placement {
             CgroupPlacement::V1 { cpu: Some(cpu), .. } => {
-                write(cpu, "cpu.shares", if background { "2" } else { "1024" })?;
-                Ok(true)
+                write(cpu, "cpu.shares", if background { "2" } else { "1024" })
             }
             CgroupPlacement::V2 { path } if path.join("cpu.weight").exists() => {
-                write(path, "cpu.weight", if background { "1" } else { "100" })?;
-                Ok(true)
+                write(path, "cpu.weight", if background { "1" } else { "100" })
             }
-            _ => Ok(false),
+            _ => Ok(()),
         }
     }
 
