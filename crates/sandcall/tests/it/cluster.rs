@@ -40,17 +40,40 @@ const MAX_NODES: usize = 24;
 
 /// The `node_url`s of every node this process may start, chosen before the first starts:
 /// each node must list them all in `peer_urls`, the only URLs it forwards to.
+///
+/// A node binds its port only when it starts (and again when a test restarts it), so
+/// the ports are taken below the kernel's ephemeral range, where no other test's
+/// `127.0.0.1:0` can land meanwhile: a block of `MAX_NODES` chosen by the process id
+/// (test processes running at once have different ones), the next free block if it is
+/// not free.
 pub(crate) fn cluster_urls() -> &'static [String] {
     static URLS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
     URLS.get_or_init(|| {
-        // Held open together, so that no two are the same port.
-        let listeners: Vec<_> = (0..MAX_NODES)
-            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-            .collect();
-        listeners
-            .iter()
-            .map(|l| format!("http://{}", l.local_addr().unwrap()))
-            .collect()
+        let ephemeral_low: usize = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|r| r.split_whitespace().next()?.parse().ok())
+            .unwrap_or(32768);
+        let low = 10_000;
+        let blocks = ephemeral_low.saturating_sub(low) / MAX_NODES;
+        assert!(
+            blocks > 0,
+            "no ports below the ephemeral range ({ephemeral_low}) for the cluster tests"
+        );
+        let first = std::process::id() as usize % blocks;
+        for block in (0..blocks).map(|b| (first + b) % blocks) {
+            let start = low + block * MAX_NODES;
+            // Held open together while checked, so that no two are the same port.
+            let held: Result<Vec<_>, _> = (start..start + MAX_NODES)
+                .map(|port| std::net::TcpListener::bind(("127.0.0.1", port as u16)))
+                .collect();
+            if let Ok(listeners) = held {
+                return listeners
+                    .iter()
+                    .map(|l| format!("http://{}", l.local_addr().unwrap()))
+                    .collect();
+            }
+        }
+        panic!("no free block of {MAX_NODES} ports below {ephemeral_low} for the cluster tests");
     })
 }
 
