@@ -26,15 +26,7 @@ pub(crate) fn redis_url() -> String {
     )
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// Most nodes one test process starts (nextest runs each test in a process of its own;
+/// Most nodes (and servers of the test's own, `reserved_port`) one test process starts (nextest runs each test in a process of its own;
 /// a plain `cargo test` runs them all in one).
 const MAX_NODES: usize = 24;
 
@@ -85,6 +77,15 @@ pub(crate) fn next_node_url() -> String {
         .get(i)
         .unwrap_or_else(|| panic!("more than {MAX_NODES} nodes in one test process"))
         .clone()
+}
+
+/// A port of `cluster_urls`' block for a server that is not a node (a Redis of the
+/// test's own, which it restarts), safe from other tests' `127.0.0.1:0` for the same
+/// reason as the nodes' ports.
+fn reserved_port() -> u16 {
+    let url = next_node_url();
+    let port = url.rsplit(':').next().and_then(|p| p.parse().ok());
+    port.unwrap_or_else(|| panic!("no port in {url}"))
 }
 
 /// A node of the cluster on Redis `redis`, with extra environment.
@@ -405,7 +406,7 @@ impl Drop for OwnRedis {
 
 #[test]
 fn redis_restarted_mid_run_answers_503_while_down_and_loses_nothing() {
-    let port = free_port();
+    let port = reserved_port();
     let dir = std::env::temp_dir().join(format!("sandcall-it-redis-{}-{port}", std::process::id()));
     let mut redis = OwnRedis::start(&dir, port);
     let url = format!("redis://127.0.0.1:{port}/0");

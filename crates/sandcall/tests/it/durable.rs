@@ -519,7 +519,11 @@ fn calls_of(s: &Server, paused: &Value) -> Value {
 
 #[test]
 fn an_evicted_session_is_kept_by_the_store_alone_and_every_request_still_finds_it() {
-    let s = Server::start_with(&[NO_POOL, ("SANDCALL_SESSION_IDLE_EVICT_S", "1")], "");
+    // Both sessions must still be in memory when the second has paused: the idle time
+    // must outlast the second's start, a cold sandbox (a cold gVisor sandbox under load
+    // has taken more than a second).
+    let s = Server::start_with(&[NO_POOL, ("SANDCALL_SESSION_IDLE_EVICT_S", "3")], "");
+    let past_idle = Duration::from_millis(3200);
     let body = |code: String| json!({"language": "python", "code": code, "tools": [get_tool()]});
     let (code, a) = s.post_with(
         ROUTE,
@@ -539,7 +543,7 @@ fn an_evicted_session_is_kept_by_the_store_alone_and_every_request_still_finds_i
     assert_eq!(in_memory(&s), 2);
 
     // Evicted: no sandbox, and no entry in the server's memory; the store counts them.
-    std::thread::sleep(Duration::from_millis(1200));
+    std::thread::sleep(past_idle);
     wait_until_no_sandbox(&s);
     crate::common::settle(|| in_memory(&s), 0);
     assert_eq!(dormant(&s), Some(2));
@@ -572,7 +576,7 @@ fn an_evicted_session_is_kept_by_the_store_alone_and_every_request_still_finds_i
     assert_eq!(code, 200, "{a2}");
     assert_eq!(a2["partial_stdout"], "c0 got 10\nc1\n", "{a2}");
     let calls_live = calls_of(&s, &a);
-    std::thread::sleep(Duration::from_millis(1200));
+    std::thread::sleep(past_idle);
     wait_until_no_sandbox(&s);
     crate::common::settle(|| in_memory(&s), 0);
     let calls_dormant = calls_of(&s, &a);
