@@ -188,12 +188,12 @@ impl Engine {
                 return Err(EngineError::internal(error_type::SANDBOX_FAILURE, &e.to_string()));
             }
         };
-        let deleted = files::ops::deleted_inputs(&staged, &result);
         let stored = files::ops::ingest(
             &*self.files,
             &principal.0,
             &session_id,
             &self.config,
+            &staged,
             &outbox,
             &mut result,
         )
@@ -212,7 +212,7 @@ impl Engine {
         response.files = stored.files;
         response.files_skipped = stored.skipped;
         response.files_skipped_total = stored.skipped_total;
-        response.deleted_files = deleted;
+        response.deleted_files = stored.deleted;
         if let Some(endpoint) = endpoint {
             let (summary, note) = endpoint.finish(&response.session_id).await;
             response.network = Some(summary);

@@ -117,19 +117,34 @@ struct InputTag {
     entity_id: Option<String>,
 }
 
-fn read_tag(tag: &str) -> Option<InputTag> {
-    serde_json::from_str(tag).ok()
+/// The tags the server gave a run's inputs. The helper echoes them back, and in the
+/// gvisor tier it runs inside the gVisor sandbox, where a program that broke out of its
+/// own sandbox could make it echo any text: a tag the run was not given (naming any
+/// principal's file) is read as no tag at all.
+struct OwnTags<'a>(HashSet<&'a str>);
+
+impl<'a> OwnTags<'a> {
+    fn of(inputs: &'a [InputFile]) -> Self {
+        OwnTags(inputs.iter().map(|i| i.tag.as_str()).collect())
+    }
+
+    fn read(&self, tag: &str) -> Option<InputTag> {
+        if !self.0.contains(tag) {
+            tracing::warn!("the helper echoed a tag that was not one of the run's inputs");
+            return None;
+        }
+        serde_json::from_str(tag).ok()
+    }
 }
 
 /// The inputs (by the name they were staged under) that a run deleted: staged, and
 /// neither reported as they were, nor collected changed, nor skipped by the collection.
-/// Read before `ingest`, which takes the result's outputs.
-pub fn deleted_inputs(inputs: &[InputFile], result: &RunResult) -> Vec<String> {
+fn deleted_inputs(inputs: &[InputFile], own: &OwnTags, result: &RunResult) -> Vec<String> {
     let mut kept: HashSet<String> = result
         .inherited
         .iter()
         .chain(result.outputs.iter().filter_map(|o| o.input.as_ref()))
-        .filter_map(|t| read_tag(t))
+        .filter_map(|t| own.read(t))
         .map(|t| t.name)
         .collect();
     kept.extend(result.skipped.iter().map(|s| s.name.clone()));
@@ -151,19 +166,25 @@ pub struct Ingested {
     /// Output files collected (or found) that could not be stored: counted in
     /// `skipped_total` too.
     pub undelivered: usize,
+    /// The inputs the run deleted, by the name they were staged under.
+    pub deleted: Vec<String>,
 }
 
 /// Moves what the helper collected into the store under the run's session, and lists
-/// it for the response. A file the principal's quota has no room for is skipped as
+/// it for the response, with the run's `inputs` it left as they were and those it
+/// deleted. A file the principal's quota has no room for is skipped as
 /// `quota_exceeded`. The outbox is removed afterwards, whatever happened.
 pub async fn ingest(
     store: &dyn FileStore,
     principal: &str,
     session_id: &str,
     config: &Config,
+    inputs: &[InputFile],
     outbox: &Path,
     result: &mut RunResult,
 ) -> Ingested {
+    let own = OwnTags::of(inputs);
+    let deleted = deleted_inputs(inputs, &own, result);
     let mut files = Vec::with_capacity(result.outputs.len());
     let mut skipped: Vec<SkippedFile> = result
         .skipped
@@ -182,7 +203,7 @@ pub async fn ingest(
     // The inputs the run left as they were (and the read-only ones) come back under
     // their own id and storage session: nothing new is stored for them.
     for tag in result.inherited.drain(..) {
-        if let Some(t) = read_tag(&tag) {
+        if let Some(t) = own.read(&tag) {
             files.push(OutputFile {
                 id: t.id,
                 name: t.name,
@@ -235,7 +256,7 @@ pub async fn ingest(
             inherited: None,
             entity_id: None,
             // A changed input is a new file that names the one it was staged from.
-            modified_from: out.input.as_deref().and_then(read_tag).map(|t| FileOrigin {
+            modified_from: out.input.as_deref().and_then(|t| own.read(t)).map(|t| FileOrigin {
                 id: t.id,
                 storage_session_id: t.storage_session_id,
             }),
@@ -284,6 +305,7 @@ pub async fn ingest(
         skipped_total,
         delivered,
         undelivered,
+        deleted,
     }
 }
 
@@ -324,7 +346,7 @@ mod tests {
             ..Default::default()
         };
         let store = sandcall_store::memory::MemoryFileStore::new(dir.join("files"));
-        let got = ingest(&store, "p", "s", &Config::default(), &outbox, &mut result).await;
+        let got = ingest(&store, "p", "s", &Config::default(), &[], &outbox, &mut result).await;
         let names: Vec<&str> = got.files.iter().map(|f| f.name.as_str()).collect();
         assert_eq!(names, ["chart.png"]);
         assert_eq!(
@@ -404,12 +426,51 @@ mod tests {
             }],
             ..Default::default()
         };
-        assert_eq!(deleted_inputs(&inputs, &result), ["gone", "dir/gone too"]);
+        let own = OwnTags::of(&inputs);
+        assert_eq!(deleted_inputs(&inputs, &own, &result), ["gone", "dir/gone too"]);
         // A run that emptied the working directory: every input but the read-only one.
         let emptied = RunResult {
             inherited: vec![inputs[5].tag.clone()],
             ..Default::default()
         };
-        assert_eq!(deleted_inputs(&inputs, &emptied).len(), 5);
+        assert_eq!(deleted_inputs(&inputs, &own, &emptied).len(), 5);
+    }
+
+    /// A helper that echoes a tag the run was not given (a gVisor sandbox's, made to by
+    /// a program that broke out of its own sandbox), naming another principal's file as
+    /// inherited or as the origin of an output, gets neither listed.
+    #[tokio::test]
+    async fn only_the_runs_own_input_tags_are_read_back() {
+        let dir = std::env::temp_dir().join(format!("sandcall-tags-test-{}", sandcall_api::ids::new_id()));
+        let outbox = dir.join("outbox");
+        std::fs::create_dir_all(&outbox).unwrap();
+        std::fs::write(outbox.join("0"), "new").unwrap();
+        let inputs = [input("mine", false), input("gone", false)];
+        let mut forged = input("gone", false);
+        forged.tag = forged.tag.replace("id-gone", "another-principals-file");
+        let mut result = RunResult {
+            inherited: vec![inputs[0].tag.clone(), forged.tag.clone()],
+            outputs: vec![CollectedFile {
+                name: "report.txt".into(),
+                size: 3,
+                sha256: String::new(),
+                path: outbox.join("0"),
+                input: Some(forged.tag.clone()),
+            }],
+            ..Default::default()
+        };
+        let store = sandcall_store::memory::MemoryFileStore::new(dir.join("files"));
+        let got = ingest(&store, "p", "s", &Config::default(), &inputs, &outbox, &mut result).await;
+        let listed: Vec<(&str, &str, Option<bool>)> = got
+            .files
+            .iter()
+            .map(|f| (f.id.as_str(), f.name.as_str(), f.inherited))
+            .collect();
+        assert_eq!(listed[0], ("id-mine", "mine", Some(true)));
+        assert_eq!((listed.len(), listed[1].1, listed[1].2), (2, "report.txt", None));
+        assert!(got.files[1].modified_from.is_none());
+        // The forged tag names "gone" too: it is deleted all the same.
+        assert_eq!(got.deleted, ["gone"]);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -25,7 +25,7 @@ pub(super) struct DriverSpec {
     pub(super) replay: Option<Replay>,
     /// The session's state as journalled.
     pub(super) state: SessionState,
-    /// The inputs staged, for `deleted_files`.
+    /// The inputs staged: what `ops::ingest` lists as kept, changed or deleted.
     pub(super) staged: Vec<sandcall_sandbox::protocol::InputFile>,
     /// The workspace the session runs in, if any.
     pub(super) held: Option<SessionWorkspace>,
@@ -859,27 +859,21 @@ impl Driver {
             // field for them, so nothing is stored that nobody would be told about.
             Ok(mut result) if self.ending == Ending::Normal && !result.timed_out && !result.aborted => {
                 let inner = &self.sessions.inner;
-                let deleted = ops::deleted_inputs(&self.staged, &result);
                 let stored = ops::ingest(
                     &*inner.files,
                     &self.session.principal,
                     &self.id,
                     &inner.config,
+                    &self.staged,
                     &self.outbox,
                     &mut result,
                 )
                 .await;
-                self.ending(result, self.ending, self.delivered, stored, deleted)
+                self.ending(result, self.ending, self.delivered, stored)
             }
             Ok(result) => {
                 let _ = tokio::fs::remove_dir_all(&self.outbox).await;
-                self.ending(
-                    result,
-                    self.ending,
-                    self.delivered,
-                    ops::Ingested::default(),
-                    Vec::new(),
-                )
+                self.ending(result, self.ending, self.delivered, ops::Ingested::default())
             }
             Err(e) => {
                 let _ = tokio::fs::remove_dir_all(&self.outbox).await;
@@ -939,14 +933,7 @@ impl Driver {
         }
     }
 
-    fn ending(
-        &self,
-        result: RunResult,
-        ending: Ending,
-        delivered: u64,
-        stored: ops::Ingested,
-        deleted_files: Vec<String>,
-    ) -> ProgrammaticResponse {
+    fn ending(&self, result: RunResult, ending: Ending, delivered: u64, stored: ops::Ingested) -> ProgrammaticResponse {
         let session_id = self.session.id.clone();
         let mut result = result;
         // A diverged replay was stopped by the server: no note about it on stderr.
@@ -1013,7 +1000,7 @@ impl Driver {
             files: stored.files,
             files_skipped: stored.skipped,
             files_skipped_total: stored.skipped_total,
-            deleted_files,
+            deleted_files: stored.deleted,
             runtime_session_id: None,
             runtime_status: None,
             network: None,
