@@ -78,13 +78,25 @@ class Server:
         so that measuring starts from the steady state and not from the start-up fill."""
         last, same, start = -1, 0, time.time()
         while same < 10 and time.time() - start < limit:
-            conn = self.conn()
-            conn.request("GET", "/v1/health")
-            idle = json.loads(conn.getresponse().read()).get("warm_idle", 0)
-            conn.close()
+            idle = self.warm_idle()
             same = same + 1 if idle == last else 0
             last = idle
             time.sleep(0.1)
+
+    def warm_idle(self):
+        """The warm sandboxes waiting for a run (`warm_idle` of `GET /v1/health`)."""
+        conn = self.conn()
+        conn.request("GET", "/v1/health")
+        idle = json.loads(conn.getresponse().read()).get("warm_idle", 0)
+        conn.close()
+        return idle
+
+    def refill(self, idle, limit=60):
+        """Waits (up to `limit` s) until `idle` warm sandboxes wait again, then settles."""
+        start = time.time()
+        while self.warm_idle() < idle and time.time() - start < limit:
+            time.sleep(0.1)
+        self.settle()
 
     def stop(self):
         self.proc.send_signal(signal.SIGTERM)
@@ -228,9 +240,34 @@ def descendants(pid):
     return out
 
 
-def pss_kib(pids):
-    total = 0
+# kcmp(2)'s number, by machine: it tells whether two processes share one address space.
+KCMP_SYSCALL = {"x86_64": 312, "aarch64": 272}
+KCMP_VM = 1
+
+
+def one_per_address_space(pids):
+    """`pids` less those that share an address space with one listed before them.
+
+    PSS divides each page among the address spaces that map it, but two processes that
+    share one (gVisor's systrap makes such pairs) each report the whole of it: summing
+    both counts it twice. Processes kcmp(2) cannot compare are kept."""
+    nr = KCMP_SYSCALL.get(os.uname().machine)
+    if nr is None:
+        return list(pids)
+    import ctypes
+
+    syscall = ctypes.CDLL(None, use_errno=True).syscall
+    kept = []
     for pid in pids:
+        if not any(syscall(nr, k, pid, KCMP_VM, 0, 0) == 0 for k in kept):
+            kept.append(pid)
+    return kept
+
+
+def pss_kib(pids):
+    """The PSS of `pids` (KiB), each address space counted once."""
+    total = 0
+    for pid in one_per_address_space(pids):
         try:
             with open(f"/proc/{pid}/smaps_rollup") as f:
                 for line in f:
@@ -242,6 +279,7 @@ def pss_kib(pids):
 
 
 def memory_per_paused_session(server, sessions):
+    idle = server.warm_idle()
     before = pss_kib([server.proc.pid] + descendants(server.proc.pid))
     conn = server.conn()
     paused = []
@@ -249,7 +287,10 @@ def memory_per_paused_session(server, sessions):
         r = post(conn, "/v1/exec/programmatic", {"code": "inc(x=1)", "tools": [TOOL], "timeout": 600000})
         assert r["status"] == "tool_call_required", r
         paused.append(r["session_id"])
-    time.sleep(1)
+    # Each session took a warm sandbox, and the pool makes new ones: measured once the
+    # pool is as full as it was before, or a tier whose sandboxes take long to make
+    # would be counted short by the ones not yet made.
+    server.refill(idle)
     after = pss_kib([server.proc.pid] + descendants(server.proc.pid))
     for sid in paused:
         post(conn, "/v1/exec/programmatic/cancel", {"session_id": sid})

@@ -56,11 +56,7 @@ def latencies(b, server, code, expect, n, gap_ms, warm=None):
 def idle_sandbox_mib(b, server):
     """PSS of the server's sandbox processes, per idle warm sandbox (the pool full)."""
     server.settle()
-    conn = server.conn()
-    conn.request("GET", "/v1/health")
-    import json
-
-    idle = json.loads(conn.getresponse().read()).get("warm_idle", 0)
+    idle = server.warm_idle()
     pss = b.pss_kib(b.descendants(server.proc.pid))
     return (pss / idle / 1024) if idle else 0.0, idle
 
