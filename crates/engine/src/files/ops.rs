@@ -7,7 +7,7 @@ use crate::error::ErrorKind;
 use sandcall_api::{error_type, FileOrigin, FileRef, OutputFile, SkippedFile};
 use sandcall_config::Config;
 use sandcall_sandbox::protocol::{Collect, InputFile, RunResult};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 /// Collection settings for a run whose outputs go to `outbox`. A run stores at most its
@@ -106,7 +106,7 @@ pub async fn resolve_inputs(
 /// What the server tells itself about an input, through the helper (`InputFile.tag`,
 /// echoed back untouched): enough to list it as inherited, or to name it as the origin
 /// of a changed copy.
-#[derive(serde::Serialize, serde::Deserialize)]
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
 struct InputTag {
     id: String,
     storage_session_id: String,
@@ -117,40 +117,58 @@ struct InputTag {
     entity_id: Option<String>,
 }
 
-/// The tags the server gave a run's inputs. The helper echoes them back, and in the
-/// gvisor tier it runs inside the gVisor sandbox, where a program that broke out of its
-/// own sandbox could make it echo any text: a tag the run was not given (naming any
-/// principal's file) is read as no tag at all.
-struct OwnTags<'a>(HashSet<&'a str>);
+/// The run's inputs by the tag the server gave each. The helper echoes tags back, and
+/// in the gvisor tier it runs inside the gVisor sandbox, where a program that broke out
+/// of its own sandbox could make it echo any text: only a tag the run was given is read,
+/// from the server's own copy.
+struct OwnTags<'a>(HashMap<&'a str, InputTag>);
 
 impl<'a> OwnTags<'a> {
     fn of(inputs: &'a [InputFile]) -> Self {
-        OwnTags(inputs.iter().map(|i| i.tag.as_str()).collect())
+        OwnTags(
+            inputs
+                .iter()
+                .filter_map(|i| Some((i.tag.as_str(), serde_json::from_str(&i.tag).ok()?)))
+                .collect(),
+        )
     }
 
-    fn read(&self, tag: &str) -> Option<InputTag> {
-        if !self.0.contains(tag) {
-            tracing::warn!("the helper echoed a tag that was not one of the run's inputs");
-            return None;
+    /// Drops from `result` every tag the run was not given (naming any principal's
+    /// file): an `inherited` one is not listed, an output's `input` names no origin.
+    fn drop_others(&self, result: &mut RunResult) {
+        let before = result.inherited.len();
+        result.inherited.retain(|t| self.0.contains_key(t.as_str()));
+        let mut dropped = before - result.inherited.len();
+        for out in &mut result.outputs {
+            if out.input.as_deref().is_some_and(|t| !self.0.contains_key(t)) {
+                out.input = None;
+                dropped += 1;
+            }
         }
-        serde_json::from_str(tag).ok()
+        if dropped > 0 {
+            tracing::warn!(dropped, "the helper echoed tags that were not the run's inputs'");
+        }
+    }
+
+    fn get(&self, tag: &str) -> Option<&InputTag> {
+        self.0.get(tag)
     }
 }
 
 /// The inputs (by the name they were staged under) that a run deleted: staged, and
 /// neither reported as they were, nor collected changed, nor skipped by the collection.
 fn deleted_inputs(inputs: &[InputFile], own: &OwnTags, result: &RunResult) -> Vec<String> {
-    let mut kept: HashSet<String> = result
+    let mut kept: HashSet<&str> = result
         .inherited
         .iter()
         .chain(result.outputs.iter().filter_map(|o| o.input.as_ref()))
-        .filter_map(|t| own.read(t))
-        .map(|t| t.name)
+        .filter_map(|t| own.get(t))
+        .map(|t| t.name.as_str())
         .collect();
-    kept.extend(result.skipped.iter().map(|s| s.name.clone()));
+    kept.extend(result.skipped.iter().map(|s| s.name.as_str()));
     inputs
         .iter()
-        .filter(|i| !i.read_only && !kept.contains(&i.name))
+        .filter(|i| !i.read_only && !kept.contains(i.name.as_str()))
         .map(|i| i.name.clone())
         .collect()
 }
@@ -184,6 +202,7 @@ pub async fn ingest(
     result: &mut RunResult,
 ) -> Ingested {
     let own = OwnTags::of(inputs);
+    own.drop_others(result);
     let deleted = deleted_inputs(inputs, &own, result);
     let mut files = Vec::with_capacity(result.outputs.len());
     let mut skipped: Vec<SkippedFile> = result
@@ -203,7 +222,7 @@ pub async fn ingest(
     // The inputs the run left as they were (and the read-only ones) come back under
     // their own id and storage session: nothing new is stored for them.
     for tag in result.inherited.drain(..) {
-        if let Some(t) = own.read(&tag) {
+        if let Some(t) = own.get(&tag).cloned() {
             files.push(OutputFile {
                 id: t.id,
                 name: t.name,
@@ -256,9 +275,9 @@ pub async fn ingest(
             inherited: None,
             entity_id: None,
             // A changed input is a new file that names the one it was staged from.
-            modified_from: out.input.as_deref().and_then(|t| own.read(t)).map(|t| FileOrigin {
-                id: t.id,
-                storage_session_id: t.storage_session_id,
+            modified_from: out.input.as_deref().and_then(|t| own.get(t)).map(|t| FileOrigin {
+                id: t.id.clone(),
+                storage_session_id: t.storage_session_id.clone(),
             }),
         };
         let name = meta.name.clone();

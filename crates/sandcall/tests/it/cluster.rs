@@ -26,8 +26,9 @@ pub(crate) fn redis_url() -> String {
     )
 }
 
-/// Most nodes (and servers of the test's own, `reserved_port`) one test process starts (nextest runs each test in a process of its own;
-/// a plain `cargo test` runs them all in one).
+/// Most nodes (and servers of the test's own, `reserved_port`) one test process starts
+/// (nextest runs each test in a process of its own; a plain `cargo test` runs them all
+/// in one).
 const MAX_NODES: usize = 24;
 
 /// The `node_url`s of every node this process may start, chosen before the first starts:
