@@ -577,6 +577,7 @@ async fn retire(mut helper: Helper, socket: &std::path::Path) {
 }
 
 /// Keeps a warm set full of sandboxes built the usual way.
+#[derive(Clone)]
 struct Refill {
     pool: Pool,
     runner: Runner,
@@ -587,52 +588,74 @@ struct Refill {
     tools: ToolChannel,
 }
 
+/// How many of a set's warm sandboxes are built at once. In the namespace tier one
+/// takes a few milliseconds, and one at a time keeps up with any client. A gVisor
+/// sandbox's start is as much waiting as work (its `runsc` processes start one another:
+/// about 260 ms of wall time for 124 ms of CPU, docs/isolation.md), so that tier builds
+/// two at once: one at a time, a single client running code 50 ms apart used up the
+/// pool and a third of its runs started cold (docs/benchmarks.md).
+fn builds_at_once(runner: &Runner) -> usize {
+    if runner.settings().gvisor.is_some() {
+        2
+    } else {
+        1
+    }
+}
+
 impl Refill {
     async fn run(self, mut shutdown: watch::Receiver<bool>) {
-        loop {
-            if *shutdown.borrow() {
-                break;
-            }
+        let at_once = builds_at_once(&self.runner);
+        let mut building = tokio::task::JoinSet::new();
+        while !*shutdown.borrow() {
+            while building.try_join_next().is_some() {}
             let have = self.pool.ready().get(&self.set).map_or(0, Vec::len);
-            if have >= self.size {
+            if have + building.len() >= self.size || building.len() >= at_once {
                 let woken = self.pool.inner.wake.notified();
                 tokio::select! {
                     _ = woken => {}
+                    Some(_) = building.join_next(), if !building.is_empty() => {}
                     _ = shutdown.changed() => {}
                     // Notifications can be missed between the check and the wait.
                     _ = tokio::time::sleep(Duration::from_millis(200)) => {}
                 }
                 continue;
             }
-            // Each warm Python program gets a hash seed of its own, as random as
-            // Python's own, but known: a programmatic session's replay uses it again.
-            let mut launch = self.launch.clone();
-            let hash_seed = (self.set.language == Language::Python).then(rand::random::<u32>);
-            if let Some(seed) = hash_seed {
-                launch.env.push(("PYTHONHASHSEED".into(), seed.to_string()));
-            }
-            let prepared = self
-                .runner
-                .prepare_warm(ids::new_id(), self.limits.clone(), launch, self.tools.clone())
-                .await;
-            match prepared {
-                Ok(mut helper) => {
-                    if let Some(seed) = hash_seed {
-                        helper.set_hash_seed(seed);
-                    }
-                    self.pool.ready().entry(self.set).or_default().push(helper)
-                }
-                Err(e) => {
-                    tracing::warn!(set = ?self.set, error = %e, "could not prepare a warm sandbox");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
-            }
+            building.spawn(self.clone().build());
         }
-        // Shutting down: every idle sandbox is reclaimed.
+        // Shutting down: the builds under way end, then every idle sandbox is reclaimed.
+        while building.join_next().await.is_some() {}
         let idle: Vec<Helper> = self.pool.ready().remove(&self.set).unwrap_or_default();
         for mut helper in idle {
             helper.abort();
             helper.wait().await;
+        }
+    }
+
+    /// Builds one warm sandbox into the set. A failed build keeps its place among the
+    /// builds under way for a second, so that a broken runtime is not retried at once.
+    async fn build(self) {
+        // Each warm Python program gets a hash seed of its own, as random as Python's
+        // own, but known: a programmatic session's replay uses it again.
+        let mut launch = self.launch.clone();
+        let hash_seed = (self.set.language == Language::Python).then(rand::random::<u32>);
+        if let Some(seed) = hash_seed {
+            launch.env.push(("PYTHONHASHSEED".into(), seed.to_string()));
+        }
+        let prepared = self
+            .runner
+            .prepare_warm(ids::new_id(), self.limits.clone(), launch, self.tools.clone())
+            .await;
+        match prepared {
+            Ok(mut helper) => {
+                if let Some(seed) = hash_seed {
+                    helper.set_hash_seed(seed);
+                }
+                self.pool.ready().entry(self.set).or_default().push(helper)
+            }
+            Err(e) => {
+                tracing::warn!(set = ?self.set, error = %e, "could not prepare a warm sandbox");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
         }
     }
 }

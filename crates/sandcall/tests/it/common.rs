@@ -237,19 +237,21 @@ impl Server {
         if n == 0 {
             return;
         }
-        let idle = || {
-            let (_, _, health) = self.request("GET", "/v1/health", None, None);
-            // With API keys configured, health without a key does not say; such tests
-            // do not use the pool.
-            match health.get("warm_idle") {
-                Some(idle) => idle.as_u64().unwrap_or(0) as usize,
-                None => usize::MAX,
-            }
-        };
         let start = Instant::now();
-        while idle() < n {
+        while self.warm_idle() < n {
             assert!(start.elapsed() < Duration::from_secs(60), "the warm pool did not fill");
             std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The warm sandboxes ready, as the health route says.
+    pub fn warm_idle(&self) -> usize {
+        let (_, _, health) = self.request("GET", "/v1/health", None, None);
+        // With API keys configured, health without a key does not say; such tests do
+        // not use the pool.
+        match health.get("warm_idle") {
+            Some(idle) => idle.as_u64().unwrap_or(0) as usize,
+            None => usize::MAX,
         }
     }
 

@@ -300,6 +300,59 @@ fn a_warm_gvisor_sandbox_waits_at_the_lowest_cpu_weight_and_runs_at_the_default(
     );
 }
 
+/// The tier's pool builds two of a set's warm sandboxes at once (a gVisor sandbox's
+/// start is as much waiting as work), never more. Each sandbox has its own directory
+/// from its start to its end (`gvisor::RunView`): with four sessions paused holding
+/// theirs, those neither paused nor ready are being built.
+#[test]
+fn the_tiers_pool_builds_two_warm_sandboxes_at_once() {
+    const SIZE: usize = 4;
+    let s = Server::start_with(
+        &[
+            GVISOR,
+            ("SANDCALL_WARM_POOL_SIZE", "4"),
+            ("SANDCALL_WARM_PRELOAD_POOL_SIZE", "0"),
+            ("SANDCALL_WARM_LANGUAGES", r#"["python"]"#),
+        ],
+        "",
+    );
+    s.wait_warm(SIZE);
+    for _ in 0..SIZE {
+        let (status, paused) = s.post(
+            "/v1/exec/programmatic",
+            &json!({
+                "language": "python",
+                "code": "print(ask())",
+                "tools": [{"name": "ask", "description": "asks", "parameters": {"type": "object", "properties": {}}}],
+            }),
+        );
+        assert_eq!(
+            (status, &paused["status"]),
+            (200, &json!("tool_call_required")),
+            "{paused}"
+        );
+    }
+    let runs = s.data_dir.join("gvisor").join("runs");
+    let start = std::time::Instant::now();
+    let mut most = 0;
+    loop {
+        // Sandboxes first, then the ready ones, which only grow while the pool refills:
+        // the difference never counts a ready sandbox as one being built.
+        let sandboxes = std::fs::read_dir(&runs).map_or(0, |e| e.count());
+        let ready = s.warm_idle();
+        most = most.max(sandboxes.saturating_sub(ready + SIZE));
+        if ready >= SIZE {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the warm pool did not refill"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(most, 2, "the most warm gVisor sandboxes seen being built at once");
+}
+
 /// A server with credentials (many principals) on the `namespace` tier says once, at
 /// start, what that means and how to switch; one on `gvisor`, or a local one, does not.
 #[test]
