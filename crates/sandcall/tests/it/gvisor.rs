@@ -258,6 +258,24 @@ fn cpu_weights(s: &Server, id: Option<&str>) -> Vec<u64> {
         .collect()
 }
 
+/// Starts a Python session that pauses on its one tool call, holding its sandbox; its id.
+fn pause_a_session(s: &Server) -> String {
+    let (status, paused) = s.post(
+        "/v1/exec/programmatic",
+        &json!({
+            "language": "python",
+            "code": "print(ask())",
+            "tools": [{"name": "ask", "description": "asks", "parameters": {"type": "object", "properties": {}}}],
+        }),
+    );
+    assert_eq!(
+        (status, &paused["status"]),
+        (200, &json!("tool_call_required")),
+        "{paused}"
+    );
+    paused["session_id"].as_str().unwrap().to_owned()
+}
+
 /// A warm gVisor sandbox waits at the lowest CPU weight on the host, with every process
 /// and thread of it (the helper inside can only lower or raise what runs on gVisor's
 /// kernel); at its run it gets the default weight back, so a warm run does not run at
@@ -279,20 +297,8 @@ fn a_warm_gvisor_sandbox_waits_at_the_lowest_cpu_weight_and_runs_at_the_default(
         !waiting.is_empty() && waiting.iter().all(|w| lowest.contains(w)),
         "an idle warm gVisor sandbox's CPU weight: {waiting:?}"
     );
-    let (status, paused) = s.post(
-        "/v1/exec/programmatic",
-        &json!({
-            "language": "python",
-            "code": "print(ask())",
-            "tools": [{"name": "ask", "description": "asks", "parameters": {"type": "object", "properties": {}}}],
-        }),
-    );
-    assert_eq!(
-        (status, &paused["status"]),
-        (200, &json!("tool_call_required")),
-        "{paused}"
-    );
-    let id = paused["session_id"].as_str().unwrap();
+    let id = pause_a_session(&s);
+    let id = id.as_str();
     let running = cpu_weights(&s, Some(id));
     assert!(
         !running.is_empty() && running.iter().all(|w| [1024, 100].contains(w)),
@@ -303,7 +309,8 @@ fn a_warm_gvisor_sandbox_waits_at_the_lowest_cpu_weight_and_runs_at_the_default(
 /// The tier's pool builds two of a set's warm sandboxes at once (a gVisor sandbox's
 /// start is as much waiting as work), never more. Each sandbox has its own directory
 /// from its start to its end (`gvisor::RunView`): with four sessions paused holding
-/// theirs, those neither paused nor ready are being built.
+/// theirs (the whole pool, taken at once), those neither paused nor ready are being
+/// built.
 #[test]
 fn the_tiers_pool_builds_two_warm_sandboxes_at_once() {
     const SIZE: usize = 4;
@@ -317,21 +324,12 @@ fn the_tiers_pool_builds_two_warm_sandboxes_at_once() {
         "",
     );
     s.wait_warm(SIZE);
-    for _ in 0..SIZE {
-        let (status, paused) = s.post(
-            "/v1/exec/programmatic",
-            &json!({
-                "language": "python",
-                "code": "print(ask())",
-                "tools": [{"name": "ask", "description": "asks", "parameters": {"type": "object", "properties": {}}}],
-            }),
-        );
-        assert_eq!(
-            (status, &paused["status"]),
-            (200, &json!("tool_call_required")),
-            "{paused}"
-        );
-    }
+    // All at once, so that the pool is empty before its first replacement is ready.
+    std::thread::scope(|scope| {
+        for _ in 0..SIZE {
+            scope.spawn(|| pause_a_session(&s));
+        }
+    });
     let runs = s.data_dir.join("gvisor").join("runs");
     let start = std::time::Instant::now();
     let mut most = 0;
