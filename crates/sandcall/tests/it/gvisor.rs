@@ -26,8 +26,14 @@ fn leftovers(s: &Server) -> (usize, usize, usize, usize) {
         states,
         processes_matching(&state.to_string_lossy()).len(),
         run_cgroups(&s.instance()),
-        std::fs::read_dir(s.data_dir.join("gvisor").join("runs")).map_or(0, |e| e.count()),
+        sandbox_dirs(s),
     )
+}
+
+/// The gVisor sandboxes of the server that have their own directories
+/// (`gvisor::RunView`): each from its start to its end.
+fn sandbox_dirs(s: &Server) -> usize {
+    std::fs::read_dir(s.data_dir.join("gvisor").join("runs")).map_or(0, |e| e.count())
 }
 
 #[test]
@@ -298,8 +304,7 @@ fn a_warm_gvisor_sandbox_waits_at_the_lowest_cpu_weight_and_runs_at_the_default(
         "an idle warm gVisor sandbox's CPU weight: {waiting:?}"
     );
     let id = pause_a_session(&s);
-    let id = id.as_str();
-    let running = cpu_weights(&s, Some(id));
+    let running = cpu_weights(&s, Some(id.as_str()));
     assert!(
         !running.is_empty() && running.iter().all(|w| [1024, 100].contains(w)),
         "the CPU weight of run {id}'s gVisor sandbox: {running:?}"
@@ -307,10 +312,9 @@ fn a_warm_gvisor_sandbox_waits_at_the_lowest_cpu_weight_and_runs_at_the_default(
 }
 
 /// The tier's pool builds two of a set's warm sandboxes at once (a gVisor sandbox's
-/// start is as much waiting as work), never more. Each sandbox has its own directory
-/// from its start to its end (`gvisor::RunView`): with four sessions paused holding
-/// theirs (the whole pool, taken at once), those neither paused nor ready are being
-/// built.
+/// start is as much waiting as work), never more. With four sessions paused holding
+/// theirs (the whole pool, taken at once), the sandboxes neither paused nor ready
+/// (`sandbox_dirs`) are being built.
 #[test]
 fn the_tiers_pool_builds_two_warm_sandboxes_at_once() {
     const SIZE: usize = 4;
@@ -330,13 +334,12 @@ fn the_tiers_pool_builds_two_warm_sandboxes_at_once() {
             scope.spawn(|| pause_a_session(&s));
         }
     });
-    let runs = s.data_dir.join("gvisor").join("runs");
     let start = std::time::Instant::now();
     let mut most = 0;
     loop {
         // Sandboxes first, then the ready ones, which only grow while the pool refills:
         // the difference never counts a ready sandbox as one being built.
-        let sandboxes = std::fs::read_dir(&runs).map_or(0, |e| e.count());
+        let sandboxes = sandbox_dirs(&s);
         let ready = s.warm_idle();
         most = most.max(sandboxes.saturating_sub(ready + SIZE));
         if ready >= SIZE {
