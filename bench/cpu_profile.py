@@ -5,7 +5,12 @@ process (the sandboxes' Python processes, the per-sandbox helpers, the server, k
 threads) and by kernel path (fork, exit, copy-on-write faults, namespaces, cgroups, the
 dynamic loader), and each share is turned into milliseconds of CPU per run.
 
-  python3 bench/cpu_profile.py [--no-zygote] [--bash] [--seconds 6] [--binary target/release/sandcall]
+  python3 bench/cpu_profile.py [--no-zygote] [--bash] [--gvisor] [--seconds 6] [--binary target/release/sandcall]
+
+With --gvisor the server is in the gvisor tier, and gVisor's processes (all named `exe`)
+are split by the code a sample was in: gVisor's own (the `runsc` binary: its kernel, the
+Sentry, and its file proxy), the host kernel working for them (systrap's signals and
+context switches, their memory), and the program's and helper's code that gVisor runs.
 
 Needs root and `perf`. Prints a table and, with --json, writes the figures. The split is
 of samples, so it holds on a shared machine as long as nothing else runs: the script
@@ -58,16 +63,45 @@ def perf_report(data, *args):
     return rows
 
 
+# gVisor's processes (`runsc`'s sandbox, file proxy and systrap stubs, all named `exe`),
+# by the object a sample's code was in.
+GVISOR_CODE = [
+    ("gVisor's processes: gVisor's own code (its kernel, file proxy)", lambda dso: dso == "runsc"),
+    ("gVisor's processes: the host kernel working for them (systrap, memory)",
+     lambda dso: dso.startswith("[kernel")),
+    ("gVisor's processes: the helper's code (`sandcall`)", lambda dso: dso == "sandcall"),
+    ("gVisor's processes: the program's code (Python, libc)",
+     lambda dso: dso.startswith(("python", "libpython", "libc", "ld-linux", "lib"))),
+]
+
+
+def gvisor_shares(data):
+    """Shares of the samples of processes named `exe` (gVisor's), by `GVISOR_CODE`; what
+    matches none (systrap's stub code, unnamed mappings) is counted as such."""
+    shares = {name: 0.0 for name, _ in GVISOR_CODE}
+    rest = "gVisor's processes: anything else (systrap's stub code, unnamed mappings)"
+    shares[rest] = 0.0
+    for parts, _ in perf_report(data, "--no-children", "--sort", "comm,dso", "--comms", "exe"):
+        share, dso = float(parts[0][:-1]), parts[-1]
+        name = next((name for name, match in GVISOR_CODE if match(dso)), rest)
+        shares[name] += share
+    return shares
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--no-zygote", dest="zygote", action="store_false")
     ap.add_argument("--bash", action="store_true", help="Bash `echo 1` instead of Python `print(1)`")
+    ap.add_argument("--gvisor", action="store_true", help="the gvisor tier (its processes split by code)")
     ap.add_argument("--seconds", type=float, default=6.0, help="how long perf samples")
     ap.add_argument("--binary", default=os.path.join(bench.ROOT, "target/release/sandcall"))
     ap.add_argument("--json")
     args = ap.parse_args()
     load_before = os.getloadavg()
-    server = bench.Server(args.binary, {"SANDCALL_ZYGOTE": "true" if args.zygote else "false"})
+    env = {"SANDCALL_ZYGOTE": "true" if args.zygote else "false"}
+    if args.gvisor:
+        env["SANDCALL_ISOLATION"] = "gvisor"
+    server = bench.Server(args.binary, env)
     body = {"language": "bash", "code": "echo 1"} if args.bash else {"code": "print(1)"}
     done = [0]
     stop = threading.Event()
@@ -102,6 +136,7 @@ def main():
     groups = {
         "the sandboxes' Python processes (template forks: C, init, program)": ["python3"],
         "the per-sandbox helpers (`sandcall sandbox-helper`)": ["sandcall"],
+        "`runsc` commands (each run's `runsc run`, which starts its gVisor sandbox and waits)": ["runsc"],
         "the server (tokio workers)": ["tokio-rt-worker", "tokio-runtime-w"],
         "Bash processes": ["bash"],
         "idle": ["swapper"],
@@ -109,6 +144,9 @@ def main():
     shares = {}
     for name, comms in groups.items():
         shares[name] = sum(by_comm.pop(c, 0.0) for c in comms)
+    if args.gvisor:
+        by_comm.pop("exe", None)
+        shares.update(gvisor_shares(data))
     kernel = sum(v for c, v in by_comm.items() if c.startswith(("kworker", "ksoftirq", "rcu", "migration")))
     shares["kernel threads (namespace and cgroup teardown, RCU)"] = kernel
     shares["anything else on the machine"] = sum(by_comm.values()) - kernel
@@ -121,6 +159,7 @@ def main():
     load_after = os.getloadavg()
     result = {
         "zygote": args.zygote,
+        "tier": "gvisor" if args.gvisor else "namespace",
         "language": "bash" if args.bash else "python",
         "runs": runs,
         "seconds": args.seconds,
@@ -131,8 +170,8 @@ def main():
         "load_average_before": load_before,
         "load_average_after": load_after,
     }
-    print(f"{runs} runs in {args.seconds:.0f} s under perf ({result['runs_per_s']:.0f}/s, zygote "
-          f"{'on' if args.zygote else 'off'}): {per_run:.1f} ms of CPU per run ({cpus} CPUs)")
+    print(f"{runs} runs in {args.seconds:.0f} s under perf ({result['runs_per_s']:.1f}/s, {result['tier']} tier, "
+          f"zygote {'on' if args.zygote else 'off'}): {per_run:.1f} ms of CPU per run ({cpus} CPUs)")
     print(f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f}")
     print("\n| where | share of samples | ms of CPU per run |\n|---|---|---|")
     for k, v in result["by_process"].items():
