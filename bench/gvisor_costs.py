@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """What the gvisor tier's platform costs per operation, whatever sandcall does with it:
-one program times a system call, a fork, a fork and exec, and a fresh interpreter's
-start, once on the host and once inside a gVisor sandbox started with the tier's own
-`runsc` flags (the host's root read-only, nothing else), and prints both with their ratio.
+one program times a system call, a read, a `stat`, a fork, a spawn of `/bin/true` and a
+fresh interpreter's start, and measures the memory one more idle interpreter adds, once
+on the host and once inside a gVisor sandbox started with the tier's own `runsc` flags
+(the host's root read-only, nothing else), and prints both with their ratio.
 
-  python3 bench/gvisor_costs.py [--runsc runsc] [--json FILE]
+  python3 bench/gvisor_costs.py [--runsc runsc] [--python /usr/bin/python3] [--json FILE]
 
-Needs root and `runsc`. The figures are wall times inside the program, one operation
-after another on an otherwise quiet machine: they bound from below what any design of the
-tier pays for a run, since every run needs at least a new process and an interpreter.
+Needs root (a memory cgroup of its own) and `runsc`. The times are wall times inside the
+program, one operation after another on an otherwise quiet machine: they bound from
+below what any design of the tier pays for a run, since every run needs at least a new
+process and an interpreter.
 """
 import argparse
 import json
@@ -17,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 # The tier's flags (crates/engine/src/gvisor.rs, RUNSC_FLAGS).
 RUNSC_FLAGS = ["--platform=systrap", "--network=none", "--file-access=shared", "--overlay2=none",
@@ -53,7 +56,7 @@ print(json.dumps({
     "read of 4 KiB from a file": per_op(lambda: os.pread(fd, 4096, 0), 5000),
     "stat of a runtime file": per_op(lambda: os.stat(sys.executable), 5000),
     "fork, exit, wait": per_op(fork_exit, 40),
-    "fork and exec /bin/true": per_op(lambda: run("/bin/true"), 20),
+    "spawn /bin/true (subprocess: vfork, exec, wait)": per_op(lambda: run("/bin/true"), 20),
     "a fresh python3 -c pass": per_op(lambda: run(sys.executable, "-c", "pass"), 6),
 }))
 """
@@ -96,23 +99,39 @@ class MemoryCgroup:
             return int(f.read())
 
     def remove(self):
-        os.rmdir(self.path)
+        """Removes the cgroup once its last process is gone (a sandbox's processes may
+        still be exiting), or leaves it, saying so, after 10 s."""
+        for _ in range(1000):
+            try:
+                os.rmdir(self.path)
+                return
+            except OSError:
+                time.sleep(0.01)
+        print(f"left {self.path}: its processes did not exit", file=sys.stderr)
 
 
-def idle_interpreter_mib(argv):
+def idle_interpreter_mib(argv, on_failure=None):
     """The memory one more idle interpreter adds, run by `argv` (`IDLE`) in a cgroup of
-    its own: the cgroup's growth from one interpreter to eleven, over ten (MiB)."""
+    its own: the cgroup's growth from one interpreter to eleven, over ten (MiB). If the
+    measurement fails, `on_failure` is called once `argv`'s process is killed."""
     cgroup = MemoryCgroup()
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            preexec_fn=cgroup.join)
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                preexec_fn=cgroup.join)
         seen = {}
         for line in proc.stdout:
             seen[int(line)] = cgroup.bytes()
             proc.stdin.write("\n")
             proc.stdin.flush()
-        proc.wait()
+        if proc.wait() != 0 or set(seen) != {1, 11}:
+            raise RuntimeError(f"{argv[0]}: exit status {proc.returncode}, counts seen {sorted(seen)}")
         return (seen[11] - seen[1]) / 10 / 2**20
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        if on_failure:
+            on_failure()
+        raise
     finally:
         cgroup.remove()
 
@@ -145,9 +164,15 @@ def gvisor_run(runsc, python, program, **how):
         }
         with open(os.path.join(work, "config.json"), "w") as f:
             json.dump(spec, f)
-        argv = [runsc, "--root", os.path.join(work, "state"), *RUNSC_FLAGS, "run", "--bundle", work,
-                f"gvisor-costs-{os.getpid()}"]
-        return subprocess.run(argv, check=True, **how) if how else idle_interpreter_mib(argv)
+        state, name = os.path.join(work, "state"), f"gvisor-costs-{os.getpid()}"
+        argv = [runsc, "--root", state, *RUNSC_FLAGS, "run", "--bundle", work, name]
+        if how:
+            return subprocess.run(argv, check=True, **how)
+
+        def forget():
+            subprocess.run([runsc, "--root", state, "delete", "--force", name], capture_output=True)
+
+        return idle_interpreter_mib(argv, forget)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
