@@ -20,6 +20,7 @@ processes that are neither sandcall's nor the kernel's.
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -134,6 +135,7 @@ def main():
     per_run = cpu_ms / max(runs, 1)
     by_comm = {parts[1]: float(parts[0][:-1]) for parts, _ in perf_report(data, "--no-children", "--sort", "comm")}
     groups = {
+        # (this script's client threads are named python3 too: a fraction of a ms a run)
         "the sandboxes' Python processes (template forks: C, init, program)": ["python3"],
         "the per-sandbox helpers (`sandcall sandbox-helper`)": ["sandcall"],
         "`runsc` commands (each run's `runsc run`, which starts its gVisor sandbox and waits)": ["runsc"],
@@ -156,6 +158,7 @@ def main():
         if len(parts) >= 4:
             children[parts[-1]] = children.get(parts[-1], 0.0) + float(parts[0][:-1])
     paths = [(name, children.get(sym, 0.0)) for name, sym in PATHS]
+    shutil.rmtree(os.path.dirname(data), ignore_errors=True)
     load_after = os.getloadavg()
     result = {
         "zygote": args.zygote,
