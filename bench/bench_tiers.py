@@ -27,11 +27,11 @@ print(len(g))
 TIERS = ("namespace", "gvisor")
 
 
-def latencies(b, server, code, expect, n, gap_ms, warm=None, rested=None):
+def latencies(b, server, code, expect, n, gap_ms, warm=None, refill_to=None):
     """One request at a time, `gap_ms` apart; the latencies of `n` runs (ms). Appends to
     `warm` whether each found a warm sandbox (the `sandcall-sandbox` header). With
-    `rested` (the pool's settled size), each run waits until the pool is full again and
-    has settled: a warm run with no rebuild beside it."""
+    `refill_to` (the pool's settled size), each run waits until the pool is full again
+    and has settled: a warm run with no rebuild beside it."""
     conn = server.conn()
 
     def once():
@@ -47,8 +47,8 @@ def latencies(b, server, code, expect, n, gap_ms, warm=None, rested=None):
     for _ in range(2):
         once()
     for _ in range(n):
-        if rested is not None:
-            server.refill(rested)
+        if refill_to is not None:
+            server.refill(refill_to)
         t = time.perf_counter()
         was_warm = once()
         out.append((time.perf_counter() - t) * 1000 - gap_ms)

@@ -72,7 +72,7 @@ GVISOR_CODE = [
      lambda dso: dso.startswith("[kernel")),
     ("gVisor's processes: the helper's code (`sandcall`)", lambda dso: dso == "sandcall"),
     ("gVisor's processes: the program's code (Python, libc)",
-     lambda dso: dso.startswith(("python", "libpython", "libc", "ld-linux", "lib"))),
+     lambda dso: dso.startswith(("python", "ld-linux", "lib"))),
 ]
 
 

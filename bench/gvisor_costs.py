@@ -166,12 +166,12 @@ class Cgroup:
 
 
 def measured(controller, argv, on_failure, read):
-    """Runs `argv` in a cgroup of its own with `controller`, and returns what `read`
-    makes of its process and the cgroup. If that fails, `argv`'s process is killed and
-    `on_failure` (if any) called."""
-    cgroup = Cgroup(controller)
+    """Runs `argv`, in a cgroup of its own with `controller` unless that is None, and
+    returns what `read` makes of its process and the cgroup. If that fails, `argv`'s
+    process is killed and `on_failure` (if any) called."""
+    cgroup = Cgroup(controller) if controller else None
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            preexec_fn=cgroup.join)
+                            preexec_fn=cgroup.join if cgroup else None)
     try:
         return read(proc, cgroup)
     except BaseException:
@@ -181,7 +181,8 @@ def measured(controller, argv, on_failure, read):
             on_failure()
         raise
     finally:
-        cgroup.remove()
+        if cgroup:
+            cgroup.remove()
 
 
 def finished(proc):
@@ -225,24 +226,26 @@ def timings(argv, on_failure=None):
         finished(proc)
         return out
 
-    return measured("cpu", argv, on_failure, read)
+    return measured(None, argv, on_failure, read)
 
 
 MEASURES = [(None, PROGRAM, timings), (IDLE_ROW, IDLE, idle_interpreter_mib), (RUNS_ROW, RUNS, runs_at_once)]
 
 
 def host(python):
-    out = {}
-    for row, program, measure in MEASURES:
-        found = measure([python, "-c", program])
-        out.update(found if row is None else {row: found})
-    return out
+    return every_measure(lambda program, measure: measure([python, "-c", program]))
 
 
 def in_gvisor(runsc, python):
+    return every_measure(lambda program, measure: gvisor_run(runsc, python, program, measure))
+
+
+def every_measure(run):
+    """Each of `MEASURES`, its program run by `run(program, measure)`: `PROGRAM`'s rows,
+    and one row each for the others."""
     out = {}
     for row, program, measure in MEASURES:
-        found = gvisor_run(runsc, python, program, measure)
+        found = run(program, measure)
         out.update(found if row is None else {row: found})
     return out
 
