@@ -187,7 +187,9 @@ pub struct Gvisor {
     views: PathBuf,
     root: PathBuf,
     helper_exe: PathBuf,
-    binds: Vec<PathBuf>,
+    /// What of the host every gVisor sandbox's root holds (`root_binds`), each bound
+    /// read-only at its own path under `root` by `RootBind::mount`.
+    binds: Vec<RootBind>,
     own: OwnPaths,
     host_cgroups: CgroupRoot,
 }
@@ -206,12 +208,21 @@ impl Gvisor {
         view: HostView,
     ) -> Result<Gvisor, GvisorError> {
         let dir = data_dir.join("gvisor");
-        let binds = root_binds(&view);
+        let root = dir.join("root");
+        let paths = root_binds(&view);
+        let binds = paths
+            .iter()
+            .map(|path| RootBind::new(path, &root))
+            .collect::<std::io::Result<_>>()
+            .map_err(|source| GvisorError::Bundle {
+                path: root.clone(),
+                source,
+            })?;
         let gvisor = Gvisor {
             runsc,
             state: dir.join("state"),
             views: dir.join("runs"),
-            root: dir.join("root"),
+            root,
             helper_exe: helper_exe.to_path_buf(),
             binds,
             own,
@@ -229,7 +240,7 @@ impl Gvisor {
             fs::create_dir_all(dir).map_err(bundle_err(dir))?;
         }
         let own = [gvisor.own.runs.as_path(), &gvisor.own.outbox, &gvisor.own.inputs];
-        build_skeleton(&gvisor.root, &view.symlinks, &gvisor.binds, &own).map_err(bundle_err(&gvisor.root))?;
+        build_skeleton(&gvisor.root, &view.symlinks, &paths, &own).map_err(bundle_err(&gvisor.root))?;
         Ok(gvisor)
     }
 
@@ -252,7 +263,7 @@ impl Gvisor {
             .iter()
             .try_for_each(|(dir, _, _)| fs::create_dir_all(dir))
             .and_then(|()| {
-                let spec = oci_spec(&self.helper_exe, &self.root, &self.binds, &binds);
+                let spec = oci_spec(&self.helper_exe, &self.root, &binds);
                 fs::write(view.dir.join("config.json"), serde_json::to_vec(&spec)?)
             });
         match made {
@@ -289,7 +300,9 @@ impl Gvisor {
     }
 
     /// The command that starts the gVisor sandbox of run `id` with the helper in it, joined to
-    /// `cgroup` before it execs (so that nothing of it ever runs outside), and `channel`
+    /// `cgroup` before it execs (so that nothing of it ever runs outside), in a mount
+    /// namespace of its own where the root's read-only binds are made (`RootBind`: they
+    /// go when its last process does), and `channel`
     /// (`egress_channel`), if any, passed in as the helper's `EGRESS_CHANNEL_FD`. No gVisor
     /// sandbox may open host unix sockets (`--host-uds`): with the host's root visible
     /// read-only, that would reach every socket on the host, other sandboxes' control
@@ -313,9 +326,11 @@ impl Gvisor {
             .into_iter()
             .map(|p| CString::new(p.into_os_string().into_encoded_bytes()).map_err(std::io::Error::other))
             .collect::<Result<_, _>>()?;
+        let binds = self.binds.clone();
         // SAFETY: the closure runs in the forked child before exec, and only makes
-        // async-signal-safe calls (open, write, close, fcntl) on memory prepared before the
-        // fork. The closure owns `channel`: the command's drop closes the server's copy.
+        // async-signal-safe calls (open, write, close, fcntl, unshare, mount) on memory
+        // prepared before the fork. The closure owns `channel`: the command's drop closes
+        // the server's copy.
         unsafe {
             command.pre_exec(move || {
                 // `runsc` inherits the channel (the server's descriptors are close-on-exec).
@@ -336,7 +351,7 @@ impl Gvisor {
                         return Err(error);
                     }
                 }
-                Ok(())
+                RootBind::mount_all(&binds)
             });
         }
         Ok(command)
@@ -506,15 +521,19 @@ async fn channel_io<T>(
 }
 
 /// The flags every `runsc` call of a sandbox's start gets: the `systrap` platform (no
-/// KVM needed), no network (the helper's namespaces have none either), the host's files
-/// read afresh each time (the server writes a run's inputs after its warm sandbox
-/// started), no overlay on the read-only root, and cgroups left alone (the server put
-/// `runsc` in the sandbox's host cgroup already; by default `runsc` would move the
-/// sandbox to a cgroup of its own at the top of each hierarchy).
+/// KVM needed), no network (the helper's namespaces have none either), exclusive file
+/// access to the root (gVisor keeps what it has read of the runtimes and system files
+/// there instead of asking the host again at each lookup: nothing changes them while a
+/// sandbox lives) and shared access to every other mount, a run's own directories (the
+/// server writes a run's inputs after its warm sandbox started, and reads its outputs),
+/// no overlay on the read-only root, and cgroups left alone (the server put `runsc` in
+/// the sandbox's host cgroup already; by default `runsc` would move the sandbox to a
+/// cgroup of its own at the top of each hierarchy).
 const RUNSC_FLAGS: &[&str] = &[
     "--platform=systrap",
     "--network=none",
-    "--file-access=shared",
+    "--file-access=exclusive",
+    "--file-access-mounts=shared",
     "--overlay2=none",
     "--ignore-cgroups",
 ];
@@ -560,6 +579,57 @@ fn root_binds(view: &HostView) -> Vec<PathBuf> {
     kept
 }
 
+/// A host path bound read-only into the root of every gVisor sandbox, at its own path:
+/// in the root itself rather than as a mount of the sandbox, so that gVisor's exclusive
+/// file access covers it (`RUNSC_FLAGS`: `runsc` takes one mode for all mounts but the
+/// root, and a run's own directories must stay shared; its per-mount hints would put an
+/// overlay on them). Made by the child that execs `runsc` (`Gvisor::command`), in a
+/// mount namespace of its own that `runsc` and its file proxy inherit.
+#[derive(Debug, Clone)]
+struct RootBind {
+    source: CString,
+    target: CString,
+    /// The flags of its read-only remount (`mounts::read_only_remount`).
+    remount: libc::c_ulong,
+}
+
+impl RootBind {
+    fn new(path: &Path, root: &Path) -> std::io::Result<RootBind> {
+        let c_path = |p: &Path| CString::new(p.as_os_str().as_encoded_bytes()).map_err(std::io::Error::other);
+        let existing = nix::sys::statvfs::statvfs(path)?.flags();
+        let remount = sandcall_sandbox::mounts::read_only_remount(existing).bits();
+        Ok(RootBind {
+            source: c_path(path)?,
+            target: c_path(&root.join(path.strip_prefix("/").unwrap_or(path)))?,
+            remount,
+        })
+    }
+
+    /// Takes a new mount namespace whose mounts reach no other, and makes `binds` in it.
+    /// Only async-signal-safe calls: it runs between fork and exec.
+    fn mount_all(binds: &[RootBind]) -> std::io::Result<()> {
+        let none = std::ptr::null();
+        let mount = |source: *const libc::c_char, target: *const libc::c_char, flags| {
+            // SAFETY: a plain system call on NUL-terminated strings that outlive it.
+            match unsafe { libc::mount(source, target, none, flags, none.cast()) } {
+                0 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            }
+        };
+        // SAFETY: a plain system call.
+        if unsafe { libc::unshare(libc::CLONE_NEWNS) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        mount(none, c"/".as_ptr(), libc::MS_REC | libc::MS_PRIVATE)?;
+        for bind in binds {
+            let target = bind.target.as_ptr();
+            mount(bind.source.as_ptr(), target, libc::MS_BIND | libc::MS_REC)?;
+            mount(none, target, bind.remount)?;
+        }
+        Ok(())
+    }
+}
+
 /// The root every gVisor sandbox starts from, at `root` (made again at each start): an
 /// otherwise empty tree with a mount point for each of `binds` (a directory, or a file
 /// for a file) and of the directories `own`, gVisor's own `/proc`, `/dev` and `/sys`,
@@ -593,14 +663,14 @@ fn build_skeleton(
     Ok(())
 }
 
-/// The OCI runtime spec of a gVisor sandbox: `root` (`build_skeleton`) read-only,
-/// `binds` bound read-only at their own paths, each of `own` (host directory, where,
+/// The OCI runtime spec of a gVisor sandbox: `root` (`build_skeleton`, with the host's
+/// read-only binds in it: `RootBind`) read-only, each of `own` (host directory, where,
 /// read-write) at its place, gVisor's own
 /// `/proc`, `/dev`, `/sys` and cgroup controllers, and the helper as the one process,
 /// root inside gVisor's kernel with the capabilities it builds sandboxes with. Nothing
 /// else of the host is there: not its `/etc`, not the data directory's keys, not other
 /// home directories.
-fn oci_spec(helper_exe: &Path, root: &Path, binds: &[PathBuf], own: &[(PathBuf, &Path, bool)]) -> serde_json::Value {
+fn oci_spec(helper_exe: &Path, root: &Path, own: &[(PathBuf, &Path, bool)]) -> serde_json::Value {
     let caps = [
         "CAP_CHOWN",
         "CAP_DAC_OVERRIDE",
@@ -621,11 +691,6 @@ fn oci_spec(helper_exe: &Path, root: &Path, binds: &[PathBuf], own: &[(PathBuf, 
         serde_json::json!({"destination": SYS, "type": "sysfs", "source": "sysfs", "options": ["ro", "nosuid", "nodev", "noexec"]}),
         serde_json::json!({"destination": INNER_CGROUPS, "type": "cgroup", "source": "cgroup"}),
     ];
-    for path in binds {
-        mounts.push(serde_json::json!({
-            "destination": path, "type": "bind", "source": path, "options": ["rbind", "ro"]
-        }));
-    }
     for (source, destination, writable) in own {
         let how = if *writable { "rw" } else { "ro" };
         mounts.push(serde_json::json!({
@@ -692,7 +757,6 @@ mod tests {
         let spec = oci_spec(
             Path::new("/opt/sandcall"),
             Path::new("/srv/data/gvisor/root"),
-            &binds,
             &[
                 (own.join("runs"), Path::new("/srv/data/runs"), true),
                 (own.join("outbox"), Path::new("/srv/data/outbox"), true),
@@ -715,7 +779,8 @@ mod tests {
                 )
             })
             .collect();
-        assert_eq!(bound.len(), binds.len() + 3, "{bound:?}");
+        // The host's read-only paths are in the root (`RootBind`), not mounts of gVisor's.
+        assert_eq!(bound.len(), 3, "{bound:?}");
         // What the sandbox may write is its own run's directories, at the server's paths.
         let writable: Vec<_> = bound.iter().filter(|(_, _, how)| *how == "rw").collect();
         assert_eq!(

@@ -179,14 +179,30 @@ fn bind_ro(source: &Path, target: &Path) -> Result<(), MountError> {
     remount_ro(target)
 }
 
-/// Makes the mount at `target` read-only, nosuid and nodev. The remount must repeat the
-/// flags the kernel locked on it (noexec, atime) or it is refused in a user namespace.
+/// Makes the mount at `target` read-only, nosuid and nodev (`read_only_remount`).
 fn remount_ro(target: &Path) -> Result<(), MountError> {
     let existing = step(
         || format!("statvfs {}", target.display()),
         statvfs(target).map_err(errno),
     )?
     .flags();
+    step(
+        || format!("remount {} read-only", target.display()),
+        mount(
+            None::<&str>,
+            target,
+            None::<&str>,
+            read_only_remount(existing),
+            None::<&str>,
+        )
+        .map_err(errno),
+    )
+}
+
+/// The flags that remount a bind whose mount has `existing` read-only, nosuid and nodev.
+/// The remount must repeat the flags the kernel locked on it (noexec, atime) or it is
+/// refused in a user namespace.
+pub fn read_only_remount(existing: FsFlags) -> MsFlags {
     let mut flags =
         MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
     for (st, ms) in [
@@ -199,10 +215,7 @@ fn remount_ro(target: &Path) -> Result<(), MountError> {
             flags |= ms;
         }
     }
-    step(
-        || format!("remount {} read-only", target.display()),
-        mount(None::<&str>, target, None::<&str>, flags, None::<&str>).map_err(errno),
-    )
+    flags
 }
 
 fn bind_rw(source: &Path, target: &Path) -> Result<(), MountError> {
