@@ -292,6 +292,8 @@ def memory_per_paused_session(server, sessions):
     # would be counted short by the ones not yet made.
     server.refill(idle)
     after = pss_kib([server.proc.pid] + descendants(server.proc.pid))
+    # A new connection: the server closes one left idle while the pool refilled.
+    conn = server.conn()
     for sid in paused:
         post(conn, "/v1/exec/programmatic/cancel", {"session_id": sid})
     return (after - before) / sessions / 1024

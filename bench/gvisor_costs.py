@@ -24,8 +24,8 @@ import tempfile
 import time
 
 # The tier's flags (crates/engine/src/gvisor.rs, RUNSC_FLAGS).
-RUNSC_FLAGS = ["--platform=systrap", "--network=none", "--file-access=shared", "--overlay2=none",
-               "--ignore-cgroups"]
+RUNSC_FLAGS = ["--platform=systrap", "--network=none", "--file-access=exclusive",
+               "--file-access-mounts=shared", "--overlay2=none", "--ignore-cgroups"]
 
 # Timed in the same interpreter on both sides: medians of microseconds per operation.
 PROGRAM = r"""
