@@ -85,11 +85,7 @@ pub fn for_config(
         Err(e) if config.pins_gvisor() || config.host.runsc_path.is_some() => return Err(e),
         Err(_) => return Ok(None),
     };
-    let (extra, node_modules) = crate::runtime::program_host_paths(config);
-    let mut view = sandcall_sandbox::mounts::host_view(&extra, node_modules.as_deref());
-    // The helper's directory: gVisor names a file bound alone `/` in `/proc/self/exe`,
-    // which the helper binds into a programmatic run's root as its tool client.
-    view.paths.extend(helper_exe.parent().map(Path::to_path_buf));
+    let view = sandbox_view(config, helper_exe);
     let own = OwnPaths {
         runs: host.runs_dir.clone(),
         outbox: host.outbox_dir.clone(),
@@ -97,6 +93,18 @@ pub fn for_config(
     };
     let gvisor = Gvisor::prepare(runsc, &host.data_dir, helper_exe, host.cgroups.clone(), own, view)?;
     Ok(Some(std::sync::Arc::new(gvisor)))
+}
+
+/// What of the host a gVisor sandbox of a server with `config` sees: what its programs'
+/// roots are built from, and the binary alone, not its directory (which may hold the
+/// data directory). Bound into the root (`RootBind`), not as a mount of gVisor's, the
+/// binary is what `/proc/self/exe` names, which the helper binds into a programmatic
+/// run's root as its tool client.
+fn sandbox_view(config: &sandcall_config::Config, helper_exe: &Path) -> HostView {
+    let (extra, node_modules) = crate::runtime::program_host_paths(config);
+    let mut view = sandcall_sandbox::mounts::host_view(&extra, node_modules.as_deref());
+    view.paths.push(helper_exe.to_path_buf());
+    view
 }
 
 /// The `runsc` a configuration names (`runsc_path`) or PATH has.
@@ -188,7 +196,7 @@ pub struct Gvisor {
     root: PathBuf,
     helper_exe: PathBuf,
     /// What of the host every gVisor sandbox's root holds (`root_binds`), each bound
-    /// read-only at its own path under `root` by `RootBind::mount`.
+    /// read-only at its own path under `root` by `RootBind::mount_all`.
     binds: Vec<RootBind>,
     own: OwnPaths,
     host_cgroups: CgroupRoot,
@@ -523,8 +531,9 @@ async fn channel_io<T>(
 /// The flags every `runsc` call of a sandbox's start gets: the `systrap` platform (no
 /// KVM needed), no network (the helper's namespaces have none either), exclusive file
 /// access to the root (gVisor keeps what it has read of the runtimes and system files
-/// there instead of asking the host again at each lookup: nothing changes them while a
-/// sandbox lives) and shared access to every other mount, a run's own directories (the
+/// there instead of asking the host again at each lookup: sandcall never changes them,
+/// and a host change made while a warm sandbox waits may be seen stale by it until it is
+/// replaced) and shared access to every other mount, a run's own directories (the
 /// server writes a run's inputs after its warm sandbox started, and reads its outputs),
 /// no overlay on the read-only root, and cgroups left alone (the server put `runsc` in
 /// the sandbox's host cgroup already; by default `runsc` would move the sandbox to a
@@ -808,6 +817,17 @@ mod tests {
                 "{hidden} is bound"
             );
         }
+    }
+
+    #[test]
+    fn a_gvisor_sandbox_sees_the_binary_but_not_its_directory() {
+        // `./sandcall serve` keeps its data directory beside the binary by default.
+        let dir = std::env::temp_dir().join(format!("sandcall-exe-test-{}", sandcall_api::ids::new_id()));
+        let exe = dir.join("sandcall");
+        let view = sandbox_view(&sandcall_config::Config::default(), &exe);
+        let binds = root_binds(&view);
+        assert!(binds.contains(&exe), "{binds:?}");
+        assert!(!binds.iter().any(|b| dir.starts_with(b)), "{binds:?}");
     }
 
     #[test]
